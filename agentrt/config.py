@@ -1,0 +1,62 @@
+"""Frozen engine configuration. Defaults are the seed paper's values (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from agentrt.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # KV memory: kv_cache_tokens / page_size pages, allocated once at start
+    kv_cache_tokens: int = 32768
+    page_size: int = 16
+    # sequence pool: transient region (one-shot requests) + session region (agents)
+    max_transient_seqs: int = 32
+    max_session_seqs: int = 64
+    acquire_timeout: float = 30.0
+    # admission: projected (prompt + max_tokens) cells of admitted requests <= fraction * pool
+    cell_budget_fraction: float = 0.5
+    high_water: float = 0.95  # above this occupancy, prefill chunks wait (decode goes on)
+    # adaptive chunked prefill: chunk = clamp(n_batch / N, chunk_min, chunk_max)
+    n_batch: int = 4096
+    chunk_min: int = 128
+    chunk_max: int = 4096
+    latency_sensitive_max_tokens: int = 32  # a request this short is latency-sensitive
+    fair_chunk_cap: int = 1024  # chunk cap while such a request waits under contention
+    # prefix-grouped prefill: group by FNV-1a of the next K tokens past the radix match
+    prefix_group_k: int = 8
+    enable_prefix_grouping: bool = True
+    # caches
+    enable_radix_cache: bool = True
+    enable_session_reuse: bool = True
+    kv_dtype: str = "model"  # "model" = the model's dtype
+
+    def __post_init__(self) -> None:
+        positive = ("kv_cache_tokens", "page_size", "max_transient_seqs", "n_batch",
+                    "chunk_min", "chunk_max", "prefix_group_k", "fair_chunk_cap")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_min > self.chunk_max:
+            raise ConfigError("EngineConfig.chunk_min must be <= chunk_max")
+        if not 0 < self.cell_budget_fraction <= 1 or not 0 < self.high_water <= 1:
+            raise ConfigError("cell_budget_fraction and high_water must be in (0, 1]")
+        if self.kv_cache_tokens < self.page_size:
+            raise ConfigError("kv_cache_tokens must hold at least one page")
+        if self.max_session_seqs < 0:
+            raise ConfigError("max_session_seqs must be >= 0")
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv_cache_tokens // self.page_size
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    def stateless(self) -> "EngineConfig":
+        """The same engine with session reuse and the radix cache off (a benchmark baseline)."""
+        return self.replace(enable_radix_cache=False, enable_session_reuse=False,
+                            enable_prefix_grouping=False)

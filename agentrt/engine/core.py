@@ -1,0 +1,236 @@
+"""EngineCore: the synchronous heart. One `step()` = admit, schedule one mixed PREFILL+DECODE
+batch, run the model once, sample, and finish requests. Single-threaded by contract: only the
+engine's step thread (or a test) calls it. See docs/architecture.md for the lifecycle."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from agentrt.cache.kv_manager import KVManager, Sequence
+from agentrt.cache.pages import PageAllocator
+from agentrt.cache.radix import RadixCache
+from agentrt.config import EngineConfig
+from agentrt.engine import scheduler as sched
+from agentrt.engine.memory import MemoryManager
+from agentrt.engine.prefix import attach_prefix, group_new_requests
+from agentrt.engine.request import EngineSession, Request, State, TokenEvent
+from agentrt.engine.stats import Counters, EngineStats
+from agentrt.engine.validate import validate_request
+from agentrt.model.batch import SeqChunk, build_batch
+from agentrt.model.kv import KVStore
+from agentrt.model.llama import LlamaModel
+from agentrt.sampling import sample_batch
+
+
+class EngineCore:
+    def __init__(self, model: LlamaModel, config: EngineConfig | None = None, policy=None,
+                 eos_token_ids: tuple[int, ...] = ()):
+        self.cfg = cfg = config or EngineConfig()
+        self.model, self.eos = model, frozenset(eos_token_ids)
+        self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
+        self.kvm = KVManager(self.alloc, KVStore.allocate(model.cfg, cfg.num_pages, cfg.page_size, model.dtype))
+        self.radix = RadixCache(self.alloc, policy) if cfg.enable_radix_cache else None
+        from agentrt.cache.pool import SequencePool
+
+        self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.sessions: dict[int, EngineSession] = {}
+        self.counters = Counters()
+        self.mem = MemoryManager(self)
+        self._rids, self._clock = itertools.count(1), 0
+
+    # ---- sessions -------------------------------------------------------------------
+    def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None) -> EngineSession:
+        sess = EngineSession(seq_id, Sequence(seq_id), tag=tag, cache_salt=cache_salt)
+        self.sessions[seq_id] = sess
+        return sess
+
+    def close_session(self, sess: EngineSession) -> None:
+        """Release the session's sequence; its full pages live on in the radix cache."""
+        if sess.closed:
+            return
+        for r in [r for r in itertools.chain(self.waiting, self.running) if r.session is sess]:
+            self._finish(r, "cancelled")
+        sess.closed = True
+        self._cache(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
+        self.kvm.release(sess.seq)
+        del self.sessions[sess.sid]
+        self.pool.release(sess.sid)
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
+                    session: EngineSession | None = None, cache_salt: str | None = None,
+                    tag: str | None = None, constraint=None, generator=None) -> Request:
+        """Queue a request. Transient requests bring a sequence id acquired from the pool;
+        session requests use the session's sequence. Validation raises before any work."""
+        validate_request(self, prompt, params, seq_id, session)
+        if session is not None:
+            session.busy, seq = True, session.seq
+            cache_salt, tag = session.cache_salt, tag or session.tag
+        else:
+            seq = Sequence(seq_id)
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos)
+        req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
+                      cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
+                      stop_ids=stops, arrival=self._tick())
+        self.counters.prompt_submitted += len(prompt)
+        self.waiting.append(req)
+        return req
+
+    def cancel(self, rid: int, reason: str = "cancelled") -> bool:
+        """End a request at once and free what it holds; False if it is not live."""
+        for r in itertools.chain(self.waiting, self.running):
+            if r.rid == rid:
+                self._finish(r, reason)
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # ---- one iteration --------------------------------------------------------------
+    def step(self) -> int:
+        """Run one iteration; returns how many tokens went through the model."""
+        self._admit()
+        plan = self._schedule()
+        if not plan:
+            return 0
+        self._run(plan)
+        self.counters.steps += 1
+        return sum(n for _, n in plan)
+
+    def _admit(self) -> None:
+        admitted = []
+        while self.waiting:
+            r = self.waiting[0]
+            if not r.attached:
+                r.attached = True
+                reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse)
+                if r.cached_tokens < 0:
+                    r.cached_tokens = reused
+                    self.counters.prompt_cached += reused
+            if not sched.admissible(r, self.running, self.cfg):
+                break
+            self.waiting.popleft()
+            r.state, r.admitted_at = State.RUNNING, self._tick()
+            self.running.append(r)
+            admitted.append(r)
+        if self.cfg.enable_prefix_grouping and len(admitted) > 1:
+            group_new_requests(admitted, self.cfg.prefix_group_k)
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        """Decodes first (each needs at most one page), then prefill chunks while memory
+        allows. Memory is taken by evicting cache, then idle sessions, then preempting."""
+        self.mem.resolve_followers()
+        decodes = [r for r in self.running if not r.in_prefill]
+        prefills = [r for r in self.running if r.in_prefill and r.leader is None]
+        plan: dict[Request, int] = {}
+        for r in decodes:
+            if r.state is State.RUNNING and self.mem.reserve(r, r.seq.num_cached + 1, plan, True):
+                plan[r] = 1
+        chunk = sched.chunk_size(prefills, decodes, self.cfg)
+        for r in prefills:
+            if r.state is not State.RUNNING:
+                continue
+            if plan and self.mem.over_high_water():
+                self.counters.deferred_chunks += 1
+                break
+            n = min(r.remaining, chunk)
+            if not self.mem.reserve(r, r.seq.num_cached + n, plan, not plan):
+                self.counters.deferred_chunks += 1
+                break
+            plan[r] = n
+        return [(r, n) for r, n in plan.items() if r.state is State.RUNNING]
+
+    def _run(self, plan: list[tuple[Request, int]]) -> None:
+        ps = self.cfg.page_size
+        chunks = []
+        for r, n in plan:
+            c, tgt = r.seq.num_cached, r.target
+            chunks.append(SeqChunk(tgt[c:c + n], c, r.seq.pages, int(c + n == len(tgt))))
+        fb = build_batch(chunks, ps)
+        logits = self.model(fb.input_ids, fb.positions, self.kvm.store, fb.meta, fb.logits_rows)
+        sampling = []
+        for (r, n), ch in zip(plan, chunks):
+            self._account(r, ch)
+            r.seq.tokens.extend(ch.tokens)
+            if ch.want_logits:
+                sampling.append(r)
+        self._sample_and_emit(sampling, logits)
+
+    def _account(self, r: Request, ch: SeqChunk) -> None:
+        in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
+        r.computed_prompt += in_prompt
+        self.counters.prompt_computed += in_prompt
+        self.counters.decode_tokens += len(ch.tokens) - in_prompt
+
+    def _sample_and_emit(self, reqs: list[Request], logits) -> None:
+        if not reqs:
+            return
+        for i, r in enumerate(reqs):
+            if r.constraint is not None:
+                logits[i] = r.constraint.mask_logits(logits[i])
+        toks = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs],
+                            self.model.ops.argmax)
+        for r, t in zip(reqs, toks):
+            r.output.append(t)
+            if r.constraint is not None:
+                r.constraint.advance(t)
+            reason = self._finish_reason(r, t)
+            if reason is None:
+                r.emit(TokenEvent(r.rid, (t,)))
+            else:
+                self._finish(r, reason, last=(t,))
+
+    def _finish_reason(self, r: Request, t: int) -> str | None:
+        if t in r.stop_ids or (r.constraint is not None and r.constraint.is_terminated()):
+            return "stop"
+        if len(r.output) >= r.params.max_tokens:
+            return "length"
+        if len(r.target) >= self.model.cfg.max_position_embeddings:
+            return "length"
+        return None
+
+    def _finish(self, r: Request, reason: str, last: tuple[int, ...] = ()) -> None:
+        """The one exit path of a request: frees or hands over everything it holds."""
+        if r.state is State.WAITING:
+            self.waiting.remove(r)
+        elif r.state is State.RUNNING:
+            self.running.remove(r)
+        r.state, r.finish_reason = State.FINISHED, reason
+        self.mem.drop_links(r)
+        self._cache(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
+        if r.session is not None:
+            r.session.busy, r.session.last_used = False, self._tick()
+        else:
+            self.kvm.release(r.seq)
+            self.pool.release(r.seq.seq_id)
+        r.emit(TokenEvent(r.rid, last, finish_reason=reason, usage=r.usage()))
+
+    def _cache(self, tokens, pages, salt, tag) -> None:
+        if self.radix is not None and tokens:
+            self.radix.insert(tokens, pages, salt, tag)
+
+    # ---- observability --------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return EngineStats.snapshot(self)
+
+    def check_invariants(self) -> None:
+        """Pages: free xor referenced, refcounts == holders; pool ids free xor in use."""
+        holders = [r.seq.pages for r in itertools.chain(self.waiting, self.running) if r.session is None]
+        holders += [s.seq.pages for s in self.sessions.values()]
+        if self.radix is not None:
+            self.radix.check_invariants()
+            holders.append(self.radix.all_pages())
+        self.alloc.check_invariants(holders)
+        in_use = {r.seq.seq_id for r in itertools.chain(self.waiting, self.running) if r.session is None}
+        self.pool.check_invariants(in_use | set(self.sessions))
+        for s in self.sessions.values():
+            if len(s.seq.pages) < self.kvm.pages_for(s.seq.num_cached):
+                raise AssertionError("session pages do not cover its tokens")

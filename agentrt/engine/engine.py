@@ -1,0 +1,243 @@
+"""Engine: the async facade over EngineCore.
+
+The step loop runs in one dedicated OS thread, not in an anyio task. Why: a step is a
+CPU-bound torch forward of tens of milliseconds; inside an event-loop task it would freeze
+every actor, tool call and stream for that long. torch releases the GIL inside its kernels, so
+in a thread the loop stays responsive while the model runs. The thread owns EngineCore; other
+tasks talk to it through a command queue, and each step's token events come back to the event
+loop in one batch through an anyio BlockingPortal (one cross-thread hop per step, not per token).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import anyio
+import anyio.from_thread
+import structlog
+
+from agentrt.config import EngineConfig
+from agentrt.engine.core import EngineCore
+from agentrt.engine.request import TokenEvent, Usage
+from agentrt.engine.session import Session
+from agentrt.errors import AgentrtError, ConfigError, EngineClosed
+from agentrt.sampling import SamplingParams, make_generator
+from agentrt.engine.prefix import fnv1a
+
+log = structlog.get_logger("agentrt.engine")
+_NOTHING = object()  # sentinel: the inbox had no command
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    finish_reason: str
+    usage: Usage
+
+
+class Engine:
+    def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
+                 eos_token_ids: tuple[int, ...] | None = None):
+        loaded = getattr(model, "model", None)
+        self.model = loaded if loaded is not None else model
+        self.tokenizer = getattr(model, "tokenizer", None)
+        if eos_token_ids is None:
+            eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else ()
+        self.config = config or EngineConfig()
+        self.core = EngineCore(self.model, self.config, policy, eos_token_ids)
+        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._outbox: list[tuple[Callable, object]] = []
+        self._lock = threading.Lock()  # held by the step thread while it mutates the core
+        self._thread: threading.Thread | None = None
+        self._portal = self._portal_cm = None
+        self._closed = False
+
+    # ---- lifecycle ------------------------------------------------------------------
+    async def __aenter__(self) -> "Engine":
+        self._portal_cm = anyio.from_thread.BlockingPortal()
+        self._portal = await self._portal_cm.__aenter__()
+        self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed or self._thread is None:
+            return
+        self._closed = True
+        self._inbox.put(None)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._thread.join)
+        # outside the shield: the portal's task group must exit from its own cancel scope
+        await self._portal_cm.__aexit__(None, None, None)
+
+    def _check_open(self) -> None:
+        if self._thread is None:
+            raise ConfigError("use the engine inside `async with Engine(...) as engine:`")
+        if self._closed:
+            raise EngineClosed("the engine is closed; create a new Engine")
+
+    # ---- the step thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            try:
+                cmd = self._inbox.get(block=not self.core.has_work())
+            except queue.Empty:
+                cmd = _NOTHING
+            while cmd is not _NOTHING:
+                if cmd is None:
+                    return self._shutdown()
+                self._run_cmd(cmd)
+                try:
+                    cmd = self._inbox.get_nowait()
+                except queue.Empty:
+                    cmd = _NOTHING
+            if self.core.has_work():
+                self._step()
+            self._flush()
+
+    def _run_cmd(self, cmd: Callable[[], None]) -> None:
+        with self._lock:
+            cmd()
+
+    def _step(self) -> None:
+        try:
+            with self._lock:
+                self.core.step()
+        except Exception:  # a bug must not hang every caller: fail live requests
+            log.exception("engine step failed")
+            with self._lock:
+                for r in list(self.core.waiting) + list(self.core.running):
+                    self.core.cancel(r.rid, "error")
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            for r in list(self.core.waiting) + list(self.core.running):
+                self.core.cancel(r.rid, "cancelled")
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._outbox:
+            batch, self._outbox = self._outbox, []
+            self._portal.start_task_soon(_deliver, batch)
+
+    def _submit(self, cmd: Callable[[], None]) -> None:
+        self._check_open()
+        self._inbox.put(cmd)
+
+    async def _invoke(self, fn: Callable[[], object]) -> object:
+        """Run fn in the step thread and return its result (or raise its exception)."""
+        done, box = anyio.Event(), {}
+
+        def cmd() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # handed back to the caller
+                box["error"] = e
+            self._outbox.append((lambda _: done.set(), None))
+
+        self._submit(cmd)
+        with anyio.CancelScope(shield=True):
+            await done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    # ---- public API -----------------------------------------------------------------
+    async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
+                           timeout: float | None = None) -> Session:
+        """A long-lived KV session from the session region of the pool (PoolExhausted after
+        `timeout`, default EngineConfig.acquire_timeout)."""
+        self._check_open()
+        t = self.config.acquire_timeout if timeout is None else timeout
+        sid = await self.core.pool.acquire_async("session", t)
+        try:
+            es = await self._invoke(lambda: self.core.open_session(sid, tag, cache_salt))
+        except BaseException:
+            self.core.pool.release(sid)
+            raise
+        return Session(self, es)
+
+    async def _close_session(self, es) -> None:
+        if not self._closed:
+            await self._invoke(lambda: self.core.close_session(es))
+
+    async def generate(self, prompt: list[int], params: SamplingParams | None = None, *,
+                       session: Session | None = None, cache_salt: str | None = None,
+                       tag: str | None = None, constraint=None,
+                       timeout: float | None = None) -> AsyncIterator[TokenEvent]:
+        """Stream token events; the last has finish_reason and usage. Leaving the iteration
+        early (break, cancel, exception) cancels the request and frees what it holds at the
+        engine's next step. Use `contextlib.aclosing` when breaking out of the loop."""
+        self._check_open()
+        params = params or SamplingParams()
+        seq_id = None
+        if session is None:
+            t = self.config.acquire_timeout if timeout is None else timeout
+            seq_id = await self.core.pool.acquire_async("transient", t)
+        send, recv = anyio.create_memory_object_stream[TokenEvent](math.inf)
+        box: dict = {}
+
+        def emit(ev: TokenEvent) -> None:
+            self._outbox.append((send.send_nowait, ev))
+
+        def submit() -> None:
+            try:
+                gen = None if params.greedy else make_generator(_seed(prompt, params))
+                box["req"] = self.core.add_request(
+                    prompt, params, emit, seq_id=seq_id, session=session and session._es,
+                    cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen)
+            except BaseException as e:
+                if seq_id is not None:
+                    self.core.pool.release(seq_id)
+                self._outbox.append((send.send_nowait, TokenEvent(0, (), "error", error=e)))
+
+        self._submit(submit)
+        try:
+            async with recv:
+                async for ev in recv:
+                    if ev.error is not None:
+                        raise ev.error
+                    if ev.finish_reason == "error":
+                        raise AgentrtError("the engine step failed; see the log")
+                    yield ev
+                    if ev.finish_reason is not None:
+                        return
+        finally:
+            req = box.get("req")
+            if req is not None and not self._closed:
+                self._inbox.put(lambda: self.core.cancel(req.rid))
+
+    async def complete(self, prompt: list[int], params: SamplingParams | None = None,
+                       **kw) -> Completion:
+        toks: list[int] = []
+        async with aclosing(self.generate(prompt, params, **kw)) as stream:
+            async for ev in stream:
+                toks.extend(ev.token_ids)
+                if ev.finish_reason is not None:
+                    return Completion(toks, ev.finish_reason, ev.usage)
+        raise AgentrtError("the request ended without a final event")
+
+    def stats(self):
+        with self._lock:
+            return self.core.stats()
+
+
+def _seed(prompt: list[int], params: SamplingParams) -> int:
+    """Prompt-deterministic seed: FNV-1a of the prompt tokens, mixed with the user's seed."""
+    return fnv1a(prompt) ^ ((params.seed or 0) * 0x9E3779B97F4A7C15)
+
+
+async def _deliver(batch) -> None:
+    for fn, arg in batch:
+        try:
+            fn(arg)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the consumer went away; its request is being cancelled

@@ -1,0 +1,90 @@
+"""Memory pressure inside a step. Order of remedies, cheapest first: free pages -> evict unlocked
+radix leaves (policy order) -> detach idle sessions (their KV goes to the radix cache, where it
+is evictable) -> preempt the youngest running request (its KV is dropped and recomputed when it
+is re-admitted). Pinned session memory therefore can never starve the engine: an idle session
+only keeps its KV while nobody else needs the pages."""
+
+from __future__ import annotations
+
+from agentrt.engine import scheduler as sched
+from agentrt.engine.request import Request, State
+
+
+class MemoryManager:
+    def __init__(self, core):
+        self.core = core
+
+    def reclaim(self, n_pages: int) -> bool:
+        """Try to have n_pages free, without touching running requests."""
+        core, alloc = self.core, self.core.alloc
+        if alloc.num_free >= n_pages:
+            return True
+        if core.radix is not None:
+            core.counters.evicted_pages += core.radix.evict(n_pages - alloc.num_free)
+        idle = sorted((s for s in core.sessions.values() if not s.busy and s.seq.pages),
+                      key=lambda s: s.last_used)
+        for s in idle:
+            if alloc.num_free >= n_pages:
+                break
+            core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
+            core.kvm.release(s.seq)
+            core.counters.detached_sessions += 1
+            if core.radix is not None:
+                core.counters.evicted_pages += core.radix.evict(n_pages - alloc.num_free)
+        return alloc.num_free >= n_pages
+
+    def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool) -> bool:
+        """Make r's positions up to `end` writable. With may_preempt, younger running requests
+        (then r itself) are preempted until it fits; preempted requests leave `plan`."""
+        core = self.core
+        while True:
+            if self.reclaim(core.kvm.write_cost(r.seq, end)):
+                core.kvm.prepare_write(r.seq, end)
+                return True
+            if not may_preempt:
+                return False
+            victim = max(core.running, key=lambda x: x.admitted_at)
+            self.preempt(victim)
+            plan.pop(victim, None)
+            if victim is r:
+                return False
+
+    def preempt(self, r: Request) -> None:
+        core = self.core
+        core.running.remove(r)
+        self.drop_links(r)
+        core.kvm.release(r.seq)
+        r.state, r.attached = State.WAITING, False
+        core.waiting.appendleft(r)
+        core.counters.preemptions += 1
+
+    def drop_links(self, r: Request) -> None:
+        """Unlock r's radix path and cut leader/follower links that involve it."""
+        if r.lock_node is not None:
+            self.core.radix.unlock(r.lock_node)
+            r.lock_node = None
+        r.leader = None
+        for f in self.core.running:
+            if f.leader is r:
+                f.leader = None
+
+    def resolve_followers(self) -> None:
+        """A follower whose leader now holds the shared block aliases it (metadata only)."""
+        core = self.core
+        for f in core.running:
+            lead = f.leader
+            if lead is None or lead.seq.num_cached < f.share_end:
+                continue
+            if f.lock_node is not None:
+                core.radix.unlock(f.lock_node)
+                f.lock_node = None
+            core.kvm.release(f.seq)
+            core.kvm.alias(f.seq, f.target[:f.share_end], lead.seq.pages)
+            core.counters.grouped_tokens += f.share_end
+            f.leader = None
+
+    def over_high_water(self) -> bool:
+        core = self.core
+        used = core.alloc.num_pages - core.alloc.num_free
+        evictable = core.radix.evictable_pages() if core.radix is not None else 0
+        return sched.over_high_water(used, evictable, core.cfg)

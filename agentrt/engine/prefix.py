@@ -1,0 +1,73 @@
+"""Prefix reuse at admission: session longest-common-prefix rollback, radix matching, and
+prefix-grouped prefill (one leader prefills a block that several new requests share)."""
+
+from __future__ import annotations
+
+from agentrt.cache.kv_manager import KVManager
+from agentrt.cache.radix import RadixCache
+from agentrt.engine.request import Request
+
+FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+
+
+def fnv1a(tokens: list[int]) -> int:
+    """64-bit FNV-1a over the tokens' 4-byte little-endian encodings."""
+    h = FNV_OFFSET
+    for t in tokens:
+        for b in (t & 0xFFFFFFFF).to_bytes(4, "little"):
+            h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
+def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,
+                  session_reuse: bool) -> int:
+    """Point req.seq at the longest reusable KV for its target; returns tokens reused.
+
+    A session keeps the longest common prefix of what it holds and the new prompt and drops
+    the rest (an edited or rolled-back history stays correct). The radix tree may offer a
+    longer prefix (another agent's identical system prompt). At least one token is always
+    left to compute, because the next logits need a forward pass.
+    """
+    target, seq = req.target, req.seq
+    limit = len(target) - 1
+    keep = common_prefix(seq.tokens, target) if session_reuse else 0
+    kvm.truncate(seq, min(keep, limit))
+    if radix is not None:
+        m = radix.match_prefix(target[:limit], req.cache_salt)
+        if m.length > seq.num_cached:
+            kvm.release(seq)
+            kvm.alias(seq, target[:m.length], m.pages)
+            radix.lock(m.node)
+            req.lock_node = m.node
+    return seq.num_cached
+
+
+def group_new_requests(reqs: list[Request], k: int) -> None:
+    """Among requests admitted together, make followers of requests whose next k tokens past
+    their match point hash alike and are truly identical: a follower waits until its leader
+    holds the shared block, then aliases it instead of prefilling it again."""
+    leaders: dict[tuple, Request] = {}
+    for r in reqs:
+        start, tgt = r.seq.num_cached, r.target
+        if len(tgt) - start <= k:
+            continue
+        key = (r.cache_salt, start, fnv1a(tgt[start:start + k]))
+        lead = leaders.get(key)
+        if lead is None:
+            leaders[key] = r
+            continue
+        shared = start + common_prefix(lead.target[start:], tgt[start:])
+        shared = min(shared, len(tgt) - 1, len(lead.target) - 1)
+        if shared - start >= k:
+            r.leader, r.share_end = lead, shared

@@ -1,0 +1,108 @@
+"""Request and session state inside the engine (mutated only by the engine's step thread)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from agentrt.cache.kv_manager import Sequence
+from agentrt.sampling import SamplingParams
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # not admitted yet (no KV work done this turn)
+    RUNNING = "running"  # admitted: prefilling or decoding
+    FINISHED = "finished"
+
+
+class LogitsConstraint(Protocol):
+    """A per-request constraint (grammar) applied inside the batched step."""
+
+    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] -> logits with forbidden tokens at -inf."""
+
+    def advance(self, token: int) -> None: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from KV already held (session or radix)
+    computed_prompt_tokens: int  # prompt tokens this turn actually prefilled (incl. recompute)
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What a request's stream yields: new token ids; the last event has finish_reason set."""
+
+    request_id: int
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None  # "stop" | "length" | "early_stop" | "cancelled" | "error"
+    usage: Usage | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class EngineSession:
+    """A long-lived sequence (from the session region of the pool) that keeps its KV across
+    turns. `seq.tokens` is exactly what its KV covers."""
+
+    sid: int
+    seq: Sequence
+    tag: str | None = None
+    cache_salt: str | None = None
+    busy: bool = False
+    closed: bool = False
+    last_used: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    seq: Sequence
+    emit: Callable[[TokenEvent], None]
+    session: EngineSession | None = None
+    cache_salt: str | None = None
+    tag: str | None = None
+    constraint: LogitsConstraint | None = None
+    generator: torch.Generator | None = None
+    stop_ids: frozenset[int] = frozenset()
+    state: State = State.WAITING
+    output: list[int] = field(default_factory=list)
+    arrival: int = 0
+    admitted_at: int = 0
+    cached_tokens: int = -1  # set at first admission
+    computed_prompt: int = 0
+    finish_reason: str | None = None
+    # prefix-grouped prefill: wait for `leader` to hold positions [0, share_end), then alias
+    leader: "Request | None" = None
+    share_end: int = 0
+    attached: bool = False  # prefix reuse done for the current admission
+    lock_node: object | None = None  # radix node locked while this request uses its pages
+
+    @property
+    def target(self) -> list[int]:
+        """Tokens whose KV the next logits depend on: prompt + everything sampled so far."""
+        return self.prompt + self.output
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to feed before the next logits (1 while decoding)."""
+        return len(self.prompt) + len(self.output) - self.seq.num_cached
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.remaining > 1 or not self.output
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt), max(self.cached_tokens, 0), self.computed_prompt,
+                     len(self.output))

@@ -1,0 +1,58 @@
+"""Engine counters and the frozen snapshot `stats()` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Counters:
+    """Monotonic counters; mutated only by the step thread."""
+
+    steps: int = 0
+    prompt_submitted: int = 0  # prompt tokens of all requests
+    prompt_cached: int = 0  # of those, served from KV already held at admission
+    prompt_computed: int = 0  # prompt tokens actually prefilled (recompute included)
+    decode_tokens: int = 0
+    preemptions: int = 0
+    evicted_pages: int = 0
+    detached_sessions: int = 0
+    deferred_chunks: int = 0
+    grouped_tokens: int = 0  # prompt tokens aliased from a group leader
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    waiting: int
+    running: int
+    sessions: int
+    pages_total: int
+    pages_free: int
+    pages_cached_only: int  # held by the radix tree alone (evictable)
+    kv_occupancy: float  # (total - free) / total
+    prompt_submitted: int
+    prompt_cached: int
+    prompt_computed: int
+    hit_rate: float  # prompt_cached / prompt_submitted
+    decode_tokens: int
+    steps: int
+    preemptions: int
+    evicted_pages: int
+    detached_sessions: int
+    deferred_chunks: int
+    grouped_tokens: int
+
+    @classmethod
+    def snapshot(cls, core) -> "EngineStats":
+        c, a = core.counters, core.alloc
+        cached_only = core.radix.evictable_pages() if core.radix is not None else 0
+        return cls(
+            waiting=len(core.waiting), running=len(core.running), sessions=len(core.sessions),
+            pages_total=a.num_pages, pages_free=a.num_free, pages_cached_only=cached_only,
+            kv_occupancy=(a.num_pages - a.num_free) / a.num_pages,
+            prompt_submitted=c.prompt_submitted, prompt_cached=c.prompt_cached,
+            prompt_computed=c.prompt_computed,
+            hit_rate=c.prompt_cached / c.prompt_submitted if c.prompt_submitted else 0.0,
+            decode_tokens=c.decode_tokens, steps=c.steps, preemptions=c.preemptions,
+            evicted_pages=c.evicted_pages, detached_sessions=c.detached_sessions,
+            deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens)

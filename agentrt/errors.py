@@ -1,0 +1,118 @@
+"""The agentrt exception tree. Every public entry point raises one of these, never `assert`.
+
+    AgentrtError
+    ├── ConfigError                 bad settings or arguments given to a public API
+    ├── ModelLoadError              a model could not be loaded
+    │   ├── ModelNotFound           no such file / directory / named model
+    │   ├── CorruptModelFile        bad magic, truncated file, checksum mismatch
+    │   └── UnsupportedModel        architecture or tensor type we do not implement
+    ├── TokenizerError              tokenizer missing or unusable
+    ├── ChatTemplateError           a conversation that cannot be rendered
+    ├── ContextLengthExceeded       prompt (+ max_tokens) longer than the model's context
+    ├── ResourceError               engine resources
+    │   ├── PoolExhausted           no sequence slot free before the timeout
+    │   └── OutOfKVMemory           a request can never fit in the KV pool
+    ├── EngineClosed                the engine was shut down
+    ├── RequestCancelled            a request was cancelled before it finished
+    ├── ToolError                   tool definition or dispatch problems
+    │   ├── ToolDefinitionError     a function that cannot become a tool
+    │   └── ToolCallError           a call that failed validation or execution
+    ├── GrammarError                constrained decoding could not be set up
+    └── ActorError                  actor runtime problems
+        ├── MailboxFull             tell_nowait on a full mailbox
+        ├── ActorStopped            message sent to a stopped actor
+        └── AskTimeout              ask() did not get an answer in time
+"""
+
+from __future__ import annotations
+
+
+class AgentrtError(Exception):
+    """Base class of every error agentrt raises on purpose."""
+
+
+class ConfigError(AgentrtError, ValueError):
+    """A setting or argument is invalid; the message names it and the accepted values."""
+
+
+class ModelLoadError(AgentrtError):
+    """A model could not be loaded."""
+
+
+class ModelNotFound(ModelLoadError, FileNotFoundError):
+    """The model file, directory or embedded name does not exist."""
+
+
+class CorruptModelFile(ModelLoadError):
+    """The model file exists but is not a valid model (bad header, truncated, wrong checksum)."""
+
+
+class UnsupportedModel(ModelLoadError):
+    """The model's architecture or tensor type is not implemented."""
+
+
+class TokenizerError(AgentrtError):
+    """The tokenizer is missing or cannot be built."""
+
+
+class ChatTemplateError(AgentrtError):
+    """A conversation cannot be rendered with the model's chat template."""
+
+
+class ContextLengthExceeded(AgentrtError, ValueError):
+    """A prompt plus its max_tokens does not fit in the model's context window."""
+
+
+class ResourceError(AgentrtError):
+    """Engine resources (sequence slots, KV memory) are short."""
+
+
+class PoolExhausted(ResourceError, TimeoutError):
+    """No sequence slot became free before the acquire timeout."""
+
+
+class OutOfKVMemory(ResourceError):
+    """A request needs more KV pages than the whole pool holds."""
+
+
+class EngineClosed(AgentrtError, RuntimeError):
+    """The engine was closed; create a new one."""
+
+
+class RequestCancelled(AgentrtError):
+    """The request was cancelled before it finished."""
+
+
+class ToolError(AgentrtError):
+    """Tool definition or dispatch problems."""
+
+
+class ToolDefinitionError(ToolError, TypeError):
+    """A Python function cannot be turned into a tool (e.g. missing type hints)."""
+
+
+class ToolCallError(ToolError):
+    """A tool call failed validation or execution."""
+
+
+class GrammarError(AgentrtError):
+    """Constrained decoding could not be set up for the given tools or schema."""
+
+
+class ActorError(AgentrtError):
+    """Actor runtime problems."""
+
+
+class MailboxFull(ActorError):
+    """tell_nowait() found the actor's mailbox full; use tell() to wait for space."""
+
+
+class ActorStopped(ActorError):
+    """The actor has stopped and takes no more messages."""
+
+
+class AskTimeout(ActorError, TimeoutError):
+    """ask() got no answer within its timeout."""
+
+
+__all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, AgentrtError)]

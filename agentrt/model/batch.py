@@ -1,0 +1,62 @@
+"""Building the forward-pass metadata of one flattened varlen batch from plain lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agentrt.kernels.base import AttentionMeta
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's part of a batch: `tokens` new ids placed at positions start..start+len-1.
+
+    `pages` lists the page ids that hold (or will hold) positions 0 .. start+len-1 in order.
+    `want_logits`: how many trailing tokens need logits (1 for prefill end/decode, k+1 when
+    verifying k draft tokens, 0 for a prefill chunk that does not end the prompt).
+    """
+
+    tokens: list[int]
+    start: int
+    pages: list[int]
+    want_logits: int = 1
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMeta
+    logits_rows: torch.Tensor  # [L] rows of the batch whose logits are computed
+    logits_count: tuple[int, ...]  # per sequence, how many of those rows are its own
+
+
+def build_batch(chunks: list[SeqChunk], page_size: int) -> ForwardBatch:
+    ids, pos, slots, rows, counts = [], [], [], [], []
+    q_lens, kv_lens, cu = [], [], [0]
+    for c in chunks:
+        n = len(c.tokens)
+        ids.extend(c.tokens)
+        p = list(range(c.start, c.start + n))
+        pos.extend(p)
+        slots.extend(c.pages[x // page_size] * page_size + x % page_size for x in p)
+        rows.extend(range(cu[-1] + n - c.want_logits, cu[-1] + n))
+        counts.append(c.want_logits)
+        q_lens.append(n)
+        kv_lens.append(c.start + n)
+        cu.append(cu[-1] + n)
+    width = max(len(c.pages) for c in chunks)
+    table = torch.zeros((len(chunks), width), dtype=torch.long)
+    for b, c in enumerate(chunks):
+        table[b, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.long)
+    meta = AttentionMeta(
+        q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), cu_q=tuple(cu), page_table=table,
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        kv_lens_t=torch.tensor(kv_lens, dtype=torch.long),
+        decode_rows=tuple(i for i, q in enumerate(q_lens) if q == 1),
+        prefill_rows=tuple(i for i, q in enumerate(q_lens) if q > 1), page_size=page_size,
+    )
+    return ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
+                        meta, torch.tensor(rows, dtype=torch.long), tuple(counts))

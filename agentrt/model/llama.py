@@ -1,0 +1,130 @@
+"""A Llama-family decoder (Llama, SmolLM2, Qwen2) over a paged KV cache.
+
+One forward runs a flattened varlen batch: many sequences, each with some new tokens (a
+prefill chunk or one decode token, or decode + draft tokens), mixed in one call. Weights use
+Hugging Face names on load; q/k/v and gate/up are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agentrt.errors import ModelLoadError
+from agentrt.kernels import KernelBackend, get_backend
+from agentrt.kernels.base import AttentionMeta
+from agentrt.model.config import ModelConfig
+from agentrt.model.kv import KVStore
+
+
+class RopeTable(nn.Module):
+    """cos/sin tables [max_pos, D] in fp32 (HF rotate-half layout)."""
+
+    def __init__(self, head_dim: int, max_pos: int, theta: float):
+        super().__init__()
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        out = (self.h + 2 * self.hkv) * self.d
+        self.qkv = nn.Linear(cfg.hidden_size, out, bias=cfg.attention_bias, dtype=dtype)
+        self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False, dtype=dtype)
+        self.scale = self.d ** -0.5
+
+    def forward(self, x, cos, sin, layer: int, kv: KVStore, meta: AttentionMeta, ops):
+        t = x.shape[0]
+        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
+        q = ops.rope(q.view(t, self.h, self.d), cos, sin)  # [T, H, D]
+        k = ops.rope(k.view(t, self.hkv, self.d), cos, sin)  # [T, Hkv, D]
+        ops.store_kv(kv.k[layer], kv.v[layer], k, v.view(t, self.hkv, self.d), meta.slot_mapping)
+        a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale)
+        return self.o(a.reshape(t, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False, dtype=dtype)
+        self.down = nn.Linear(self.inter, cfg.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).split(self.inter, -1)
+        return self.down(nn.functional.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
+        self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
+        self.attn = Attention(cfg, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(self, x, cos, sin, layer, kv, meta, ops):
+        x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, layer, kv, meta, ops)
+        return x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+
+
+class LlamaModel(nn.Module):
+    """forward(input_ids [T], positions [T], kv, meta, logits_rows [L]) -> logits [L, V] fp32."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 kernels: KernelBackend | None = None):
+        super().__init__()
+        self.cfg, self.dtype = cfg, dtype
+        self.ops = kernels or get_backend("auto", "cpu")
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.blocks = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,
+                meta: AttentionMeta, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(input_ids)  # [T, hidden]
+        cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # [T, D]
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, i, kv, meta, self.ops)
+        if logits_rows is not None:
+            x = x[logits_rows]
+        x = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        return self.lm_head(x).float()  # [L, V]
+
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
+        w = {k: v.to(self.dtype) for k, v in weights.items()}
+        try:
+            with torch.no_grad():
+                self._copy_all(w)
+        except KeyError as e:
+            raise ModelLoadError(f"weights are missing tensor {e.args[0]!r}") from e
+
+    def _copy_all(self, w: dict[str, torch.Tensor]) -> None:
+        self.embed.weight.copy_(w["model.embed_tokens.weight"])
+        self.norm.copy_(w["model.norm.weight"])
+        if not self.cfg.tie_word_embeddings:
+            self.lm_head.weight.copy_(w["lm_head.weight"])
+        for i, blk in enumerate(self.blocks):
+            p = f"model.layers.{i}."
+            att = p + "self_attn."
+            blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
+            blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
+            blk.attn.qkv.weight.copy_(torch.cat([w[att + f"{n}_proj.weight"] for n in "qkv"]))
+            if self.cfg.attention_bias:
+                blk.attn.qkv.bias.copy_(torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]))
+            blk.attn.o.weight.copy_(w[att + "o_proj.weight"])
+            blk.mlp.gate_up.weight.copy_(
+                torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]))
+            blk.mlp.down.weight.copy_(w[p + "mlp.down_proj.weight"])

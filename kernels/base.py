@@ -1,0 +1,62 @@
+"""The kernel interface the model calls; implementations: reference.TorchBackend, triton_ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMeta:
+    """Forward-pass metadata of one flattened varlen batch (B sequences, T new tokens).
+
+    Sequence b contributes q_lens[b] new tokens, which sit at positions
+    kv_lens[b] - q_lens[b] ... kv_lens[b] - 1 of its KV; kv_lens[b] counts the KV after this
+    step's tokens are stored. Tokens of sequence b occupy rows cu_q[b]:cu_q[b+1] of the batch.
+
+        page_table: [B, max_pages] int64, page ids of each sequence in order (padded with 0)
+        slot_mapping: [T] int64, flat KV slot (page * page_size + offset) of each new token
+        decode_rows: [Bd] int64, sequence indices with q_len == 1 (batched together)
+        prefill_rows: sequence indices with q_len > 1 (attended one by one)
+    """
+
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    cu_q: tuple[int, ...]
+    page_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    kv_lens_t: torch.Tensor  # [B] int64, kv_lens as a tensor
+    decode_rows: tuple[int, ...]
+    prefill_rows: tuple[int, ...]
+    page_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_q[-1]
+
+
+class KernelBackend(Protocol):
+    name: str
+
+    def store_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write k, v [T, Hkv, D] into caches [P, page_size, Hkv, D] at slot_mapping [T]."""
+
+    def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMeta, scale: float) -> torch.Tensor:
+        """Causal attention of q [T, H, D] over each sequence's pages; returns [T, H, D]."""
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy token ids [B] of logits [B, V], on the logits' device (no host sync)."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over the last dim, computed in fp32, returned in x's dtype."""
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding (rotate-half layout) of x [T, H, D] with cos/sin [T, D]."""

@@ -1,0 +1,95 @@
+"""Pure-torch kernels: the CPU path and the oracle every triton kernel is tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from agentrt.kernels.base import AttentionMeta
+
+
+def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+    # caches: [P, S, Hkv, D] viewed as [P*S, Hkv, D]; k, v: [T, Hkv, D]; slot_mapping: [T]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+    """cache [P, S, Hkv, D], pages [..., n] -> [..., Hkv, n*S, D] (heads-major for SDPA)."""
+    g = cache[pages]  # [..., n, S, Hkv, D]
+    g = g.flatten(-4, -3)  # [..., n*S, Hkv, D]
+    return g.transpose(-3, -2)
+
+
+def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, rows, scale):
+    # q: [Bd, H, D] one query per sequence, all batched with a key-padding mask.
+    idx = torch.tensor(rows, dtype=torch.long)
+    max_kv = max(meta.kv_lens[r] for r in rows)
+    n_pages = -(-max_kv // meta.page_size)
+    pages = meta.page_table[idx, :n_pages]
+    k = gather_pages(k_cache, pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
+    v = gather_pages(v_cache, pages)[:, :, :max_kv]
+    keep = torch.arange(max_kv) < meta.kv_lens_t[idx].unsqueeze(1)  # [Bd, max_kv]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2).to(k.dtype), k, v, attn_mask=keep[:, None, None, :], scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(2)  # [Bd, H, D]
+
+
+def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
+    # q: [H, Lq, D] the last Lq positions of a kv_len-long sequence
+    n_pages = -(-kv_len // k_cache.shape[1])
+    k = gather_pages(k_cache, pages[:n_pages])[:, :kv_len]  # [Hkv, kv_len, D]
+    v = gather_pages(v_cache, pages[:n_pages])[:, :kv_len]
+    lq = q.shape[1]
+    if lq == kv_len:
+        return F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=True, scale=scale,
+                                              enable_gqa=True)
+    # query i sits at position kv_len - lq + i and sees keys 0 ..= that position
+    qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
+    mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
+    return F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale,
+                                          enable_gqa=True)
+
+
+def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)  # [T, H, D]
+    if meta.decode_rows:
+        tok = torch.tensor([meta.cu_q[r] for r in meta.decode_rows], dtype=torch.long)
+        res = _decode_attention(q[tok], k_cache, v_cache, meta, meta.decode_rows, scale)
+        out[tok] = res.to(out.dtype)
+    for r in meta.prefill_rows:
+        a, b = meta.cu_q[r], meta.cu_q[r + 1]
+        res = _prefill_attention(q[a:b].transpose(0, 1), k_cache, v_cache, meta.kv_lens[r],
+                                 meta.page_table[r], scale)
+        out[a:b] = res.transpose(0, 1).to(out.dtype)
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, H, D]; cos, sin: [T, D] (the two halves repeat the same frequencies)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+class TorchBackend:
+    """Reference kernels as a backend object (see base.KernelBackend)."""
+
+    name = "torch"
+    store_kv = staticmethod(store_kv)
+    paged_attention = staticmethod(paged_attention)
+    argmax = staticmethod(argmax)
+    rms_norm = staticmethod(rms_norm)
+    rope = staticmethod(rope)

@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny random Llama/Qwen2 models (built here, fast) and the embedded SmolLM2."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from agentrt.model.config import ModelConfig
+from agentrt.model.llama import LlamaModel
+
+TINY = dict(vocab_size=301, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
+            num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048,
+            rope_theta=10000.0)
+
+
+def make_hf_model(arch: str, seed: int = 0, **overrides):
+    """A random-weight transformers model with odd sizes and GQA (6 heads over 2 kv heads)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    kw = {**TINY, **overrides}
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(tie_word_embeddings=True, **kw)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.Qwen2Config(tie_word_embeddings=False, **kw)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    # spread the logits so greedy choices are not near-ties in a random model
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model.eval()
+
+
+def config_of(hf_model) -> ModelConfig:
+    c = hf_model.config
+    return ModelConfig(
+        arch=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size, num_layers=c.num_hidden_layers,
+        num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+        head_dim=c.hidden_size // c.num_attention_heads, rope_theta=10000.0,
+        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.model_type == "qwen2")
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_model(arch: str = "llama", seed: int = 0) -> LlamaModel:
+    hf = make_hf_model(arch, seed)
+    m = LlamaModel(config_of(hf))
+    m.load_hf_weights(hf.state_dict())
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> LlamaModel:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M (fp32) with its tokenizer."""
+    from agentrt.model.loader import load_model
+
+    return load_model("smollm2-135m")
