@@ -1,0 +1,39 @@
+"""agentrt: an in-process async actor runtime for multi-agent LLM tool calling.
+
+Public API; everything else is internal and may change.
+"""
+
+from agentrt import errors
+from agentrt.cache.base import EvictionPolicy, LRUPolicy
+from agentrt.config import EngineConfig
+from agentrt.engine.engine import Completion, Engine
+from agentrt.engine.request import TokenEvent, Usage
+from agentrt.engine.session import Session
+from agentrt.engine.stats import EngineStats
+from agentrt.model.config import ModelConfig
+from agentrt.model.generate import generate
+from agentrt.model.llama import LlamaModel
+from agentrt.model.loader import DEFAULT_MODEL, LoadedModel, load_model
+from agentrt.sampling import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Completion",
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "LlamaModel",
+    "LoadedModel",
+    "ModelConfig",
+    "SamplingParams",
+    "Session",
+    "TokenEvent",
+    "Usage",
+    "errors",
+    "generate",
+    "load_model",
+]

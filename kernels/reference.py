@@ -21,6 +21,26 @@ def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     return g.transpose(-3, -2)
 
 
+def attend(q, k, v, mask, scale):
+    """Grouped-query attention by explicit matmuls (fast at small sizes on CPU, where the
+    fused SDPA kernel has a large fixed cost). q [..., H, Lq, D]; k, v [..., Hkv, L, D];
+    mask bool, broadcastable to [..., H, Lq, L]; returns [..., H, Lq, D]."""
+    h, hkv = q.shape[-3], k.shape[-3]
+    if h != hkv:  # [.., Hkv, G*Lq, D]: each kv head serves G query heads
+        g, lq = h // hkv, q.shape[-2]
+        qg = q.reshape(*q.shape[:-3], hkv, g * lq, q.shape[-1])
+        m = mask.expand(*mask.shape[:-3], h, lq, mask.shape[-1]) if mask.dim() >= 3 else mask
+        m = m.reshape(*m.shape[:-3], hkv, g * lq, m.shape[-1]) if mask.dim() >= 3 else mask
+        out = attend(qg, k, v, m, scale)
+        return out.reshape(q.shape)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+SDPA_MIN_QUERIES = 256  # from this many queries on, the fused kernel wins
+
+
 def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, rows, scale):
     # q: [Bd, H, D] one query per sequence, all batched with a key-padding mask.
     idx = torch.tensor(rows, dtype=torch.long)
@@ -30,10 +50,7 @@ def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, rows, scale):
     k = gather_pages(k_cache, pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
     v = gather_pages(v_cache, pages)[:, :, :max_kv]
     keep = torch.arange(max_kv) < meta.kv_lens_t[idx].unsqueeze(1)  # [Bd, max_kv]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2).to(k.dtype), k, v, attn_mask=keep[:, None, None, :], scale=scale,
-        enable_gqa=True,
-    )
+    out = attend(q.unsqueeze(2).to(k.dtype), k, v, keep[:, None, None, :], scale)
     return out.squeeze(2)  # [Bd, H, D]
 
 
@@ -43,6 +60,10 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
     k = gather_pages(k_cache, pages[:n_pages])[:, :kv_len]  # [Hkv, kv_len, D]
     v = gather_pages(v_cache, pages[:n_pages])[:, :kv_len]
     lq = q.shape[1]
+    if lq < SDPA_MIN_QUERIES:
+        qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
+        mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
+        return attend(q.to(k.dtype), k, v, mask[None], scale)
     if lq == kv_len:
         return F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=True, scale=scale,
                                               enable_gqa=True)

@@ -1,0 +1,1 @@
+"""agentrt.integrations: adapters to agent frameworks (installed under the agentrt package)."""

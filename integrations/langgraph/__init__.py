@@ -1,0 +1,3 @@
+"""agentrt.integrations.langgraph: LangGraph / LangChain adapters (needs `agentrt[langgraph]`)."""
+
+__all__: list[str] = []
