@@ -1,0 +1,20 @@
+"""The Hermes/Qwen tool-call tags and incremental matching of them."""
+
+from __future__ import annotations
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+
+def match_literal(literal: str, matched: int, s: str, i: int) -> tuple[int, int]:
+    """Extend a match of literal[:matched] with s[i:]; return (matched, j).
+
+    matched == len(literal): complete, s[i:j] consumed. Else j == len(s): still a prefix.
+    Else s[j] mismatches and is not consumed. Both tags contain '<' only at position 0, so
+    after a mismatch no suffix of the matched text can start a new tag: the caller only needs
+    to re-examine s[j].
+    """
+    n, size = len(s), len(literal)
+    while matched < size and i < n and s[i] == literal[matched]:
+        matched, i = matched + 1, i + 1
+    return matched, i
