@@ -1,0 +1,188 @@
+"""Load a GGUF file (llama.cpp format) into fp32/bf16 tensors under Hugging Face names.
+
+Shapes: GGUF lists dimensions fastest-moving first ([in, out] for a linear weight); torch wants
+[out, in], so every shape is reversed. llama-architecture files store attn_q/attn_k rows permuted
+for llama.cpp's interleaved RoPE; we undo that so the weights match the HF (half-split) RoPE.
+Qwen2 files are written without the permutation.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
+from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig
+from agentrt.model.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
+
+_MAGIC = b"GGUF"
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
+    """Read config, dequantized weights (as `dtype`) and tokenizer from a GGUF file."""
+    check_dtype(dtype)
+    path = Path(path)
+    reader = open_gguf(path)
+    meta = read_metadata(reader)
+    config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors})
+    weights = _load_weights(reader, config, dtype)
+    check_weights(config, weights, str(path))
+    tokenizer = tokenizer_from_gguf(meta) if "tokenizer.ggml.model" in meta else None
+    return ModelFiles(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """Only the tokenizer (and chat template) of a GGUF file; no tensor is dequantized."""
+    return tokenizer_from_gguf(read_metadata(open_gguf(Path(path))))
+
+
+def open_gguf(path: Path) -> gguf.GGUFReader:
+    """A GGUFReader over `path`; ModelNotFound / CorruptModelFile with what to do about it."""
+    if not path.is_file():
+        raise ModelNotFound(f"GGUF file {path} does not exist")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != _MAGIC:
+        raise CorruptModelFile(f"{path} is not a GGUF file (magic {magic!r}, expected {_MAGIC!r}); re-download it")
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError, TypeError, UnicodeDecodeError) as exc:
+        raise CorruptModelFile(f"{path}: unreadable GGUF header ({exc}); the file is truncated or damaged") from exc
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise CorruptModelFile(f"{path}: tensor {t.name} extends past the end of the file; it is truncated")
+    return reader
+
+
+def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+    """GGUF key/value metadata as plain Python values (str, int, float, bool, or lists of them)."""
+    return {name: _field_value(field) for name, field in reader.fields.items()}
+
+
+def _field_value(field: Any) -> Any:
+    kind = field.types[0] if field.types else None
+    if kind == gguf.GGUFValueType.ARRAY:
+        sub = field.types[1] if len(field.types) > 1 else None
+        if sub == gguf.GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        if sub == gguf.GGUFValueType.ARRAY:
+            return None  # nested arrays: no key we read uses them
+        return [field.parts[i][0].item() for i in field.data]
+    if kind == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    return field.parts[field.data[0]][0].item() if field.data else None
+
+
+def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
+    """ModelConfig from `{arch}.*` keys; `shapes` (GGUF name -> torch shape) fills gaps and tying."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModel(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in meta:
+            raise CorruptModelFile(f"GGUF metadata lacks {arch}.{key}; the file was not written by a llama.cpp converter")
+        return meta[f"{arch}.{key}"]
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    kv_heads = meta.get(f"{arch}.attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer list: only uniform values are supported
+        if len(set(kv_heads)) != 1:
+            raise UnsupportedModel(f"per-layer KV head counts {sorted(set(kv_heads))} are not supported")
+        kv_heads = kv_heads[0]
+    tokens = meta.get("tokenizer.ggml.tokens") or ()
+    vocab = meta.get(f"{arch}.vocab_size") or shapes.get("token_embd.weight", (len(tokens),))[0]
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
+        rope_theta=_decimal(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=_decimal(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in shapes,
+        attention_bias=any(name.endswith("attn_q.bias") for name in shapes),
+    )
+
+
+def _decimal(value: float) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-06, not 9.99999997e-07),
+    i.e. the value in the original config.json."""
+    return float(str(np.float32(value)))
+
+
+def hf_name(gguf_name: str) -> str:
+    """HF parameter name for a GGUF tensor name; UnsupportedModel for tensors we do not implement."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _BLOCK_NAMES:
+        raise UnsupportedModel(
+            f"GGUF tensor {gguf_name!r} is not part of the supported Llama/Qwen2 layout "
+            "(e.g. rope_freqs means RoPE scaling, which is not implemented)"
+        )
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+
+
+def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation: per head, rows (2 halves x d/2) were interleaved.
+
+    w: [n_heads * head_dim, ...] (weight or bias). The converter did
+    reshape(n, 2, d/2, ...).swapaxes(1, 2); the inverse swaps the same axes back.
+    """
+    rows = w.shape[0]
+    half = rows // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+def _torch_shape(tensor: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
+
+
+def _load_weights(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    names = [hf_name(t.name) for t in reader.tensors]  # validate names before the slow part
+    # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
+    weights = {name: _dequantize(t, dtype) for name, t in zip(names, reader.tensors)}
+    if config.arch == "llama":
+        for name in list(weights):
+            if ".q_proj." in name:
+                weights[name] = unpermute_rope_rows(weights[name], config.num_heads)
+            elif ".k_proj." in name:
+                weights[name] = unpermute_rope_rows(weights[name], config.num_kv_heads)
+    return weights
+
+
+def _dequantize(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
+    try:
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise UnsupportedModel(
+            f"tensor {tensor.name} uses GGML type {tensor.tensor_type.name}, which gguf cannot dequantize; "
+            "use a file quantized as F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K or similar"
+        ) from exc
+    # own the memory (F32 tensors come back as read-only views of the memory map)
+    array = np.array(array, dtype=np.float32, copy=True).reshape(_torch_shape(tensor))
+    return torch.from_numpy(array).to(dtype)

@@ -1,0 +1,148 @@
+"""Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json (+ tokenizer_config.json).
+
+Weight names are already HF names. A tied model (tie_word_embeddings) is returned without
+`lm_head.weight`, like a tied GGUF, even when the file happens to contain a copy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from agentrt.errors import CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
+from agentrt.model.config import ModelConfig
+from agentrt.model.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
+    """Read a Llama/Qwen2 checkpoint directory; tokenizer is None when it has no tokenizer.json."""
+    check_dtype(dtype)
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelNotFound(f"model directory {path} does not exist")
+    raw = _read_json(path / "config.json", required=True)
+    config = config_from_hf(raw)
+    weights = _load_weights(path, dtype)
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    check_weights(config, weights, str(path))
+    return ModelFiles(config=config, weights=weights, tokenizer=load_hf_tokenizer(path, raw), source=str(path))
+
+
+def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from a transformers config.json dict (v4 or v5 layout)."""
+    model_type = raw.get("model_type")
+    if model_type not in _ARCHITECTURES:
+        raise UnsupportedModel(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(_ARCHITECTURES)}"
+        )
+    archs = raw.get("architectures") or [_ARCHITECTURES[model_type]]
+    if _ARCHITECTURES[model_type] not in archs:
+        raise UnsupportedModel(f"architectures {archs} are not supported; expected {_ARCHITECTURES[model_type]}")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise UnsupportedModel(f"RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not implemented")
+    if model_type == "llama" and (raw.get("attention_bias") or raw.get("mlp_bias")):
+        raise UnsupportedModel("Llama checkpoints with attention/MLP biases are not supported")
+    if raw.get("use_sliding_window"):
+        raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not implemented")
+    try:
+        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        return ModelConfig(
+            arch=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=model_type == "qwen2",
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptModelFile(f"config.json is missing or has a bad value for {exc}; re-save the model") from exc
+
+
+def _load_weights(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFound(
+            f"{path} has no *.safetensors files; re-save with save_pretrained(safe_serialization=True)"
+        )
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            part = load_file(str(file))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CorruptModelFile(f"{file}: unreadable safetensors file ({exc}); re-download it") from exc
+        weights.update({name: t.to(dtype) for name, t in part.items()})
+    return weights
+
+
+def load_hf_tokenizer(path: Path, raw_config: dict[str, Any] | None = None) -> Tokenizer | None:
+    """Tokenizer from tokenizer.json (+ tokenizer_config.json, generation_config.json); None if absent."""
+    if not (path / "tokenizer.json").is_file():
+        return None
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+        raise TokenizerError(f"{path / 'tokenizer.json'} cannot be read ({exc}); re-save the tokenizer") from exc
+    tok_cfg = _read_json(path / "tokenizer_config.json")
+    gen_cfg = _read_json(path / "generation_config.json")
+
+    def token_id(key: str) -> int | None:
+        value = tok_cfg.get(key)
+        content = value.get("content") if isinstance(value, dict) else value
+        return backend.token_to_id(content) if isinstance(content, str) else None
+
+    declared = [token_id("eos_token")]
+    for cfg in (gen_cfg, raw_config or {}):
+        eos = cfg.get("eos_token_id")
+        declared += eos if isinstance(eos, list) else [eos]
+    return Tokenizer(
+        backend,
+        bos_token_id=token_id("bos_token"),
+        eos_token_ids=end_of_turn_ids(backend, declared),
+        pad_token_id=token_id("pad_token"),
+        chat_template=_chat_template(path, tok_cfg),
+        add_bos_token=bool(tok_cfg.get("add_bos_token", False)),
+    )
+
+
+def _chat_template(path: Path, tok_cfg: dict[str, Any]) -> str | None:
+    """chat_template.jinja (transformers v5), else tokenizer_config's (str or list of named ones)."""
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = tok_cfg.get("chat_template") or _read_json(path / "chat_template.json").get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def _read_json(file: Path, *, required: bool = False) -> dict[str, Any]:
+    if not file.is_file():
+        if required:
+            raise ModelNotFound(f"{file} does not exist; a Hugging Face model directory needs it")
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptModelFile(f"{file} is not valid JSON ({exc}); re-save it") from exc
+    if not isinstance(data, dict):
+        raise CorruptModelFile(f"{file} must hold a JSON object")
+    return data

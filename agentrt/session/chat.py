@@ -1,0 +1,343 @@
+"""Chat formatting: OpenAI-style messages (+ tool schemas) -> prompt text and token ids.
+
+Messages are dicts: {"role": "system"|"user"|"assistant"|"tool", "content": str | [text parts] | None}.
+Assistant messages may carry `tool_calls` ([{"id", "type": "function", "function": {"name",
+"arguments": str | dict}}]); tool messages need `tool_call_id` (and may have `name`).
+
+Rendering uses the model's own jinja2 chat template (built-in ChatML when there is none) in a
+sandbox, with `raise_exception`, `strftime_now` and `tojson` as transformers provides them. A
+template handles tools natively when it uses the variable `tools` and mentions `tool_calls`; in
+that case tool calls/schemas are rendered by the template, and any control-token text inside them
+is rejected (ChatTemplateError). Other templates (SmolLM2's) get the **fallback tool format**,
+applied by rewriting messages before the model's template runs:
+  * the tool schemas go into the system message (one is added if the conversation has none):
+    `<tools>` + one JSON schema per line + `</tools>`, plus an instruction to answer with
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
+  * an assistant message's tool calls are appended to its content in that same form;
+  * a tool result becomes a *user* turn whose content is `<tool_response>\\n{content}\\n</tool_response>`
+    (one turn per result, never merged, so appending messages never changes earlier turns).
+
+Token-level contract. Every message's content (after the rewrite above) is data: it is rendered
+as a random sentinel, the rendered text is split at sentinels, template text is tokenized with
+special-token parsing ON and content with it OFF -- a tool result holding `<|im_start|>` can never
+produce the control token. Text is also split at every message boundary and before the generation
+prompt, so `encode(prev, add_generation_prompt=False) + encode_delta(prev, new)` equals
+`encode(prev + new)` by construction, and encode_delta tokenizes only the new messages.
+Consequence: ids can differ from tokenizing the whole rendered string when a content starts or ends
+with whitespace that BPE would merge across the template boundary (rare; the model copes).
+Templates that `| trim` content are detected and handled; templates that otherwise rewrite content,
+or re-render earlier turns once later ones exist, are refused (init) / not extendable (encode_delta).
+
+Model output is kept verbatim: `encode(prev) + encode_assistant_tokens(generated_ids)` is the token
+history after a generated turn, and later turns are appended with `encode_delta`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from agentrt.errors import ChatTemplateError
+from agentrt.model.tokenizer import Tokenizer
+
+ROLES = ("system", "user", "assistant", "tool")
+
+# Used when neither the caller nor the tokenizer provides a template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TOOLS_INSTRUCTION = (
+    "You can call the tools listed below. To call one, answer with a block of the form\n"
+    '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
+    "(one block per call). Tool results come back inside <tool_response></tool_response>.\n"
+)
+
+
+class _NotPrefixStable(Exception):
+    """Internal: rendering messages[:k+1] does not start with the rendering of messages[:k]."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (used by some HF templates) renders its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _compile(source: str) -> tuple[jinja2.Template, bool]:
+    """(compiled template, whether it handles tools natively)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        native = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
+        return env.from_string(source), native and "tool_calls" in source
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+
+
+class ChatFormat:
+    """Renders and tokenizes conversations for one tokenizer + chat template (immutable, thread-safe)."""
+
+    def __init__(self, tokenizer: Tokenizer, template: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template_source = template or tokenizer.chat_template or CHATML_TEMPLATE
+        self._template, self.native_tools = _compile(self.template_source)
+        # content i renders as PUA-char + nonce + i + PUA-char; the nonce makes forging one impossible
+        self._nonce = secrets.token_hex(8)
+        self._sentinel_re = re.compile("\ue000" + self._nonce + r"(\d+)\ue001")
+        self._control = tuple(tokenizer.special_tokens)
+        self._strip_content = False  # the probe below needs the raw contents
+        self._strip_content = self._probe_content_mode()
+        try:
+            gen = self._split_rendered([{"role": "user", "content": "x"}], None, True)[-1]
+        except _NotPrefixStable:
+            raise ChatTemplateError("the template's generation prompt rewrites the conversation before it") from None
+        self._gen_prompt_ids = tuple(self._tokenize(gen, {}))
+        closed = self._render(self._sentinelize([{"role": "user", "content": "x"},
+                                                 {"role": "assistant", "content": "y"}])[0], None, False)
+        self._turn_end_ids = tuple(self._tokenize(self._sentinel_re.split(closed)[-1], {}))
+
+    # -- public API ---------------------------------------------------------------------------------
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> str:
+        """The prompt text, as the template renders it (what transformers' apply_chat_template gives)."""
+        return self._render(self._prepare(messages, tools), tools, add_generation_prompt)
+
+    def encode(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> list[int]:
+        return self.encode_delta((), messages, tools, add_generation_prompt)
+
+    def encode_delta(self, prev_messages: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]],
+                     tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids that extend `encode(prev_messages, add_generation_prompt=False)` with new_messages."""
+        if not prev_messages and not new_messages:
+            raise ChatTemplateError("the conversation is empty; pass at least one message")
+        prepared = self._prepare([*prev_messages, *new_messages], tools)
+        start = len(self._prepare(prev_messages, tools)) if prev_messages else 0
+        sentinel_msgs, contents = self._sentinelize(prepared)
+        try:
+            chunks = self._split_rendered(sentinel_msgs, tools, add_generation_prompt, start)
+        except _NotPrefixStable:
+            if start:
+                raise ChatTemplateError(
+                    "the chat template renders earlier messages differently once later ones are added, so "
+                    "this conversation cannot be extended token by token; call encode() on the whole conversation"
+                ) from None
+            chunks = [self._render(sentinel_msgs, tools, add_generation_prompt)]  # one piece, no boundaries
+        return [i for chunk in chunks for i in self._tokenize(chunk, contents)]
+
+    def generation_prompt_tokens(self) -> list[int]:
+        """Ids the template appends to open the assistant turn (e.g. `<|im_start|>assistant\\n`)."""
+        return list(self._gen_prompt_ids)
+
+    def encode_assistant_tokens(self, generated_ids: Sequence[int]) -> list[int]:
+        """Model output (after the generation prompt) closed as a finished assistant turn.
+
+        A trailing stop token (any eos id) is replaced by the template's own end-of-turn text, so the
+        result continues `encode(prev)` exactly like `encode(prev + [assistant message])` would.
+        """
+        ids = list(generated_ids)
+        if ids and ids[-1] in self.tokenizer.eos_token_ids:
+            ids.pop()
+        return ids + list(self._turn_end_ids)
+
+    # -- rendering ----------------------------------------------------------------------------------
+    def _render(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool) -> str:
+        tok = self.tokenizer
+        try:
+            return self._template.render(
+                messages=messages, tools=list(tools) if tools and self.native_tools else None,
+                add_generation_prompt=add_generation_prompt, bos_token=self._token_text(tok.bos_token_id),
+                eos_token=self._token_text(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+                pad_token=self._token_text(tok.pad_token_id),
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"the chat template rejected the conversation: {exc}") from exc
+
+    def _token_text(self, token_id: int | None) -> str:
+        return (self.tokenizer.id_to_token(token_id) or "") if token_id is not None else ""
+
+    def _split_rendered(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
+                        start: int = 0) -> list[str]:
+        """Rendered text of messages[start:], cut at each message boundary and before the generation prompt."""
+        prefix = self._render(messages[:start], tools, False) if start else ""
+        chunks = []
+        for k in range(start + 1, len(messages) + 1):
+            prefix = self._extend(prefix, self._render(messages[:k], tools, False), chunks)
+        if add_generation_prompt:
+            self._extend(prefix, self._render(messages, tools, True), chunks)
+        return chunks
+
+    @staticmethod
+    def _extend(prefix: str, text: str, chunks: list[str]) -> str:
+        if not text.startswith(prefix):
+            raise _NotPrefixStable()
+        chunks.append(text[len(prefix):])
+        return text
+
+    def _tokenize(self, chunk: str, contents: Mapping[int, str]) -> list[int]:
+        parts = self._sentinel_re.split(chunk)  # [template, index, template, index, ..., template]
+        ids: list[int] = []
+        for n, part in enumerate(parts):
+            if n % 2:
+                ids += self.tokenizer.encode(contents[int(part)], special=False)
+            elif part:
+                ids += self.tokenizer.encode(part, special=True)
+        return ids
+
+    def _sentinelize(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, str]]:
+        """Copies whose non-empty string contents are sentinels, and sentinel index -> content."""
+        out, contents = [], {}
+        for i, msg in enumerate(messages):
+            content = msg.get("content")
+            if isinstance(content, str) and content:
+                contents[i] = content.strip() if self._strip_content else content
+                msg = {**msg, "content": f"\ue000{self._nonce}{i}\ue001"}
+            out.append(msg)
+        return out, contents
+
+    def _probe_content_mode(self) -> bool:
+        """False if the template inserts content verbatim, True if it trims it; else ChatTemplateError."""
+        probe = [{"role": "user", "content": " probe u \n"}, {"role": "assistant", "content": "\n probe a "},
+                 {"role": "user", "content": "probe\tz"}]
+        real = self._render(probe, None, True)
+        sentinel_msgs, contents = self._sentinelize(probe)
+        rendered = self._render(sentinel_msgs, None, True)
+        for strip in (False, True):
+            swap = (lambda m: contents[int(m.group(1))].strip()) if strip else (lambda m: contents[int(m.group(1))])
+            if self._sentinel_re.sub(swap, rendered) == real:
+                return strip
+        raise ChatTemplateError(
+            "the chat template rewrites message content beyond trimming, so content cannot be tokenized "
+            "separately; pass template= with one that inserts message['content'] as is"
+        )
+
+    # -- message preparation --------------------------------------------------------------------------
+    def _prepare(self, messages: Sequence[Mapping[str, Any]], tools: Any) -> list[dict[str, Any]]:
+        msgs = [_normalize(i, m) for i, m in enumerate(_as_list(messages, "messages"))]
+        tool_list = [_check_tool(t) for t in _as_list(tools, "tools")] if tools is not None else []
+        if self.native_tools:
+            self._reject_control_text(msgs, tool_list)
+            return msgs
+        return _fallback(msgs, tool_list)
+
+    def _reject_control_text(self, msgs: list[dict[str, Any]], tools: list[Mapping[str, Any]]) -> None:
+        # Native templates put tool calls / schemas in template text (special parsing on): refuse forgeries.
+        outside = json.dumps([{k: v for k, v in m.items() if k != "content"} for m in msgs] + tools,
+                             ensure_ascii=False)
+        for token in self._control:
+            if token in outside:
+                raise ChatTemplateError(f"control token {token!r} found in tool calls or tool schemas; remove it")
+
+
+def _as_list(value: Any, what: str) -> list[Any]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ChatTemplateError(f"{what} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
+def _text(i: int, role: str, content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ChatTemplateError(f"message {i} ({role}): content must be a string or a list of text parts")
+
+
+def _normalize(i: int, msg: Any) -> dict[str, Any]:
+    """A validated plain-dict copy of one OpenAI-style message."""
+    if not isinstance(msg, Mapping):
+        raise ChatTemplateError(f"message {i} must be a dict, got {type(msg).__name__}")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise ChatTemplateError(f"message {i} has role {role!r}; use one of {', '.join(ROLES)}")
+    out: dict[str, Any] = {"role": role, "content": _text(i, role, msg.get("content"))}
+    calls = msg.get("tool_calls") if role == "assistant" else None
+    if calls:
+        out["tool_calls"] = [_normalize_call(i, n, c) for n, c in enumerate(_as_list(calls, "tool_calls"))]
+    if out["content"] is None and not calls:
+        raise ChatTemplateError(f"message {i} ({role}) has no content")
+    if role == "tool":
+        if not isinstance(msg.get("tool_call_id"), str) or not msg["tool_call_id"]:
+            raise ChatTemplateError(f"message {i} (tool) needs a tool_call_id naming the call it answers")
+        out["tool_call_id"] = msg["tool_call_id"]
+        if isinstance(msg.get("name"), str):
+            out["name"] = msg["name"]
+    return out
+
+
+def _normalize_call(i: int, n: int, call: Any) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise ChatTemplateError(f"message {i}: tool_calls[{n}] needs function.name (OpenAI format)")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):  # templates expect a dict; keep the string if it is not a JSON object
+        try:
+            parsed = json.loads(args)
+            args = parsed if isinstance(parsed, dict) else args
+        except json.JSONDecodeError:
+            pass
+    elif not isinstance(args, Mapping):
+        raise ChatTemplateError(f"message {i}: tool_calls[{n}].function.arguments must be a str or dict")
+    return {"id": str(call.get("id", f"call_{i}_{n}")), "type": "function",
+            "function": {"name": fn["name"], "arguments": dict(args) if isinstance(args, Mapping) else args}}
+
+
+def _check_tool(tool: Any) -> Mapping[str, Any]:
+    fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise ChatTemplateError("each tool must be an OpenAI function tool: {'type': 'function', 'function': {'name': ...}}")
+    return tool
+
+
+def _fallback(msgs: list[dict[str, Any]], tools: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rewrite tool-related messages as plain system/user/assistant turns (see module docstring)."""
+    out = []
+    for msg in msgs:
+        if msg["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{msg['content']}\n</tool_response>"})
+        elif msg.get("tool_calls"):
+            calls = "\n".join(
+                "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                                           ensure_ascii=False) + "</tool_call>"
+                for c in msg["tool_calls"])
+            out.append({"role": "assistant", "content": f"{msg['content']}\n{calls}" if msg["content"] else calls})
+        else:
+            out.append(dict(msg))
+    if tools:
+        block = TOOLS_INSTRUCTION + "<tools>\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + "\n</tools>"
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out

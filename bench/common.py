@@ -1,0 +1,67 @@
+"""Shared helpers of the benchmark scripts: timing, machine bounds, results files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timeit(fn, repeat: int = 3, warmup: int = 1) -> float:
+    """Median seconds of fn() over `repeat` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def gemm_flops(dtype: torch.dtype, n: int = 1024, repeat: int = 5) -> float:
+    """Measured dense matmul FLOP/s of this machine for `dtype` (n x n x n)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    sec = timeit(lambda: torch.mm(a, b), repeat=repeat, warmup=2)
+    return 2 * n ** 3 / sec
+
+
+def read_bandwidth(mb: int = 512, repeat: int = 5) -> float:
+    """Measured memory read bandwidth in bytes/s (a reduction over a buffer >> caches)."""
+    x = torch.ones(mb * 2 ** 20 // 4, dtype=torch.float32)
+    sec = timeit(lambda: x.sum(), repeat=repeat, warmup=1)
+    return x.numel() * 4 / sec
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def write_results(name: str, data: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[f"{x:.3g}" if isinstance(x, float) else str(x) for x in r])
+    Console().print(t)

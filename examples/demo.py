@@ -1,0 +1,70 @@
+"""agentrt demo: chat with the embedded SmolLM2-135M through a persistent KV session.
+
+Interactive when stdin is a terminal; otherwise (or with --script) it plays a short scripted
+conversation. Each turn prefills only the new tokens: the usage line shows how many prompt
+tokens came from the session's KV.   python examples/demo.py [--script] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import anyio
+
+from agentrt import Engine, EngineConfig, SamplingParams, load_model
+from agentrt.model.tokenizer import IncrementalDecoder
+from agentrt.session.chat import ChatFormat
+
+SCRIPT = ["Hi! What is the capital of France?", "And of Italy?", "Thanks. Say goodbye in French."]
+
+
+async def chat_turns(turns, model: str) -> None:
+    lm = load_model(model)
+    fmt = ChatFormat(lm.tokenizer)
+    messages = [{"role": "system", "content": "You are a helpful, concise assistant."}]
+    async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as engine:
+        async with await engine.open_session(tag="demo") as session:
+            async for user in turns:
+                messages.append({"role": "user", "content": user})
+                prompt = fmt.encode(messages)
+                dec, text, t0 = IncrementalDecoder(lm.tokenizer, skip_special=True), [], time.perf_counter()
+                print("assistant> ", end="", flush=True)
+                async for ev in engine.generate(prompt, SamplingParams(max_tokens=96), session=session):
+                    for tok in ev.token_ids:
+                        piece = dec.push(tok)
+                        text.append(piece)
+                        print(piece, end="", flush=True)
+                    usage = ev.usage
+                print(dec.flush())
+                print(f"  [{usage.prompt_tokens} prompt tokens, {usage.cached_tokens} from the session's "
+                      f"KV, {usage.completion_tokens} generated, {time.perf_counter() - t0:.2f}s]")
+                messages.append({"role": "assistant", "content": "".join(text).strip()})
+
+
+async def scripted():
+    for line in SCRIPT:
+        print(f"user> {line}")
+        yield line
+
+
+async def interactive():
+    while True:
+        line = await anyio.to_thread.run_sync(lambda: input("user> "))
+        if line.strip() in ("", "exit", "quit"):
+            return
+        yield line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--script", action="store_true", help="play the scripted conversation")
+    ap.add_argument("--model", default="smollm2-135m", help="embedded name, .gguf file or HF dir")
+    args = ap.parse_args()
+    turns = scripted() if args.script or not sys.stdin.isatty() else interactive()
+    anyio.run(chat_turns, turns, args.model)
+
+
+if __name__ == "__main__":
+    main()
