@@ -1,0 +1,208 @@
+"""Actors: a behaviour object, a bounded mailbox, one message at a time, supervised.
+
+An actor is a task in the Runtime's task group. Its mailbox is an anyio memory object stream
+with a bound (back-pressure: `tell` waits for space, `tell_nowait` raises MailboxFull). Each
+message runs inside its own cancel scope, so `cancel()` stops the current message only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import structlog
+
+from agentrt.errors import ActorStopped, AskTimeout, MailboxFull, RequestCancelled
+from agentrt.runtime.supervision import RestartTracker, Supervision
+
+log = structlog.get_logger("agentrt.runtime")
+
+
+class Behavior(Protocol):
+    """What an actor does. `handle` answers one message; `stream` (optional) yields events for
+    a streaming ask. `start`/`stop` bracket the actor's life (and each restart)."""
+
+    async def start(self, ctx: "ActorContext") -> None: ...
+
+    async def handle(self, message: Any, ctx: "ActorContext") -> Any: ...
+
+    async def stop(self, ctx: "ActorContext", restarting: bool) -> None: ...
+
+
+@dataclass
+class ActorContext:
+    name: str
+    runtime: Any
+    restarts: int = 0
+    reset_state: bool = False  # set on a restart whose policy is session="reset"
+
+
+@dataclass(eq=False)
+class Envelope:
+    message: Any
+    reply: Any = None  # memory object send stream for ask/ask_stream; None for tell
+    streaming: bool = False
+    settled: bool = field(default=False)
+
+    def answer(self, value: Any) -> None:
+        self._send(("ok", value))
+
+    def fail(self, error: BaseException) -> None:
+        self._send(("error", error))
+
+    def finish_stream(self) -> None:
+        self._send(("end", None))
+
+    def event(self, ev: Any) -> None:
+        if self.reply is not None:
+            try:
+                self.reply.send_nowait(("event", ev))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    def _send(self, item) -> None:
+        if self.reply is None or self.settled:
+            return
+        self.settled = True
+        try:
+            self.reply.send_nowait(item)
+            self.reply.close()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+
+class ActorRef:
+    """Handle on a running actor: tell / ask / ask_stream / cancel / stop / join."""
+
+    def __init__(self, name: str, behavior: Behavior, mailbox_size: int, supervision: Supervision):
+        self.name, self.behavior, self.supervision = name, behavior, supervision
+        self._send, self._recv = anyio.create_memory_object_stream[Envelope](mailbox_size)
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self.error: BaseException | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    async def tell(self, message: Any) -> None:
+        """Queue a message, waiting while the mailbox is full."""
+        await self._put(Envelope(message))
+
+    def tell_nowait(self, message: Any) -> None:
+        try:
+            self._send.send_nowait(Envelope(message))
+        except anyio.WouldBlock:
+            raise MailboxFull(f"actor {self.name!r} has a full mailbox; use `await tell()` to wait") from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ActorStopped(f"actor {self.name!r} has stopped") from None
+
+    async def ask(self, message: Any, timeout: float | None = None) -> Any:
+        """Send and wait for the answer; AskTimeout after `timeout` s (the message is cancelled)."""
+        send, recv = anyio.create_memory_object_stream(1)
+        env = Envelope(message, send)
+        await self._put(env)
+        with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
+            async with recv:
+                kind, value = await recv.receive()
+        if scope.cancelled_caught:
+            env.settled = True
+            self.cancel()
+            raise AskTimeout(f"actor {self.name!r} did not answer within {timeout}s")
+        if kind == "error":
+            raise value
+        return value
+
+    async def ask_stream(self, message: Any) -> AsyncIterator[Any]:
+        """Send and yield the behaviour's events as they come; ends with the final answer."""
+        send, recv = anyio.create_memory_object_stream(math.inf)
+        env = Envelope(message, send, streaming=True)
+        await self._put(env)
+        async with recv:
+            async for kind, value in recv:
+                if kind == "error":
+                    raise value
+                if kind == "end":
+                    return
+                yield value
+
+    def cancel(self) -> None:
+        """Cancel the message being handled now (the actor goes on with the next one)."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def stop(self) -> None:
+        """Close the mailbox; the actor finishes queued messages, then stops."""
+        self._send.close()
+        await self._stopped.wait()
+
+    async def join(self) -> None:
+        await self._stopped.wait()
+
+    async def _put(self, env: Envelope) -> None:
+        try:
+            await self._send.send(env)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ActorStopped(f"actor {self.name!r} has stopped") from None
+
+    # ---- the actor task ---------------------------------------------------------------
+    async def run(self, ctx: ActorContext) -> None:
+        tracker = RestartTracker(self.supervision)
+        try:
+            while await self._run_once(ctx):
+                delay = tracker.next_delay()
+                if delay is None:
+                    log.warning("actor stopped after failure", actor=self.name, restarts=tracker.total)
+                    return
+                await anyio.sleep(delay)
+                ctx.restarts, ctx.reset_state = tracker.total, self.supervision.session == "reset"
+        finally:
+            self._send.close()
+            with anyio.CancelScope(shield=True):
+                async for env in self._recv:  # nobody will answer these any more
+                    env.fail(ActorStopped(f"actor {self.name!r} has stopped"))
+                self._recv.close()
+            self._stopped.set()
+
+    async def _run_once(self, ctx: ActorContext) -> bool:
+        """Run until the mailbox closes (False) or a handler crashes (True: maybe restart)."""
+        if hasattr(self.behavior, "start"):
+            await self.behavior.start(ctx)
+        crashed = False
+        try:
+            async for env in self._recv:
+                if not await self._handle(env, ctx):
+                    crashed = True
+                    return True
+            return False
+        finally:
+            if hasattr(self.behavior, "stop"):
+                with anyio.CancelScope(shield=True):
+                    await self.behavior.stop(ctx, restarting=crashed)
+
+    async def _handle(self, env: Envelope, ctx: ActorContext) -> bool:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                if env.streaming and hasattr(self.behavior, "stream"):
+                    async for ev in self.behavior.stream(env.message, ctx):
+                        env.event(ev)
+                    env.finish_stream()
+                elif env.streaming:  # a plain behaviour streams its one answer
+                    env.event(await self.behavior.handle(env.message, ctx))
+                    env.finish_stream()
+                else:
+                    env.answer(await self.behavior.handle(env.message, ctx))
+            except Exception as e:  # the crash goes to the asker and to supervision
+                self.error = e
+                log.exception("actor handler failed", actor=self.name)
+                env.fail(e)
+                return False
+            finally:
+                self._scope = None
+        if scope.cancelled_caught:
+            env.fail(RequestCancelled(f"the message to actor {self.name!r} was cancelled"))
+        return True

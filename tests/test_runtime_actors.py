@@ -1,0 +1,124 @@
+"""Actor runtime: mailboxes, ask/tell, streaming ask, cancel, supervision, lazy activation."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentrt.errors import ActorStopped, AskTimeout, MailboxFull, RequestCancelled
+from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.supervision import Supervision
+
+
+class Echo:
+    def __init__(self):
+        self.starts, self.stops, self.seen = 0, 0, []
+
+    async def start(self, ctx):
+        self.starts += 1
+
+    async def stop(self, ctx, restarting):
+        self.stops += 1
+
+    async def handle(self, msg, ctx):
+        if msg == "boom":
+            raise ValueError("boom")
+        if msg == "slow":
+            await anyio.sleep(10)
+        self.seen.append(msg)
+        return f"echo:{msg}"
+
+    async def stream(self, msg, ctx):
+        for ch in msg:
+            yield ch
+
+
+def run(fn):
+    async def main():
+        async with Runtime() as rt:
+            await fn(rt)
+    anyio.run(main)
+
+
+def test_ask_tell_and_one_message_at_a_time():
+    async def fn(rt):
+        b = Echo()
+        ref = await rt.spawn(b, name="e")
+        await ref.tell("a")
+        assert await ref.ask("b") == "echo:b"
+        assert b.seen == ["a", "b"]
+        assert [x async for x in ref.ask_stream("xyz")] == ["x", "y", "z"]
+    run(fn)
+
+
+def test_tell_nowait_raises_mailbox_full_and_stop_fails_pending():
+    async def fn(rt):
+        ref = await rt.spawn(Echo(), name="e", mailbox_size=1)
+        async def slow():
+            with pytest.raises(RequestCancelled):
+                await ref.ask("slow")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await anyio.sleep(0.05)  # "slow" is being handled; the mailbox is empty
+            ref.tell_nowait("x")
+            with pytest.raises(MailboxFull):
+                ref.tell_nowait("y")
+            ref.cancel()
+        await ref.stop()
+        with pytest.raises(ActorStopped):
+            await ref.tell("late")
+    run(fn)
+
+
+def test_ask_timeout_cancels_the_message_and_actor_goes_on():
+    async def fn(rt):
+        ref = await rt.spawn(Echo(), name="e")
+        with pytest.raises(AskTimeout):
+            await ref.ask("slow", timeout=0.05)
+        assert await ref.ask("next", timeout=5) == "echo:next"
+    run(fn)
+
+
+def test_cancel_current_message():
+    async def fn(rt):
+        ref = await rt.spawn(Echo(), name="e")
+        async with anyio.create_task_group() as tg:
+            async def asker():
+                with pytest.raises(RequestCancelled):
+                    await ref.ask("slow")
+            tg.start_soon(asker)
+            await anyio.sleep(0.05)
+            ref.cancel()
+        assert await ref.ask("after") == "echo:after"
+    run(fn)
+
+
+def test_supervision_restarts_within_limits_then_stops():
+    async def fn(rt):
+        b = Echo()
+        ref = await rt.spawn(b, name="e", supervision=Supervision(max_restarts=2, window_s=60))
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                await ref.ask("boom")
+            assert await ref.ask("ok") == "echo:ok"
+        with pytest.raises(ValueError):
+            await ref.ask("boom")
+        await ref.join()
+        assert ref.stopped and b.starts == 3 and b.stops == 3
+        with pytest.raises(ActorStopped):
+            await ref.ask("x")
+    run(fn)
+
+
+def test_lazy_activation_by_kind_and_key():
+    async def fn(rt):
+        made = []
+
+        def factory(key):
+            made.append(key)
+            return Echo()
+        a1 = await rt.actor("echo", "k1", factory)
+        a2 = await rt.actor("echo", "k1", factory)
+        b = await rt.actor("echo", "k2", factory)
+        assert a1 is a2 and a1 is not b and made == ["k1", "k2"]
+    run(fn)
