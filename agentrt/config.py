@@ -32,7 +32,14 @@ class EngineConfig:
     # caches
     enable_radix_cache: bool = True
     enable_session_reuse: bool = True
-    kv_dtype: str = "model"  # "model" = the model's dtype
+    response_cache_size: int = 256  # full responses kept (0 = off; benchmarks of fresh work)
+    # prompt-lookup speculation (greedy and sampled; constrained requests do not speculate)
+    enable_speculation: bool = True
+    spec_max_draft: int = 8  # draft tokens per slot at most
+    spec_token_budget: int = 32  # draft tokens per step shared by all decoders
+    spec_min_acceptance: float = 0.3  # below this acceptance rate a slot only probes (1 token)
+    spec_min_ngram: int = 1
+    spec_max_ngram: int = 3
 
     def __post_init__(self) -> None:
         positive = ("kv_cache_tokens", "page_size", "max_transient_seqs", "n_batch",
@@ -46,6 +53,10 @@ class EngineConfig:
             raise ConfigError("cell_budget_fraction and high_water must be in (0, 1]")
         if self.kv_cache_tokens < self.page_size:
             raise ConfigError("kv_cache_tokens must hold at least one page")
+        if self.spec_min_ngram < 1 or self.spec_max_ngram < self.spec_min_ngram:
+            raise ConfigError("need 1 <= spec_min_ngram <= spec_max_ngram")
+        if self.spec_max_draft < 0 or self.spec_token_budget < 0 or self.response_cache_size < 0:
+            raise ConfigError("spec_max_draft, spec_token_budget and response_cache_size must be >= 0")
         if self.max_session_seqs < 0:
             raise ConfigError("max_session_seqs must be >= 0")
 
@@ -59,4 +70,4 @@ class EngineConfig:
     def stateless(self) -> "EngineConfig":
         """The same engine with session reuse and the radix cache off (a benchmark baseline)."""
         return self.replace(enable_radix_cache=False, enable_session_reuse=False,
-                            enable_prefix_grouping=False)
+                            enable_prefix_grouping=False, response_cache_size=0)

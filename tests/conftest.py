@@ -63,3 +63,21 @@ def embedded():
     from agentrt.model.loader import load_model
 
     return load_model("smollm2-135m")
+
+
+@functools.lru_cache(maxsize=2)
+def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
+    """A random model over a tiny vocabulary with a spread-out next-token distribution, for
+    statistical tests that enumerate every continuation."""
+    import transformers
+
+    torch.manual_seed(seed)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30.0)  # random init is near-uniform; make it informative
+    m = LlamaModel(config_of(hf))
+    m.load_hf_weights(hf.state_dict())
+    return m.eval()

@@ -7,14 +7,18 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
+import torch
+
 from agentrt.cache.kv_manager import KVManager, Sequence
 from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
+from agentrt.cache.response_cache import CachedResponse, ResponseCache
 from agentrt.config import EngineConfig
 from agentrt.engine import scheduler as sched
 from agentrt.engine.memory import MemoryManager
 from agentrt.engine.prefix import attach_prefix, group_new_requests
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
+from agentrt.engine.speculation import choose_draft, verify
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
 from agentrt.model.batch import SeqChunk, build_batch
@@ -39,6 +43,7 @@ class EngineCore:
         self.sessions: dict[int, EngineSession] = {}
         self.counters = Counters()
         self.mem = MemoryManager(self)
+        self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self._rids, self._clock = itertools.count(1), 0
 
     # ---- sessions -------------------------------------------------------------------
@@ -66,6 +71,9 @@ class EngineCore:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
         session requests use the session's sequence. Validation raises before any work."""
         validate_request(self, prompt, params, seq_id, session)
+        hit = self._cached_response(prompt, params, cache_salt if session is None else session.cache_salt, constraint)
+        if hit is not None:
+            return self._answer_from_cache(prompt, params, hit, emit, seq_id)
         if session is not None:
             session.busy, seq = True, session.seq
             cache_salt, tag = session.cache_salt, tag or session.tag
@@ -77,6 +85,22 @@ class EngineCore:
                       stop_ids=stops, arrival=self._tick())
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
+        return req
+
+    def _cached_response(self, prompt, params, salt, constraint):
+        if self.responses is None or constraint is not None:
+            return None
+        return self.responses.get(ResponseCache.key("model", params, prompt, salt))
+
+    def _answer_from_cache(self, prompt, params, hit, emit, seq_id) -> Request:
+        """A repeat of a finished prompt: the same output with zero model work."""
+        if seq_id is not None:
+            self.pool.release(seq_id)
+        req = Request(next(self._rids), list(prompt), params, Sequence(-1), emit,
+                      state=State.FINISHED, output=list(hit.tokens), cached_tokens=len(prompt),
+                      finish_reason=hit.finish_reason)
+        self.counters.response_cache_hits += 1
+        emit(TokenEvent(req.rid, hit.tokens, finish_reason=hit.finish_reason, usage=req.usage()))
         return req
 
     def cancel(self, rid: int, reason: str = "cancelled") -> bool:
@@ -131,9 +155,15 @@ class EngineCore:
         decodes = [r for r in self.running if not r.in_prefill]
         prefills = [r for r in self.running if r.in_prefill and r.leader is None]
         plan: dict[Request, int] = {}
+        ctx = self.model.cfg.max_position_embeddings
         for r in decodes:
-            if r.state is State.RUNNING and self.mem.reserve(r, r.seq.num_cached + 1, plan, True):
-                plan[r] = 1
+            if r.state is not State.RUNNING:
+                continue
+            r.draft = choose_draft(r, len(decodes), self.cfg, ctx)
+            if not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, True):
+                r.draft = []
+            elif r.state is State.RUNNING:
+                plan[r] = 1 + len(r.draft)
         chunk = sched.chunk_size(prefills, decodes, self.cfg)
         for r in prefills:
             if r.state is not State.RUNNING:
@@ -149,20 +179,37 @@ class EngineCore:
         return [(r, n) for r, n in plan.items() if r.state is State.RUNNING]
 
     def _run(self, plan: list[tuple[Request, int]]) -> None:
-        ps = self.cfg.page_size
         chunks = []
         for r, n in plan:
             c, tgt = r.seq.num_cached, r.target
-            chunks.append(SeqChunk(tgt[c:c + n], c, r.seq.pages, int(c + n == len(tgt))))
-        fb = build_batch(chunks, ps)
+            if r.draft:  # the last token plus the draft: logits at every position
+                chunks.append(SeqChunk(tgt[c:c + 1] + r.draft, c, r.seq.pages, n))
+            else:
+                chunks.append(SeqChunk(tgt[c:c + n], c, r.seq.pages, int(c + n == len(tgt))))
+        fb = build_batch(chunks, self.cfg.page_size)
         logits = self.model(fb.input_ids, fb.positions, self.kvm.store, fb.meta, fb.logits_rows)
-        sampling = []
-        for (r, n), ch in zip(plan, chunks):
+        rows = logits.split(list(fb.logits_count))
+        plain, plain_rows = [], []
+        for (r, _), ch, lg in zip(plan, chunks, rows):
             self._account(r, ch)
+            if r.draft:
+                self._accept(r, ch, verify(r, lg, self.model.ops.argmax))
+                continue
             r.seq.tokens.extend(ch.tokens)
             if ch.want_logits:
-                sampling.append(r)
-        self._sample_and_emit(sampling, logits)
+                plain.append(r)
+                plain_rows.append(lg)
+        if plain:
+            self._sample_and_emit(plain, torch.cat(plain_rows))
+
+    def _accept(self, r: Request, ch: SeqChunk, accepted: list[int]) -> None:
+        """Keep the KV of the last token and the accepted draft; roll back the rest."""
+        r.seq.tokens.extend(ch.tokens[:len(accepted)])
+        self.kvm.truncate(r.seq, r.seq.num_cached)
+        self.counters.spec_proposed += len(r.draft)
+        self.counters.spec_accepted += len(accepted) - 1
+        r.draft = []
+        self._emit_tokens(r, accepted)
 
     def _account(self, r: Request, ch: SeqChunk) -> None:
         in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
@@ -171,22 +218,26 @@ class EngineCore:
         self.counters.decode_tokens += len(ch.tokens) - in_prompt
 
     def _sample_and_emit(self, reqs: list[Request], logits) -> None:
-        if not reqs:
-            return
         for i, r in enumerate(reqs):
             if r.constraint is not None:
                 logits[i] = r.constraint.mask_logits(logits[i])
         toks = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs],
                             self.model.ops.argmax)
         for r, t in zip(reqs, toks):
-            r.output.append(t)
             if r.constraint is not None:
                 r.constraint.advance(t)
+            self._emit_tokens(r, [t])
+
+    def _emit_tokens(self, r: Request, toks: list[int]) -> None:
+        """Append sampled tokens, stopping at the first that finishes the request."""
+        for i, t in enumerate(toks):
+            r.output.append(t)
+            if r.ngrams is not None:
+                r.ngrams.extend([t])
             reason = self._finish_reason(r, t)
-            if reason is None:
-                r.emit(TokenEvent(r.rid, (t,)))
-            else:
-                self._finish(r, reason, last=(t,))
+            if reason is not None:
+                return self._finish(r, reason, last=tuple(toks[:i + 1]))
+        r.emit(TokenEvent(r.rid, tuple(toks)))
 
     def _finish_reason(self, r: Request, t: int) -> str | None:
         if t in r.stop_ids or (r.constraint is not None and r.constraint.is_terminated()):
@@ -205,6 +256,9 @@ class EngineCore:
             self.running.remove(r)
         r.state, r.finish_reason = State.FINISHED, reason
         self.mem.drop_links(r)
+        if self.responses is not None and r.constraint is None and reason in ("stop", "length"):
+            key = ResponseCache.key("model", r.params, r.prompt, r.cache_salt)
+            self.responses.put(key, CachedResponse(tuple(r.output), reason))
         self._cache(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, self._tick()

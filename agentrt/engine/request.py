@@ -86,6 +86,10 @@ class Request:
     # prefix-grouped prefill: wait for `leader` to hold positions [0, share_end), then alias
     leader: "Request | None" = None
     share_end: int = 0
+    draft: list[int] = field(default_factory=list)  # this step's speculative tokens
+    ngrams: object | None = None  # NgramIndex over target, built at the first decode
+    spec_proposed: int = 0
+    spec_accepted: int = 0
     attached: bool = False  # prefix reuse done for the current admission
     lock_node: object | None = None  # radix node locked while this request uses its pages
 
@@ -98,6 +102,11 @@ class Request:
     def remaining(self) -> int:
         """Tokens still to feed before the next logits (1 while decoding)."""
         return len(self.prompt) + len(self.output) - self.seq.num_cached
+
+    @property
+    def acceptance(self) -> float:
+        """Draft acceptance rate so far (optimistic 1.0 before any draft)."""
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 1.0
 
     @property
     def in_prefill(self) -> bool:

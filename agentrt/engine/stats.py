@@ -19,6 +19,9 @@ class Counters:
     detached_sessions: int = 0
     deferred_chunks: int = 0
     grouped_tokens: int = 0  # prompt tokens aliased from a group leader
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    response_cache_hits: int = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class EngineStats:
     detached_sessions: int
     deferred_chunks: int
     grouped_tokens: int
+    spec_proposed: int
+    spec_accepted: int
+    spec_acceptance: float
+    response_cache_hits: int
 
     @classmethod
     def snapshot(cls, core) -> "EngineStats":
@@ -55,4 +62,7 @@ class EngineStats:
             hit_rate=c.prompt_cached / c.prompt_submitted if c.prompt_submitted else 0.0,
             decode_tokens=c.decode_tokens, steps=c.steps, preemptions=c.preemptions,
             evicted_pages=c.evicted_pages, detached_sessions=c.detached_sessions,
-            deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens)
+            deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens,
+            spec_proposed=c.spec_proposed, spec_accepted=c.spec_accepted,
+            spec_acceptance=c.spec_accepted / c.spec_proposed if c.spec_proposed else 0.0,
+            response_cache_hits=c.response_cache_hits)

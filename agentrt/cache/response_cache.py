@@ -1,0 +1,49 @@
+"""Prompt-deterministic response cache (an LRU of full responses).
+
+Each request's generator is seeded from the FNV-1a hash of its prompt (and the user's seed),
+so the same prompt gives the same output at any temperature; an exact repeat is answered from
+here with zero model work. The key holds everything the output depends on: the model, the
+sampling parameters, the full prompt tokens and the cache salt. Benchmarks that measure fresh
+work turn it off (size 0).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable, NamedTuple
+
+
+class CachedResponse(NamedTuple):
+    tokens: tuple[int, ...]
+    finish_reason: str
+
+
+class ResponseCache:
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self._lru: OrderedDict[Hashable, CachedResponse] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(model_id: str, params, prompt: list[int], salt: str | None) -> Hashable:
+        return (model_id, params, tuple(prompt), salt)
+
+    def get(self, key: Hashable) -> CachedResponse | None:
+        hit = self._lru.get(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self._lru.move_to_end(key)
+        self.hits += 1
+        return hit
+
+    def put(self, key: Hashable, value: CachedResponse) -> None:
+        if self.max_entries <= 0:
+            return
+        self._lru[key] = value
+        self._lru.move_to_end(key)
+        while len(self._lru) > self.max_entries:
+            self._lru.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._lru)
