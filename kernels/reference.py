@@ -75,12 +75,18 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float) -> torch.Tensor:
-    out = torch.empty_like(q)  # [T, H, D]
+    out = paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
     if meta.decode_rows:
         tok = torch.tensor([meta.cu_q[r] for r in meta.decode_rows], dtype=torch.long)
         res = _decode_attention(q[tok], k_cache, v_cache, meta, meta.decode_rows, scale)
         out[tok] = res.to(out.dtype)
-    for r in meta.prefill_rows:
+    return out
+
+
+def paged_attention_rows(q, k_cache, v_cache, meta: AttentionMeta, scale: float, rows) -> torch.Tensor:
+    """Attention for the sequences in `rows` one by one; other rows of the result are unset."""
+    out = torch.empty_like(q)  # [T, H, D]
+    for r in rows:
         a, b = meta.cu_q[r], meta.cu_q[r + 1]
         res = _prefill_attention(q[a:b].transpose(0, 1), k_cache, v_cache, meta.kv_lens[r],
                                  meta.page_table[r], scale)
