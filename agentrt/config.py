@@ -32,6 +32,7 @@ class EngineConfig:
     # caches
     enable_radix_cache: bool = True
     enable_session_reuse: bool = True
+    debug_invariants: bool = False  # check every cache invariant after every step (tests)
     response_cache_size: int = 256  # full responses kept (0 = off; benchmarks of fresh work)
     # prompt-lookup speculation (greedy and sampled; constrained requests do not speculate)
     enable_speculation: bool = True

@@ -81,3 +81,27 @@ def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
     m = LlamaModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     return m.eval()
+
+
+@functools.lru_cache(maxsize=1)
+def smol_tokenizer():
+    """The embedded model's tokenizer alone (metadata only, no weights)."""
+    from agentrt.model.files import resolve_source
+    from agentrt.model.gguf_loader import load_gguf_tokenizer
+
+    return load_gguf_tokenizer(resolve_source("smollm2-135m"))
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_model_with_tokenizer():
+    """A tiny random model over SmolLM2's vocabulary with its real tokenizer: fast, and the
+    grammar and chat format work on it."""
+    from agentrt.model.loader import LoadedModel
+
+    tok = smol_tokenizer()
+    hf = make_hf_model("llama", seed=3, vocab_size=49152, hidden_size=48, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=8192)
+    m = LlamaModel(config_of(hf))
+    m.load_hf_weights(hf.state_dict())
+    return LoadedModel(m.eval(), tok, m.cfg, "tiny-random")

@@ -127,6 +127,8 @@ class EngineCore:
             return 0
         self._run(plan)
         self.counters.steps += 1
+        if self.cfg.debug_invariants:
+            self.check_invariants()
         return sum(n for _, n in plan)
 
     def _admit(self) -> None:

@@ -211,9 +211,10 @@ class Engine:
                     if ev.finish_reason is not None:
                         return
         finally:
-            req = box.get("req")
-            if req is not None and not self._closed:
-                self._inbox.put(lambda: self.core.cancel(req.rid))
+            # runs in the step thread after `submit` (the inbox is FIFO), so the request is
+            # known there even when this consumer is cancelled before it was created
+            if not self._closed:
+                self._inbox.put(lambda: "req" in box and self.core.cancel(box["req"].rid))
 
     async def complete(self, prompt: list[int], params: SamplingParams | None = None,
                        **kw) -> Completion:
