@@ -8,7 +8,7 @@ EXTRAS ?= dev,langgraph,grammar,bench-lite
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast bench clean
+.PHONY: venv demo chat test test-fast bench clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: venv
+	$(PY) examples/multi_agent_tools.py
+
+chat: venv
 	$(PY) examples/demo.py
 
 test: venv

@@ -170,3 +170,33 @@ def test_rejection_rule_samples_exactly_from_the_target(draft_rank):
     assert _chi2_ok(firsts, p[0])
     if len(seconds) > 200:
         assert _chi2_ok(seconds, p[1])
+
+
+def test_constrained_greedy_speculation_is_token_identical():
+    """Tool-call grammar + speculation == tool-call grammar alone, on SmolLM2's vocabulary."""
+    from agentrt.session.chat import ChatFormat
+    from agentrt.toolcall.grammar import GrammarFactory
+    from tests.conftest import tiny_model_with_tokenizer
+
+    lm = tiny_model_with_tokenizer()
+    fmt = ChatFormat(lm.tokenizer)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+              "parameters": {"type": "object", "properties": {
+                  "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                  "required": ["city", "unit"]}}}]
+    factory = GrammarFactory(lm.tokenizer, lm.model.cfg.vocab_size)
+    prompts = [fmt.encode([{"role": "user", "content": f"weather in {c}, call get_weather(city={c}) {i}"}],
+                          tools=tools) for i, c in enumerate(["Paris", "Tokyo", "Lima"] * 3)]
+    outs = []
+    for spec in (True, False):
+        core = EngineCore(lm.model, EngineConfig(enable_speculation=spec, response_cache_size=0,
+                                                 spec_min_acceptance=0.0))
+        reqs = [submit(core, p, SamplingParams(max_tokens=60),
+                       constraint=factory.for_tools(tools, "required")) for p in prompts]
+        drain(core)
+        outs.append([r.output for r in reqs])
+        if spec:
+            assert core.stats().spec_proposed > 0
+    assert outs[0] == outs[1]
+    assert all(r.finish_reason == "stop" for r in reqs)

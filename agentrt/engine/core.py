@@ -236,13 +236,16 @@ class EngineCore:
             r.output.append(t)
             if r.ngrams is not None:
                 r.ngrams.extend([t])
-            reason = self._finish_reason(r, t)
+            reason = self._finish_reason(r, t, last=i == len(toks) - 1)
             if reason is not None:
                 return self._finish(r, reason, last=tuple(toks[:i + 1]))
         r.emit(TokenEvent(r.rid, tuple(toks)))
 
-    def _finish_reason(self, r: Request, t: int) -> str | None:
-        if t in r.stop_ids or (r.constraint is not None and r.constraint.is_terminated()):
+    def _finish_reason(self, r: Request, t: int, last: bool = True) -> str | None:
+        """Why r ends after token t (None: it goes on). The grammar state is that after the
+        step's last token, so it is consulted for that token only."""
+        done = last and r.constraint is not None and r.constraint.is_terminated()
+        if t in r.stop_ids or done:
             return "stop"
         if len(r.output) >= r.params.max_tokens:
             return "length"

@@ -21,9 +21,11 @@ def prompt_logits(model: LlamaModel, prompt: list[int], page_size: int = 16) -> 
 
 
 def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None = None,
-             eos_token_ids: tuple[int, ...] = (), page_size: int = 16) -> list[int]:
+             eos_token_ids: tuple[int, ...] = (), page_size: int = 16, constraint=None) -> list[int]:
     """Generate up to params.max_tokens ids after `prompt`; stops after an eos/stop token
-    (which is included in the output)."""
+    (which is included in the output). `constraint` (a LogitsConstraint) masks each step's
+    logits before sampling and sees every sampled token; generation also stops when it
+    reports is_terminated()."""
     p = params or SamplingParams()
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt")
@@ -41,9 +43,12 @@ def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None
     while len(out) < p.max_tokens:
         fb = build_batch([chunk], page_size)
         logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
-        tok = sample_row(logits[0], p, gen)
+        row = logits[0] if constraint is None else constraint.mask_logits(logits[0])
+        tok = sample_row(row, p, gen)
         out.append(tok)
-        if tok in stops:
+        if constraint is not None:
+            constraint.advance(tok)
+        if tok in stops or (constraint is not None and constraint.is_terminated()):
             break
         chunk = SeqChunk([tok], chunk.start + len(chunk.tokens), pages)
     return out

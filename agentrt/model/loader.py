@@ -11,6 +11,8 @@ from agentrt.kernels import get_backend
 from agentrt.model.config import ModelConfig
 from agentrt.model.files import load_files
 from agentrt.model.llama import LlamaModel
+from agentrt.model.quant import QUANT_MODES
+from agentrt.model.quant import quantize as apply_quant
 from agentrt.model.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -37,12 +39,16 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
-               kernels: str = "auto", device: str = "cpu") -> LoadedModel:
+               kernels: str = "auto", device: str = "cpu", quantize: str = "none") -> LoadedModel:
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
-    .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json)."""
+    .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
+    quantize="int8": weight-only int8 linear layers (CPU decode speed; see model/quant.py)."""
     dt = resolve_dtype(dtype)
+    if quantize not in QUANT_MODES:
+        raise ConfigError(f"quantize={quantize!r} is not supported; choose one of {QUANT_MODES}")
     files = load_files(source, dt)
     model = LlamaModel(files.config, dt, get_backend(kernels, device))
     model.load_hf_weights(files.weights)
+    apply_quant(model, quantize)
     model.eval()
     return LoadedModel(model.to(device), files.tokenizer, files.config, files.source)

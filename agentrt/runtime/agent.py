@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -54,6 +55,15 @@ def as_messages(message: Any) -> list[dict]:
     if isinstance(message, (list, tuple)) and all(isinstance(m, dict) for m in message):
         return list(message)
     raise ConfigError("an agent takes a str, a message dict or a list of message dicts")
+
+
+_ECHO_MARKUP = re.compile(r"</?tool_response>|</?tool_call>|<tool\s*$")
+
+
+def clean_text(text: str) -> str:
+    """Final text without tool-format markup a small model may echo (e.g. `<tool_response>`)."""
+    lines = [ln for ln in (_ECHO_MARKUP.sub("", x).strip() for x in text.splitlines()) if ln]
+    return "\n".join(dict.fromkeys(lines))  # echoed duplicate lines collapse to one
 
 
 class Agent:
@@ -128,7 +138,7 @@ class Agent:
                 elif isinstance(ev, CallInvalid):
                     invalid.append(ev)
                 yield ev
-            text = "".join(text_parts).strip()
+            text = clean_text("".join(text_parts))
             ids = [f"call_{self.name}_{next(self._call_ids)}" for _ in calls + invalid]
             turn.append(self._assistant_message(text, calls, invalid, ids))
             if not calls and not invalid:

@@ -1,0 +1,311 @@
+"""Grammar backends: compile a `GrammarSpec` for one tokenizer and step a `Matcher` over tokens.
+
+A GrammarSpec describes a language, not a library's grammar: either one JSON value matching a
+schema (kind "json"), or Hermes tool calls (kind "calls"):
+
+    block  =  '<tool_call>{"name": "<tool>", "arguments": ' ARGS '}</tool_call>'
+    calls  =  block ('\\n' block)*            (parallel)   |   block    (single)
+    output =  calls                           (free_text=False: tool_choice required / named)
+           |  TEXT [calls]                    (free_text=True: tool_choice auto)
+
+ARGS is the tool's parameters schema as JSON; TEXT is any text without special tokens and
+without "<tool_call>" (once the model writes that tag, the call grammar takes over). JSON is
+written with fixed separators ", " and ": " and no other whitespace: the form json.dumps
+produces and ChatFormat's tool prompt shows, and it keeps a small model from looping on
+whitespace. The name is a literal in front of the arguments so each parameters schema stays a
+root document (its "$ref": "#/$defs/..." keep resolving). Every output ends with one of the
+tokenizer's end-of-turn (eos) tokens; only the eos is allowed once the grammar is complete.
+
+Two backends implement it; `grammar.py` picks xgrammar (see its docstring for the numbers).
+Both mark the tokenizer's special tokens as never matching text, and ids between the
+tokenizer's and the model's vocabulary size (padding rows) as never allowed. One difference:
+xgrammar (strict mode) never writes properties a schema does not declare; llguidance follows
+JSON Schema and allows them unless the schema says "additionalProperties": false.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from agentrt.errors import ConfigError, GrammarError
+from agentrt.model.tokenizer import Tokenizer
+from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG
+
+ITEM_SEP, KEY_SEP = ", ", ": "
+CALL_SEP = "\n"
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    name: str
+    parameters_json: str  # the parameters schema, canonical JSON (keeps the spec hashable)
+
+    def prefix(self) -> str:
+        """The call object up to its arguments value."""
+        return "{" + json.dumps("name") + KEY_SEP + json.dumps(self.name, ensure_ascii=False) \
+            + ITEM_SEP + json.dumps("arguments") + KEY_SEP
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: str  # "calls" | "json"
+    calls: tuple[CallSpec, ...] = ()
+    free_text: bool = False
+    parallel: bool = True
+    schema_json: str = ""  # kind == "json"
+
+
+class Matcher(Protocol):
+    """Grammar state of one output. fill() writes the allowed-token bitmask without moving."""
+
+    def fill(self, bitmask: torch.Tensor) -> None: ...
+    def accept(self, token: int) -> bool: ...  # False: rejected, state unchanged
+    def rollback(self, n: int) -> None: ...
+    def is_terminated(self) -> bool: ...  # an eos was accepted after a complete output
+
+
+class Backend(Protocol):
+    name: str
+
+    def compile(self, spec: GrammarSpec) -> Any: ...
+    def matcher(self, compiled: Any) -> Matcher: ...
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def vocab_table(tokenizer: Tokenizer, vocab_size: int) -> tuple[list[bytes], frozenset[int]]:
+    """The bytes of every tokenizer id and the special ids. Needs a byte-level tokenizer."""
+    if not tokenizer.byte_level:
+        raise GrammarError("constrained decoding needs a byte-level BPE tokenizer (GPT-2 style); "
+                           "this tokenizer has no fixed bytes per token")
+    if not tokenizer.eos_token_ids:
+        raise GrammarError("constrained decoding needs an end-of-turn token; the tokenizer declares none")
+    if vocab_size < tokenizer.vocab_size:
+        raise GrammarError(f"the model's vocabulary ({vocab_size}) is smaller than the "
+                           f"tokenizer's ({tokenizer.vocab_size})")
+    return ([tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)],
+            frozenset(tokenizer.special_tokens.values()))
+
+
+def _import(module: str) -> Any:
+    try:
+        return __import__(module)
+    except ImportError as exc:
+        raise GrammarError(f"grammar backend {module!r} is not installed "
+                           "(pip install 'agentrt[grammar]')") from exc
+
+
+# -- xgrammar --------------------------------------------------------------------------------------
+
+class XGrammarBackend:
+    """xgrammar: a compiled grammar holds precomputed token masks; a GrammarMatcher per output."""
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._xgr = xgr = _import("xgrammar")
+        vocab, special = vocab_table(tokenizer, vocab_size)
+        # xgrammar treats empty-string tokens as special (never text); stop ids come from us
+        encoded = [b"" if i in special else piece for i, piece in enumerate(vocab)]
+        info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size,
+                                 stop_token_ids=list(tokenizer.eos_token_ids))
+        # the factory caches compiled grammars itself; no second, unbounded cache here
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        try:
+            if spec.kind == "json":
+                return self._compiler.compile_json_schema(
+                    spec.schema_json, any_whitespace=False, separators=(ITEM_SEP, KEY_SEP))
+            return self._compiler.compile_structural_tag(json.dumps(self._structural_tag(spec)))
+        except GrammarError:
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError/its own types
+            raise GrammarError(f"xgrammar cannot compile this schema: {_message(exc)}") from exc
+
+    def _structural_tag(self, spec: GrammarSpec) -> dict[str, Any]:
+        tags = [{"type": "tag", "begin": OPEN_TAG + c.prefix(), "content": self._args(c),
+                 "end": "}" + CLOSE_TAG} for c in spec.calls]
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": CALL_SEP,
+                 "at_least_one": not spec.free_text, "stop_after_first": not spec.parallel}
+        if spec.free_text:
+            text = {"type": "any_text", "excludes": [OPEN_TAG]}
+            calls = {"type": "sequence", "elements": [text, calls]}
+        return {"type": "structural_tag", "format": calls}
+
+    def _args(self, call: CallSpec) -> dict[str, Any]:
+        # a grammar made from the schema (JSON-schema tag content has no separator option)
+        try:
+            grammar = self._xgr.Grammar.from_json_schema(
+                call.parameters_json, any_whitespace=False, separators=(ITEM_SEP, KEY_SEP))
+        except Exception as exc:
+            raise GrammarError(f"xgrammar cannot compile the parameters of tool {call.name!r}: "
+                               f"{_message(exc)}") from exc
+        return {"type": "grammar", "grammar": str(grammar)}
+
+    def matcher(self, compiled: Any) -> Matcher:
+        return _XgrMatcher(self._xgr.GrammarMatcher(compiled))
+
+
+def _message(exc: Exception) -> str:
+    """xgrammar's message without its C++ log prefix ("[12:18:35] /project/cpp/x.cc:94: ")."""
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip())
+
+
+class _XgrMatcher:
+    def __init__(self, m: Any) -> None:
+        self._m = m
+
+    def fill(self, bitmask: torch.Tensor) -> None:
+        self._m.fill_next_token_bitmask(bitmask)
+
+    def accept(self, token: int) -> bool:
+        return bool(self._m.accept_token(token))
+
+    def rollback(self, n: int) -> None:
+        self._m.rollback(n)
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+
+# -- llguidance ------------------------------------------------------------------------------------
+
+class _VocabView:
+    """The token table llguidance.TokenizerWrapper reads (special tokens start with 0xFF)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab: list[bytes], special: frozenset[int], size: int) -> None:
+        self.eos_token_id = tokenizer.eos_token_ids[0]
+        self.bos_token_id = tokenizer.bos_token_id
+        pad = [b"\xff[padding %d]" % i for i in range(len(vocab), size)]
+        self.tokens = [b"\xff" + p if i in special else p for i, p in enumerate(vocab)] + pad
+        self.special_token_ids = sorted(special)
+        self._tok = tokenizer
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tok.encode(text)
+
+
+class LLGuidanceBackend:
+    """llguidance: a Lark grammar with inline JSON schemas; the Earley parser computes each mask."""
+
+    name = "llguidance"
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._llg = llg = _import("llguidance")
+        vocab, special = vocab_table(tokenizer, vocab_size)
+        view = _VocabView(tokenizer, vocab, special, vocab_size)
+        self._tok = llg.LLTokenizer(llg.TokenizerWrapper(view), n_vocab=vocab_size,
+                                    eos_token=list(tokenizer.eos_token_ids))
+        self._eos = frozenset(tokenizer.eos_token_ids)
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """A matcher at the start state; matcher() hands out deep copies of it."""
+        llg = self._llg
+        if spec.kind == "json":
+            grammar = llg.LLMatcher.grammar_from_json_schema(spec.schema_json, overrides=_JSON_OPTIONS)
+        else:
+            grammar = llg.LLMatcher.grammar_from_lark(self._lark(spec))
+        error = llg.LLMatcher.validate_grammar(grammar, self._tok)
+        if error:
+            raise GrammarError(f"llguidance cannot compile this schema: {error}")
+        return llg.LLMatcher(self._tok, grammar, log_level=0)
+
+    @staticmethod
+    def _lark(spec: GrammarSpec) -> str:
+        names = " | ".join(f"call_{i}" for i in range(len(spec.calls)))
+        more = f' ({json.dumps(CALL_SEP)} block)*' if spec.parallel else ""
+        lines = ["%llguidance {}",
+                 f"block: {json.dumps(OPEN_TAG)} ({names}) {json.dumps('}' + CLOSE_TAG)}",
+                 f"calls: block{more}"]
+        if spec.free_text:  # text never holding the tag, or text up to the first tag + calls
+            lines += ["start: PLAIN | head calls_after",
+                      f"PLAIN: /(?s:.*)/ & ~/(?s:.*){_lark_re(OPEN_TAG)}(?s:.*)/",
+                      f"head[lazy]: /(?s:.*){_lark_re(OPEN_TAG)}/",
+                      f"calls_after: ({names}) {json.dumps('}' + CLOSE_TAG)}{more}"]
+        else:
+            lines.append("start: calls")
+        for i, call in enumerate(spec.calls):
+            schema = {**json.loads(call.parameters_json), "x-guidance": _JSON_OPTIONS}
+            lines.append(f"call_{i}: {json.dumps(call.prefix(), ensure_ascii=False)} %json {json.dumps(schema)}")
+        return "\n".join(lines) + "\n"
+
+    def matcher(self, compiled: Any) -> Matcher:
+        return _LlgMatcher(compiled.deep_copy(), self._eos)
+
+
+# \u escapes of any character are valid JSON (json.dumps writes them by default)
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ITEM_SEP, "key_separator": KEY_SEP,
+                 "json_allow_general_unicode_escapes": True}
+
+
+def _lark_re(text: str) -> str:
+    """`text` as a literal inside /.../ (Rust regex syntax: escape only its metacharacters)."""
+    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+
+
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
+
+
+class _LlgMatcher:
+    """llguidance stops (NoExtension) once nothing but eos can follow; it then refuses to
+    *validate* the eos and consumes it without counting it for rollback. The end of the output
+    is tracked here so that rollback stays exact."""
+
+    def __init__(self, m: Any, eos: frozenset[int]) -> None:
+        self._m, self._eos = m, eos
+        self._ended = False
+        self._eos_counted = False  # whether llguidance counts the accepted eos as a token
+
+    def fill(self, bitmask: torch.Tensor) -> None:
+        row = bitmask[0]
+        self._m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+    def accept(self, token: int) -> bool:
+        if self._ended:
+            return False
+        if token in self._eos:
+            stopped = self._m.is_stopped()
+            if not (self._m.is_accepting() and self._m.consume_token(token)):
+                return False
+            self._ended, self._eos_counted = True, not stopped
+            return True
+        # validate first: consuming a bad token would leave the matcher in its error state
+        return self._m.validate_tokens([token]) == 1 and self._m.consume_token(token)
+
+    def rollback(self, n: int) -> None:
+        if self._ended and n > 0:  # the eos is the last token accepted
+            n -= 0 if self._eos_counted else 1
+            self._ended = False
+        if n:
+            self._m.rollback(n)
+
+    def is_terminated(self) -> bool:
+        return self._ended
+
+
+def schema_json(value: Any) -> str:
+    """The JSON text of a schema (any Mapping/Sequence types). Keys keep their order: the
+    grammar writes properties in the order the schema declares them."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=_plain)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"schema is not JSON-serialisable: {exc}") from exc
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return list(value)
+    if hasattr(value, "items"):
+        return dict(value.items())
+    raise TypeError(f"{type(value).__name__} is not JSON")
