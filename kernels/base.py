@@ -31,6 +31,10 @@ class AttentionMeta:
     decode_rows: tuple[int, ...]
     prefill_rows: tuple[int, ...]
     page_size: int
+    # decode rows, precomputed once per batch (not once per layer):
+    decode_tok: torch.Tensor | None = None  # [Bd] batch row of each decode token
+    decode_pages: torch.Tensor | None = None  # [Bd, n] pages covering the longest decode KV
+    decode_keep: torch.Tensor | None = None  # [Bd, 1, 1, max_kv] key-padding mask
 
     @property
     def num_seqs(self) -> int:

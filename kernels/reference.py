@@ -41,16 +41,13 @@ def attend(q, k, v, mask, scale):
 SDPA_MIN_QUERIES = 256  # from this many queries on, the fused kernel wins
 
 
-def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, rows, scale):
+def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale):
     # q: [Bd, H, D] one query per sequence, all batched with a key-padding mask.
-    idx = torch.tensor(rows, dtype=torch.long)
-    max_kv = max(meta.kv_lens[r] for r in rows)
-    n_pages = -(-max_kv // meta.page_size)
-    pages = meta.page_table[idx, :n_pages]
-    k = gather_pages(k_cache, pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
-    v = gather_pages(v_cache, pages)[:, :, :max_kv]
-    keep = torch.arange(max_kv) < meta.kv_lens_t[idx].unsqueeze(1)  # [Bd, max_kv]
-    out = attend(q.unsqueeze(2).to(k.dtype), k, v, keep[:, None, None, :], scale)
+    keep = meta.decode_keep  # [Bd, 1, 1, max_kv]
+    max_kv = keep.shape[-1]
+    k = gather_pages(k_cache, meta.decode_pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
+    v = gather_pages(v_cache, meta.decode_pages)[:, :, :max_kv]
+    out = attend(q.unsqueeze(2).to(k.dtype), k, v, keep, scale)
     return out.squeeze(2)  # [Bd, H, D]
 
 
@@ -77,9 +74,8 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
 def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float) -> torch.Tensor:
     out = paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
     if meta.decode_rows:
-        tok = torch.tensor([meta.cu_q[r] for r in meta.decode_rows], dtype=torch.long)
-        res = _decode_attention(q[tok], k_cache, v_cache, meta, meta.decode_rows, scale)
-        out[tok] = res.to(out.dtype)
+        tok = meta.decode_tok
+        out[tok] = _decode_attention(q[tok], k_cache, v_cache, meta, scale).to(out.dtype)
     return out
 
 
@@ -99,6 +95,8 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one fused op; same math as below
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
