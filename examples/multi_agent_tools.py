@@ -121,22 +121,20 @@ async def main() -> None:
     lm = load_model("smollm2-135m")
     print(f"loaded {lm.source.split('/')[-1]} in {time.perf_counter() - t0:.1f}s")
     settings = GenerationSettings(max_tokens=80)
+    one = {"settings": settings, "max_tool_rounds": 1, "tool_choice": "required",
+           "parallel_tool_calls": False}  # a 135M model repeats calls when allowed several
     async with Engine(lm, EngineConfig(kv_cache_tokens=32768)) as engine:
         async with Runtime(engine) as rt:
             refs = {
                 "weather": await rt.spawn(Agent("weather", "You report the weather. Use get_weather.",
-                                                [get_weather], settings=settings, max_tool_rounds=1,
-                                                tool_choice="required")),
-                "math": await rt.spawn(Agent("math", "You compute with the tools.", [multiply, add],
-                                             settings=settings, max_tool_rounds=1, tool_choice="required")),
+                                                [get_weather], **one)),
+                "math": await rt.spawn(Agent("math", "You compute with the tools.", [multiply, add], **one)),
                 "travel": await rt.spawn(Agent("travel", "You answer train questions. Use train_time.",
-                                               [train_time], settings=settings, max_tool_rounds=1,
-                                               tool_choice="required")),
+                                               [train_time], **one)),
             }
             planner = await rt.spawn(Agent(
                 "planner", "You are a planner. Delegate each question to the right specialist tool.",
-                [ask_weather, ask_math, ask_travel], settings=settings, max_tool_rounds=1,
-                tool_choice="required", deps=refs))
+                [ask_weather, ask_math, ask_travel], deps=refs, **one))
             for task in TASKS:
                 await run_task(planner, task)
             st = engine.stats()

@@ -167,7 +167,8 @@ class Agent:
     async def _generate(self, choice: Any, usage: list) -> AsyncIterator[Any]:
         constraint = None
         if self._grammars is not None and choice != "none":
-            constraint = self._grammars.for_tools(self._schemas(), choice)
+            constraint = self._grammars.for_tools(self._schemas(), choice,
+                                                  parallel_tool_calls=self.parallel_tool_calls)
         parser = ToolCallParser(self._schemas() or {}, wrapper="hermes",
                                 parallel_calls=self.parallel_tool_calls)
         dec = IncrementalDecoder(self.engine.tokenizer, skip_special=True)

@@ -188,8 +188,9 @@ class GrammarFactory:
             if mode == "auto":
                 return None
             raise ConfigError(f"tool_choice {tool_choice!r} needs at least one tool")
-        key = ("tools", _tools_key(tools), mode, name, parallel_tool_calls)
-        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel_tool_calls))
+        parallel = parallel_tool_calls and mode != "named"  # a named tool is called once
+        key = ("tools", _tools_key(tools), mode, name, parallel)
+        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel))
 
     def for_json_schema(self, schema: object) -> ToolCallConstraint:
         """The whole output is one JSON value matching `schema`, then end-of-turn."""
@@ -266,7 +267,7 @@ def _calls_spec(tools: object, mode: str, name: str | None, parallel: bool) -> G
         raise ConfigError(f"tool_choice names {name!r}, which is not among the tools: {', '.join(specs)}")
     chosen = [specs[name]] if name is not None else list(specs.values())
     calls = tuple(CallSpec(s.name, schema_json(s.parameters)) for s in chosen)
-    return GrammarSpec("calls", calls, free_text=mode == "auto", parallel=parallel and mode != "named")
+    return GrammarSpec("calls", calls, free_text=mode == "auto", parallel=parallel)
 
 
 def _json_spec(schema: Mapping[str, Any] | bool, text: str) -> GrammarSpec:
