@@ -29,7 +29,8 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, lin: nn.Module) -> "Int8Linear":
+        """From an nn.Linear or a model Dense (both expose `weight` as [out, in])."""
         return cls(lin.weight, lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
