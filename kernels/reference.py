@@ -61,14 +61,16 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
         qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
         mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
         return attend(q.to(k.dtype), k, v, mask[None], scale)
+    # long chunks: the fused (flash) CPU kernel, which torch only picks for 4-D inputs with
+    # equal head counts (enable_gqa falls back to the slow math path), so kv heads repeat
+    g = q.shape[0] // k.shape[0]
+    k4, v4 = k.repeat_interleave(g, 0)[None], v.repeat_interleave(g, 0)[None]
+    q4 = q.to(k.dtype)[None]
     if lq == kv_len:
-        return F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=True, scale=scale,
-                                              enable_gqa=True)
-    # query i sits at position kv_len - lq + i and sees keys 0 ..= that position
+        return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale)[0]
     qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
     mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
-    return F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale,
-                                          enable_gqa=True)
+    return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale)[0]
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float) -> torch.Tensor:

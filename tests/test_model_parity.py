@@ -60,13 +60,15 @@ def test_varlen_batch_equals_each_sequence_alone(arch):
     torch.testing.assert_close(out[3], prompt_logits(model, extra)[-1], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 256])
 def test_chunked_prefill_equals_one_pass(chunk):
+    """600 tokens: one pass takes the fused causal kernel, 256-token chunks the masked fused
+    kernel, short chunks the explicit-matmul path: all must agree."""
     model = tiny_model("qwen2")
     page_size = 16
-    prompt = torch.randint(0, 301, (150,), generator=torch.Generator().manual_seed(9)).tolist()
-    kv = KVStore.allocate(model.cfg, 16, page_size)
-    pages = list(range(10))
+    prompt = torch.randint(0, 301, (600,), generator=torch.Generator().manual_seed(9)).tolist()
+    kv = KVStore.allocate(model.cfg, 40, page_size)
+    pages = list(range(38))
     parts = []
     for start in range(0, len(prompt), chunk):
         piece = prompt[start:start + chunk]
