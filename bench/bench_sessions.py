@@ -71,13 +71,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 agents, 1 repetition, shorter 35-turn run")
     ap.add_argument("--agents", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--quant", default="int8", choices=["none", "int8"],
+                    help="weights of both systems (int8: int8 decode, fp32 prefill; see model/quant.py)")
     args = ap.parse_args()
     agents = args.agents or (2 if args.quick else 4)
     reps = args.reps or (1 if args.quick else 3)
-    lm = load_model("smollm2-135m")
+    lm = load_model("smollm2-135m", quantize=args.quant)
     fmt = ChatFormat(lm.tokenizer)
     base = EngineConfig(kv_cache_tokens=65536, max_session_seqs=32)
     res: dict = {"machine": machine(), "agents": agents, "reps": reps, "quick": args.quick,
+                 "quantize": args.quant,
                  "response_cache": "none (not implemented in this engine yet; all work is fresh)"}
     for turns in (6, 35):
         speedups, medians, e2e, tables = [], [], [], []
