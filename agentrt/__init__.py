@@ -14,12 +14,31 @@ from agentrt.model.config import ModelConfig
 from agentrt.model.generate import generate
 from agentrt.model.llama import LlamaModel
 from agentrt.model.loader import DEFAULT_MODEL, LoadedModel, load_model
+from agentrt.runtime.actor import ActorRef
+from agentrt.runtime.agent import Agent, GenerationSettings
+from agentrt.runtime.events import TurnResult
+from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.supervision import Supervision
 from agentrt.sampling import SamplingParams
+from agentrt.toolcall import ToolCallParser
+from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, tool
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ActorRef",
+    "Agent",
+    "GenerationSettings",
+    "Runtime",
+    "Supervision",
+    "Tool",
+    "ToolCallParser",
+    "ToolContext",
+    "ToolResult",
+    "Toolset",
+    "TurnResult",
+    "tool",
     "Completion",
     "Engine",
     "EngineConfig",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine, print_table, read_bandwidth, write_results  # noqa: E402
+from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
 from agentrt.config import EngineConfig  # noqa: E402
 from agentrt.engine.core import EngineCore  # noqa: E402
 from agentrt.model.files import resolve_source  # noqa: E402
@@ -83,8 +83,7 @@ def main() -> None:
         lm = load_model("smollm2-135m", quantize=quant)
         fmt, factory = ChatFormat(lm.tokenizer), GrammarFactory(lm.tokenizer, lm.model.cfg.vocab_size)
         prompts = [fmt.encode([{"role": "user", "content": a}], tools=TOOLS) for a in ASKS]
-        wbytes = sum(b.numel() * b.element_size() for b in
-                     list(lm.model.parameters()) + list(lm.model.buffers()) if b.dim() == 2)
+        wbytes = decode_weight_bytes(lm.model)
         bound_ms = wbytes / bw * 1e3
         for batch in (1, 8):
             sets = [[p] for p in prompts[:2 if args.quick else 4]] if batch == 1 else [prompts]

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
+from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
 from agentrt.model.loader import load_model  # noqa: E402
@@ -73,15 +73,6 @@ def hf_decode(m, batch: int, ctx: int, steps: int) -> float:
     return min(run() for _ in range(2)) / steps
 
 
-def weight_bytes(model) -> int:
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and steps (minutes)")
@@ -102,7 +93,7 @@ def main() -> None:
         res["prefill"][str(n)] = {"agentrt_tok_s": a, "transformers_tok_s": b, "speedup": a / b,
                                   "fraction_of_fp32_gemm_peak": frac}
         rows.append([f"prefill {n}", a, b, a / b, f"{frac:.0%} of GEMM peak"])
-    wbytes = weight_bytes(ours)
+    wbytes = decode_weight_bytes(ours)
     for batch in (1, 8):
         sa, sb = ours_decode(ours, batch, 128, steps), hf_decode(ref, batch, 128, steps)
         bound = wbytes / bounds["read_bytes_per_s"]

@@ -48,7 +48,8 @@ async def run_system(lm, fmt, workflows, cfg: EngineConfig, stateful: bool) -> d
         wall = time.perf_counter() - t0
         st = eng.stats()
     return {"turn_latency": lat, "wall": wall, "prompt_submitted": st.prompt_submitted,
-            "prompt_computed": st.prompt_computed, "hit_rate": st.hit_rate, "max_prompt": maxlen[0]}
+            "prompt_computed": st.prompt_computed, "hit_rate": st.hit_rate, "max_prompt": maxlen[0],
+            "response_cache_hits": st.response_cache_hits}
 
 
 def per_turn_means(lat: list[list[float]]) -> list[float]:
@@ -78,10 +79,10 @@ def main() -> None:
     reps = args.reps or (1 if args.quick else 3)
     lm = load_model("smollm2-135m", quantize=args.quant)
     fmt = ChatFormat(lm.tokenizer)
-    base = EngineConfig(kv_cache_tokens=65536, max_session_seqs=32)
+    base = EngineConfig(kv_cache_tokens=65536, max_session_seqs=32, response_cache_size=0)
     res: dict = {"machine": machine(), "agents": agents, "reps": reps, "quick": args.quick,
                  "quantize": args.quant,
-                 "response_cache": "none (not implemented in this engine yet; all work is fresh)"}
+                 "response_cache": "off (size 0) in both systems: all work is fresh"}
     for turns in (6, 35):
         speedups, medians, e2e, tables = [], [], [], []
         for rep in range(reps):
