@@ -25,6 +25,11 @@ def test_int8_logits_close_to_fp32_on_tiny_model():
     assert agree > 0.9
     with pytest.raises(ConfigError):
         quantize(copy.deepcopy(fp32), "int3")
+    # a step where no row needs logits: the head gets zero rows
+    assert q.lm_head(torch.zeros(0, fp32.cfg.hidden_size)).shape == (0, fp32.cfg.vocab_size)
+    # prefill-sized inputs take the dense weights, decode-sized the int8 ones
+    assert torch.equal(q.lm_head(torch.ones(40, fp32.cfg.hidden_size)),
+                       fp32.lm_head(torch.ones(40, fp32.cfg.hidden_size)))
 
 
 @pytest.mark.embedded

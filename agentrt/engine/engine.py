@@ -104,8 +104,11 @@ class Engine:
             self._flush()
 
     def _run_cmd(self, cmd: Callable[[], None]) -> None:
-        with self._lock:
-            cmd()
+        try:
+            with self._lock:
+                cmd()
+        except Exception:  # commands report their own errors; never let one end the thread
+            log.exception("engine command failed")
 
     def _step(self) -> None:
         try:

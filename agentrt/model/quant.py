@@ -43,7 +43,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.dense is not None and x.numel() // shape[-1] > DENSE_ROWS:
+        rows = x.numel() // shape[-1]
+        if rows == 0:  # e.g. the output head in a step where no request needs logits
+            return x.new_empty(*shape[:-1], self.weight_int8.shape[0])
+        if self.dense is not None and rows > DENSE_ROWS:
             return self.dense(x)
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(torch.bfloat16),
                                                self.weight_int8, self.scales)
