@@ -86,5 +86,7 @@ class MemoryManager:
     def over_high_water(self) -> bool:
         core = self.core
         used = core.alloc.num_pages - core.alloc.num_free
+        if not sched.over_high_water(used, 0, core.cfg):
+            return False  # the tree walk below is only needed near the mark
         evictable = core.radix.evictable_pages() if core.radix is not None else 0
         return sched.over_high_water(used, evictable, core.cfg)

@@ -21,7 +21,6 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
 from agentrt.errors import ConfigError
@@ -33,17 +32,8 @@ from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParse
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_calls
 
 
-@dataclass(frozen=True)
-class GenerationSettings:
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def params(self) -> SamplingParams:
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
-                              top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+# An agent's generation settings are the engine's SamplingParams (one validated definition).
+GenerationSettings = SamplingParams
 
 
 def as_messages(message: Any) -> list[dict]:
@@ -173,7 +163,7 @@ class Agent:
                                 parallel_calls=self.parallel_tool_calls)
         dec = IncrementalDecoder(self.engine.tokenizer, skip_special=True)
         gen: list[int] = []
-        stream = self.engine.generate(self.tokens, self.settings.params(), session=self.session,
+        stream = self.engine.generate(self.tokens, self.settings, session=self.session,
                                       constraint=constraint)
         async with aclosing(stream) as s:
             async for ev in s:
