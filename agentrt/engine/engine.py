@@ -56,6 +56,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._portal = self._portal_cm = None
         self._closed = False
+        self._grammars = None
 
     # ---- lifecycle ------------------------------------------------------------------
     async def __aenter__(self) -> "Engine":
@@ -228,6 +229,23 @@ class Engine:
                 if ev.finish_reason is not None:
                     return Completion(toks, ev.finish_reason, ev.usage)
         raise AgentrtError("the request ended without a final event")
+
+    def grammars(self):
+        """The grammar factory for this engine's tokenizer and vocabulary, created on first use
+        and shared by every agent and chat model on the engine (compiled grammars are cached)."""
+        if self._grammars is None:
+            from agentrt.toolcall.grammar import GrammarFactory
+
+            if self.tokenizer is None:
+                raise ConfigError("constrained decoding needs a tokenizer: build the engine from load_model(...)")
+            self._grammars = GrammarFactory(self.tokenizer, self.model.cfg.vocab_size)
+        return self._grammars
+
+    def stop(self, request_id: int) -> None:
+        """End a live request early (finish_reason "early_stop", e.g. when a tool-call parser
+        says no useful output can follow). Its stream still ends with the final event and usage;
+        tokens of the step in flight may arrive first. A finished request is left alone."""
+        self._submit(lambda: self.core.cancel(request_id, "early_stop"))
 
     def stats(self):
         with self._lock:

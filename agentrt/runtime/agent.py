@@ -56,11 +56,23 @@ def clean_text(text: str) -> str:
     return "\n".join(dict.fromkeys(lines))  # echoed duplicate lines collapse to one
 
 
+class _TextOnly:
+    """The parser's interface for an agent without tools: every piece is text."""
+
+    should_stop = False
+
+    def feed(self, text: str) -> list:
+        return [TextDelta(text)] if text else []
+
+    def close(self) -> list:
+        return []
+
+
 class Agent:
     def __init__(self, name: str, instructions: str = "", tools: Sequence[Tool | Callable] = (), *,
                  engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
                  tool_choice: Any = "auto", constrained: bool = True, parallel_tool_calls: bool = True,
-                 deps: Any = None):
+                 deps: Any = None, stop_at_tools: Sequence[str] = ()):
         if max_tool_rounds < 0:
             raise ConfigError("max_tool_rounds must be >= 0")
         self.name, self.instructions, self.engine = name, instructions, engine
@@ -68,10 +80,21 @@ class Agent:
         self.settings = settings or GenerationSettings()
         self.max_tool_rounds, self.tool_choice = max_tool_rounds, tool_choice
         self.constrained, self.parallel_tool_calls, self.deps = constrained, parallel_tool_calls, deps
+        unknown = set(stop_at_tools) - set(self.tools)
+        if unknown:
+            raise ConfigError(f"stop_at_tools names tools the agent does not have: {sorted(unknown)}")
+        self.stop_at_tools = tuple(stop_at_tools)  # e.g. handoffs: the turn ends once one has run
         self.session = None
         self.messages: list[dict] = []
         self.tokens: list[int] = []
         self._call_ids = itertools.count(1)
+
+    def fresh(self) -> "Agent":
+        """A new agent with the same definition and no state (one per LangGraph thread, say)."""
+        return Agent(self.name, self.instructions, list(self.tools.values()), engine=self.engine,
+                     settings=self.settings, max_tool_rounds=self.max_tool_rounds, tool_choice=self.tool_choice,
+                     constrained=self.constrained, parallel_tool_calls=self.parallel_tool_calls, deps=self.deps,
+                     stop_at_tools=self.stop_at_tools)
 
     # ---- actor lifecycle --------------------------------------------------------------
     async def start(self, ctx) -> None:
@@ -142,6 +165,10 @@ class Agent:
                          for r in round_results]
             turn += tool_msgs
             self._append(tool_msgs)
+            stopper = next((r.name for r in round_results if r.name in self.stop_at_tools and not r.is_error), None)
+            if stopper is not None:
+                yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper)
+                return
         yield TurnResult(text, turn, results, usage, self.max_tool_rounds + 1, stopped_by_round_limit=True)
 
     def _choice(self, rnd: int) -> Any:
@@ -159,8 +186,8 @@ class Agent:
         if self._grammars is not None and choice != "none":
             constraint = self._grammars.for_tools(self._schemas(), choice,
                                                   parallel_tool_calls=self.parallel_tool_calls)
-        parser = ToolCallParser(self._schemas() or {}, wrapper="hermes",
-                                parallel_calls=self.parallel_tool_calls)
+        parser = ToolCallParser(self._schemas(), wrapper="hermes", parallel_calls=self.parallel_tool_calls) \
+            if self.tools else _TextOnly()
         dec = IncrementalDecoder(self.engine.tokenizer, skip_special=True)
         gen: list[int] = []
         stream = self.engine.generate(self.tokens, self.settings, session=self.session,

@@ -37,3 +37,4 @@ class TurnResult:
     usage: list[Usage] = field(default_factory=list)  # one per model call
     rounds: int = 0
     stopped_by_round_limit: bool = False
+    stopped_by_tool: str | None = None  # a tool in the agent's stop_at_tools ended the turn

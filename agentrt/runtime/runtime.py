@@ -25,7 +25,6 @@ class Runtime:
         self._actors: dict[str, ActorRef] = {}
         self._tg = None
         self._owns_engine = False
-        self._grammars = None
 
     async def __aenter__(self) -> "Runtime":
         if self.engine is not None and self.engine._thread is None:
@@ -82,11 +81,7 @@ class Runtime:
     def grammars(self):
         """The engine's grammar factory (compiled tool grammars are cached and shared by every
         agent with the same tools), created on first use."""
-        if self._grammars is None:
-            from agentrt.toolcall.grammar import GrammarFactory
-
-            self._grammars = GrammarFactory(self.engine.tokenizer, self.engine.model.cfg.vocab_size)
-        return self._grammars
+        return self.engine.grammars()
 
     def get(self, name: str) -> ActorRef:
         ref = self._actors.get(name)

@@ -1,3 +1,14 @@
-"""agentrt.integrations.langgraph: LangGraph / LangChain adapters (needs `agentrt[langgraph]`)."""
+"""agentrt.integrations.langgraph: LangGraph / LangChain adapters (needs `agentrt[langgraph]`).
 
-__all__: list[str] = []
+- `ChatAgentrt`: a LangChain chat model on an agentrt engine; each LangGraph thread + node keeps
+  a KV session, so only the new messages of a resent history are prefilled.
+- `SessionPolicy`: when those sessions are released.
+- `agent_node` / `agent_task`: a graph node / Functional-API task backed by an agentrt `Agent`
+  actor per thread (its own model -> tool loop and session); `handoff_tool` for `Command` handoffs.
+"""
+
+from .chat_model import ChatAgentrt
+from .nodes import agent_node, agent_task, handoff_tool
+from .sessions import SessionPolicy, session_key
+
+__all__ = ["ChatAgentrt", "SessionPolicy", "agent_node", "agent_task", "handoff_tool", "session_key"]

@@ -1,0 +1,223 @@
+"""ChatAgentrt: a LangChain chat model on an agentrt Engine, with a KV session per LangGraph
+thread and node.
+
+    async with Engine(load_model("smollm2-135m")) as engine:
+        model = ChatAgentrt(engine=engine).bind_tools([get_weather])
+        graph = create_react_agent(model, [get_weather], checkpointer=InMemorySaver())
+        await graph.ainvoke({"messages": [...]}, {"configurable": {"thread_id": "t1"}})
+
+or `ChatAgentrt.from_model("smollm2-135m")`, which runs its own engine on a private event loop
+(then the sync `invoke`/`stream` work from any thread). Every path is built on `_astream`:
+`_agenerate` aggregates its chunks; the sync paths run it on the engine's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from operator import itemgetter
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables.config import ensure_config
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from agentrt.errors import ConfigError
+from agentrt.sampling import SamplingParams
+
+from .host import EngineHost
+from .messages import normalize_tool_choice, structured_schema, to_openai, tools_to_openai
+from .sessions import SessionPolicy, SessionRouter, session_key
+from .stream import CallSpec, run_call, split_rejected
+
+_CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens", "temperature",
+                "top_p", "top_k", "seed", "stream", "ls_structured_output_format", "session"}
+
+
+class _Shared:
+    """State shared by a model and its bound copies: chat format, grammars, session router."""
+
+    def __init__(self, host: EngineHost, policy: SessionPolicy):
+        from agentrt.session.chat import ChatFormat
+
+        engine = host.engine
+        if engine.tokenizer is None:
+            raise ConfigError("the engine has no tokenizer: build it from load_model(...)")
+        self.host = host
+        self.fmt = ChatFormat(engine.tokenizer)
+        self.grammars = engine.grammars()
+        self.router = SessionRouter(engine, policy)
+
+
+class ChatAgentrt(BaseChatModel):
+    """A LangChain chat model served by an agentrt engine (see the module docstring)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model_name: str = "agentrt"
+    temperature: float = 0.0
+    max_tokens: int = 512
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    constrained: bool = Field(default=True, description="tool calls and JSON under a grammar")
+    parallel_tool_calls: bool = True
+    session_policy: SessionPolicy = Field(default_factory=SessionPolicy)
+    _shared: _Shared = PrivateAttr()
+
+    def __init__(self, engine=None, *, host: EngineHost | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if (engine is None) == (host is None):
+            raise ConfigError("pass engine= (an Engine) or use ChatAgentrt.from_model(source)")
+        SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                       top_k=self.top_k)  # validates
+        self._shared = _Shared(host or EngineHost(engine), self.session_policy)
+
+    @classmethod
+    def from_model(cls, source: str = "smollm2-135m", *, config=None, quantize: str = "none",
+                   **kwargs: Any) -> "ChatAgentrt":
+        """Load a model and run its engine on a private event loop (close() stops it)."""
+        from agentrt.engine.engine import Engine
+        from agentrt.model.loader import load_model
+
+        lm = load_model(source, quantize=quantize)
+        host = EngineHost.start(lambda: Engine(lm, config))
+        return cls(host=host, model_name=kwargs.pop("model_name", str(source)), **kwargs)
+
+    @property
+    def engine(self):
+        return self._shared.host.engine
+
+    @property
+    def _llm_type(self) -> str:
+        return "agentrt"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model_name": self.model_name, "temperature": self.temperature, "max_tokens": self.max_tokens}
+
+    # ---- the one generation path --------------------------------------------------------
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        spec, sh = self._spec(messages, stop, kwargs), self._shared
+        async for chunk in sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.grammars, sh.router)):
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
+        return _result(chunks)
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        spec, sh = self._spec(messages, stop, kwargs), self._shared
+        for chunk in sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.grammars, sh.router)):
+            if run_manager is not None:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        return _result(list(self._stream(messages, stop, run_manager, **kwargs)))
+
+    def _spec(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> CallSpec:
+        unknown = set(kwargs) - _CALL_KWARGS
+        if unknown:
+            raise ConfigError(f"unsupported call arguments {sorted(unknown)}; supported: {sorted(_CALL_KWARGS)}")
+        tools = kwargs.get("tools") or None
+        choice = kwargs.get("tool_choice") or "auto"
+        if tools is None and choice not in ("auto", "none"):
+            raise ConfigError(f"tool_choice {choice!r} needs tools: use bind_tools(tools, tool_choice=...)")
+        if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
+            raise ConfigError("stop must be a list of non-empty strings")
+        params = SamplingParams(
+            max_tokens=kwargs.get("max_tokens", self.max_tokens), temperature=kwargs.get("temperature", self.temperature),
+            top_p=kwargs.get("top_p", self.top_p), top_k=kwargs.get("top_k", self.top_k), seed=kwargs.get("seed", self.seed))
+        return CallSpec(
+            messages=to_openai(messages), tools=tools, tool_choice=choice,
+            parallel_tool_calls=kwargs.get("parallel_tool_calls", self.parallel_tool_calls),
+            constrained=self.constrained, json_schema=kwargs.get("response_format"), params=params,
+            stop=tuple(stop or ()), key=_key(kwargs.get("session")), model_name=self.model_name)
+
+    # ---- binding -------------------------------------------------------------------------
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, parallel_tool_calls: bool | None = None,
+                   **kwargs: Any) -> Runnable:
+        """Bind LangChain tools, pydantic models, functions or OpenAI tool dicts. tool_choice:
+        "auto" (default), "any"/"required", "none", or a tool name; under `constrained` the
+        choice is enforced by the grammar."""
+        formatted = tools_to_openai(tools)
+        bound = {"tools": formatted, "tool_choice": normalize_tool_choice(tool_choice, formatted)}
+        if parallel_tool_calls is not None:
+            bound["parallel_tool_calls"] = bool(parallel_tool_calls)
+        return self.bind(**bound, **kwargs)
+
+    def with_structured_output(self, schema: Any, *, method: str = "json_schema", include_raw: bool = False,
+                               **kwargs: Any) -> Runnable:
+        """Output matching `schema` (pydantic class, TypedDict, JSON schema or OpenAI tool):
+        method "json_schema" (default) decodes the JSON under the schema's grammar;
+        "function_calling" forces a call of the schema as a tool."""
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
+        if method != "json_schema":
+            raise ConfigError(f"method must be 'json_schema' or 'function_calling', got {method!r}")
+        json_schema, pyd = structured_schema(schema)
+        llm = self.bind(response_format=json_schema)
+        parser = PydanticOutputParser(pydantic_object=pyd) if pyd is not None else JsonOutputParser()
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+    # ---- sessions ------------------------------------------------------------------------
+    async def arelease(self, thread_id: str | None = None) -> int:
+        """Release the KV sessions of one thread (all threads when None); returns how many."""
+        prefix = "" if thread_id is None else f"{thread_id}/"
+        out = [n async for n in self._shared.host.astream(lambda: _one(self._shared.router.release_prefix(prefix)))]
+        return out[0]
+
+    def close(self) -> None:
+        """Release every session; stop the engine if from_model started it."""
+        host = self._shared.host
+        if host._portal_cm is not None:
+            list(host.stream(lambda: _one(self._shared.router.release_prefix(""))))
+            host.close()
+
+    @property
+    def sessions(self) -> dict[str, Any]:
+        """Routed session keys -> their RoutedSession (read-only view, for inspection)."""
+        return dict(self._shared.router.sessions)
+
+
+def _key(session: Any) -> str | None:
+    """An explicit `session=` call argument, else the LangGraph run config's routing key."""
+    if session is not None:
+        if not isinstance(session, str) or not session:
+            raise ConfigError(f"session must be a non-empty str, got {session!r}")
+        return session
+    return session_key(ensure_config())
+
+
+async def _one(coro) -> AsyncIterator[Any]:
+    yield await coro
+
+
+def _result(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    total = chunks[0]
+    for c in chunks[1:]:
+        total = total + c
+    m = total.message
+    invalid = []
+    for c in m.invalid_tool_calls:
+        args, reason = split_rejected(c.get("args") or "")
+        invalid.append({**c, "args": args, "error": reason or c.get("error")})
+    msg = AIMessage(content=m.content, tool_calls=m.tool_calls, invalid_tool_calls=invalid,
+                    usage_metadata=m.usage_metadata, response_metadata=m.response_metadata, id=m.id)
+    return ChatResult(generations=[ChatGeneration(message=msg, generation_info=total.generation_info)])

@@ -1,0 +1,130 @@
+"""EngineHost: runs generations on the event loop that owns the engine, for callers on any
+loop or thread.
+
+An `Engine` delivers token events to the loop it was entered in, so every generation must run
+there. Callers differ: `ainvoke` inside that loop (the common case: the graph and the engine
+share one loop) runs directly; `ainvoke` from another loop and the sync `invoke`/`stream`
+(LangGraph's sync API runs nodes in worker threads) go through the engine's BlockingPortal
+and get the items back through a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import anyio
+import anyio.from_thread
+
+from agentrt.errors import ConfigError
+
+_END, _ITEM, _ERROR = "end", "item", "error"
+
+
+class EngineHost:
+    """Owns or borrows an `Engine` and the portal into its loop."""
+
+    def __init__(self, engine, portal_cm=None):
+        self.engine = engine
+        self._portal_cm = portal_cm  # set when this host started the loop (from_model)
+
+    @classmethod
+    def start(cls, make_engine: Callable[[], Any]) -> "EngineHost":
+        """Start a private event loop in a thread and run a new engine there (until close())."""
+        cm = anyio.from_thread.start_blocking_portal()
+        portal = cm.__enter__()
+        try:
+            engine = make_engine()
+            served, stop = portal.start_task(_serve, engine)
+        except BaseException:
+            cm.__exit__(None, None, None)
+            raise
+        host = cls(engine, cm)
+        host._outer, host._served, host._stop = portal, served, stop
+        return host
+
+    @property
+    def portal(self):
+        p = self.engine._portal
+        if p is None:
+            raise ConfigError("the engine is not started: use it inside `async with Engine(...)` or "
+                              "create the model with ChatAgentrt.from_model(...)")
+        return p
+
+    def close(self) -> None:
+        """Close an engine this host started (no-op for a borrowed engine)."""
+        if self._portal_cm is not None:
+            cm, self._portal_cm = self._portal_cm, None
+            self._outer.call(self._stop.set)
+            self._served.result()
+            cm.__exit__(None, None, None)
+
+    # ---- running generations ------------------------------------------------------------
+    async def astream(self, agen_fn: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+        """Iterate agen_fn() on the engine's loop, from the caller's loop."""
+        if self._on_engine_loop():
+            async for item in agen_fn():
+                yield item
+            return
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        fut = self.portal.start_task_soon(_produce, agen_fn, lambda x: loop.call_soon_threadsafe(q.put_nowait, x))
+        try:
+            while True:
+                kind, value = await q.get()
+                if kind == _END:
+                    return
+                if kind == _ERROR:
+                    raise value
+                yield value
+        finally:
+            fut.cancel()
+
+    def stream(self, agen_fn: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
+        """Iterate agen_fn() on the engine's loop, from a thread without that loop."""
+        if self._on_engine_thread():
+            raise ConfigError("a sync call (invoke/stream) on the event loop that runs the engine would "
+                              "deadlock it; use ainvoke/astream there")
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        fut = self.portal.start_task_soon(_produce, agen_fn, q.put)
+        try:
+            while True:
+                kind, value = q.get()
+                if kind == _END:
+                    return
+                if kind == _ERROR:
+                    raise value
+                yield value
+        finally:
+            fut.cancel()
+
+    def _on_engine_loop(self) -> bool:
+        """True inside the engine's own loop (one thread runs one loop)."""
+        return self._on_engine_thread()
+
+    def _on_engine_thread(self) -> bool:
+        # anyio keeps the portal's loop thread here; there is no public accessor
+        return getattr(self.portal, "_event_loop_thread_id", None) == threading.get_ident()
+
+
+async def _serve(engine, *, task_status) -> None:
+    """The engine's lifetime on the host loop: entered and closed in this one task."""
+    stop = anyio.Event()
+    async with engine:
+        task_status.started(stop)
+        await stop.wait()
+
+
+async def _produce(agen_fn, put) -> None:
+    try:
+        async for item in agen_fn():
+            put((_ITEM, item))
+        put((_END, None))
+    except anyio.get_cancelled_exc_class():
+        put((_END, None))
+        raise
+    except BaseException as exc:  # handed to the consumer
+        put((_ERROR, exc))

@@ -1,0 +1,147 @@
+"""LangGraph nodes and Functional-API tasks backed by agentrt agent actors.
+
+`agent_node(agent, runtime)` is a node that hands the graph's new messages to an `Agent` actor
+(one per thread, activated lazily in the `Runtime`), which runs its own model -> tool loop with
+direct Python calls in its own KV session, and returns the messages the turn added. The
+checkpoint stays the source of truth: the node remembers which graph messages each thread's
+agent has read; when the history no longer starts with them (time travel, an edited state) the
+agent is restarted with a fresh session and reads the whole history again.
+
+Handoffs: `agent_node(..., handoffs=["math"])` gives the agent a `transfer_to_math(task)` tool
+that ends its turn; the node then returns `Command(goto="math", update=...)`, and the target
+agent reads the task as its new message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+
+from agentrt.errors import ConfigError
+from agentrt.runtime.agent import Agent
+from agentrt.tools import Tool
+
+from .messages import content_text
+
+HANDOFF_PREFIX = "transfer_to_"
+
+
+def handoff_tool(target: str, description: str | None = None) -> Tool:
+    """A tool that ends the agent's turn and hands `task` to the agent node `target`."""
+    def transfer(task: str) -> str:
+        return f"Handed the task to {target}."
+
+    return Tool.from_function(transfer, name=f"{HANDOFF_PREFIX}{target}",
+                              description=description or f"Hand the task to the {target} agent. "
+                                                          "task: what it should do, in one sentence.")
+
+
+class AgentBinding:
+    """One agent definition bound to a Runtime: per-thread actors and what each has read."""
+
+    def __init__(self, agent: Agent, runtime, handoffs: Sequence[str] = (), output: str = "full_history"):
+        if not isinstance(agent, Agent):
+            raise ConfigError(f"agent_node takes an agentrt Agent, got {type(agent).__name__}")
+        if output not in ("full_history", "last_message"):
+            raise ConfigError(f"output must be 'full_history' or 'last_message', got {output!r}")
+        tools = list(agent.tools.values()) + [handoff_tool(t) for t in handoffs]
+        stops = tuple(agent.stop_at_tools) + tuple(f"{HANDOFF_PREFIX}{t}" for t in handoffs)
+        self.template = Agent(agent.name, agent.instructions, tools, engine=agent.engine, settings=agent.settings,
+                              max_tool_rounds=agent.max_tool_rounds, tool_choice=agent.tool_choice,
+                              constrained=agent.constrained, parallel_tool_calls=agent.parallel_tool_calls,
+                              deps=agent.deps, stop_at_tools=stops)
+        self.runtime, self.output = runtime, output
+        self.name = agent.name
+        self._read: dict[str, list[str]] = {}  # thread -> ids of the graph messages read so far
+        self.last_result: dict[str, Any] = {}  # thread -> the agent's last TurnResult (usage etc.)
+
+    async def run(self, messages: Sequence[BaseMessage], thread: str) -> tuple[list[BaseMessage], str | None]:
+        """One turn on the thread's agent: (messages to add to the graph, handoff target)."""
+        ids = [m.id or f"#{i}" for i, m in enumerate(messages)]
+        read = self._read.get(thread, [])
+        ref = await self.runtime.actor(self.name, thread, lambda key: self.template.fresh())
+        if ids[:len(read)] != read:  # the history changed under the agent: start it over
+            await ref.stop()
+            ref = await self.runtime.actor(self.name, thread, lambda key: self.template.fresh())
+            read = []
+        new = [d for m in messages[len(read):] if (d := self._as_input(m)) is not None]
+        result = self.last_result[thread] = await ref.ask(new or [{"role": "user", "content": "Continue."}])
+        out = to_langchain(result.messages, self.name)
+        if self.output == "last_message":
+            out = out[-1:]
+        self._read[thread] = ids + [m.id for m in out]
+        target = result.stopped_by_tool
+        return out, target[len(HANDOFF_PREFIX):] if target and target.startswith(HANDOFF_PREFIX) else None
+
+    def _as_input(self, m: BaseMessage) -> dict | None:
+        """A graph message as this agent reads it (None: not for it)."""
+        if isinstance(m, HumanMessage):
+            return {"role": "user", "content": content_text(m.content)}
+        if isinstance(m, AIMessage) and m.name != self.name:
+            for call in m.tool_calls:
+                if call["name"] == f"{HANDOFF_PREFIX}{self.name}":
+                    return {"role": "user", "content": f"{m.name or 'assistant'} asks: {call['args'].get('task', '')}"}
+            text = content_text(m.content).strip()
+            return {"role": "user", "content": f"{m.name or 'assistant'}: {text}"} if text else None
+        return None  # its own messages are in its session; tool results belong to their caller
+
+
+def to_langchain(messages: Sequence[dict], name: str) -> list[BaseMessage]:
+    """An agent turn's messages (chat-format dicts) -> LangChain messages, with ids."""
+    out: list[BaseMessage] = []
+    for d in messages:
+        if d["role"] == "tool":
+            out.append(ToolMessage(d["content"], tool_call_id=d["tool_call_id"], name=d.get("name")))
+            continue
+        calls = [{"name": c["function"]["name"], "args": json.loads(c["function"]["arguments"]), "id": c["id"]}
+                 for c in d.get("tool_calls", ())]
+        out.append(AIMessage(d.get("content") or "", tool_calls=calls, name=name))
+    for i, m in enumerate(out):
+        m.id = m.id or _message_id(name, m, i)
+    return out
+
+
+def _message_id(name: str, m: BaseMessage, i: int) -> str:
+    import uuid
+
+    return f"agentrt-{name}-{uuid.uuid4().hex[:12]}-{i}"
+
+
+def agent_node(agent: Agent, runtime, *, handoffs: Sequence[str] = (), output: str = "full_history"):
+    """A LangGraph node (for a state with a `messages` list) backed by `agent`'s actor per thread."""
+    from langgraph.types import Command
+
+    binding = AgentBinding(agent, runtime, handoffs, output)
+
+    async def node(state: dict[str, Any], config) -> Any:
+        msgs, target = await binding.run(state["messages"], _thread(config))
+        update = {"messages": msgs}
+        return Command(goto=target, update=update) if target else update
+
+    node.__name__, node.binding = agent.name, binding
+    return node
+
+
+def agent_task(agent: Agent, runtime, *, output: str = "full_history"):
+    """The same as a Functional-API task: `await task(messages)` -> the new messages."""
+    from langgraph.config import get_config
+    from langgraph.func import task
+
+    binding = AgentBinding(agent, runtime, (), output)
+
+    async def run_agent(messages: list[BaseMessage]) -> list[BaseMessage]:
+        msgs, _ = await binding.run(messages, _thread(get_config()))
+        return msgs
+
+    run_agent.__name__ = agent.name
+    wrapped = task(name=agent.name)(run_agent)
+    wrapped.binding = binding
+    return wrapped
+
+
+def _thread(config) -> str:
+    conf = (config or {}).get("configurable") or {}
+    return str(conf.get("thread_id", "default"))
