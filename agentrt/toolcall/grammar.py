@@ -112,8 +112,8 @@ class ToolCallConstraint:
             return 0
         n = 0
         for t in tokens:
-            if not self._m.accept(int(t)):
-                break
+            if self._m.is_terminated() or not self._m.accept(int(t)):
+                break  # (nothing follows the end: xgrammar warns when asked)
             n += 1
         if n:
             self._m.rollback(n)

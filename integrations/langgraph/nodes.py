@@ -15,7 +15,7 @@ agent reads the task as its new message.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -42,12 +42,14 @@ def handoff_tool(target: str, description: str | None = None) -> Tool:
 class AgentBinding:
     """One agent definition bound to a Runtime: per-thread actors and what each has read."""
 
-    def __init__(self, agent: Agent, runtime, handoffs: Sequence[str] = (), output: str = "full_history"):
+    def __init__(self, agent: Agent, runtime, handoffs: Sequence[str] | Mapping[str, str | None] = (),
+                 output: str = "full_history"):
         if not isinstance(agent, Agent):
             raise ConfigError(f"agent_node takes an agentrt Agent, got {type(agent).__name__}")
         if output not in ("full_history", "last_message"):
             raise ConfigError(f"output must be 'full_history' or 'last_message', got {output!r}")
-        tools = list(agent.tools.values()) + [handoff_tool(t) for t in handoffs]
+        handoffs = dict(handoffs) if isinstance(handoffs, Mapping) else {t: None for t in handoffs}
+        tools = list(agent.tools.values()) + [handoff_tool(t, d) for t, d in handoffs.items()]
         stops = tuple(agent.stop_at_tools) + tuple(f"{HANDOFF_PREFIX}{t}" for t in handoffs)
         self.template = Agent(agent.name, agent.instructions, tools, engine=agent.engine, settings=agent.settings,
                               max_tool_rounds=agent.max_tool_rounds, tool_choice=agent.tool_choice,
@@ -110,8 +112,10 @@ def _message_id(name: str, m: BaseMessage, i: int) -> str:
     return f"agentrt-{name}-{uuid.uuid4().hex[:12]}-{i}"
 
 
-def agent_node(agent: Agent, runtime, *, handoffs: Sequence[str] = (), output: str = "full_history"):
-    """A LangGraph node (for a state with a `messages` list) backed by `agent`'s actor per thread."""
+def agent_node(agent: Agent, runtime, *, handoffs: Sequence[str] | Mapping[str, str | None] = (),
+               output: str = "full_history"):
+    """A LangGraph node (for a state with a `messages` list) backed by `agent`'s actor per thread.
+    `handoffs`: target node names (or name -> tool description) the agent may hand over to."""
     from langgraph.types import Command
 
     binding = AgentBinding(agent, runtime, handoffs, output)
