@@ -4,6 +4,7 @@ Public API; everything else is internal and may change.
 """
 
 from agentrt import errors
+from agentrt.cache.agent_aware import AgentAwarePolicy
 from agentrt.cache.base import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
 from agentrt.engine.engine import Completion, Engine
@@ -39,6 +40,7 @@ __all__ = [
     "Toolset",
     "TurnResult",
     "tool",
+    "AgentAwarePolicy",
     "Completion",
     "Engine",
     "EngineConfig",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from agentrt.cache.base import POLICY_NAMES
 from agentrt.errors import ConfigError
 
 
@@ -32,6 +33,8 @@ class EngineConfig:
     # caches
     enable_radix_cache: bool = True
     enable_session_reuse: bool = True
+    eviction_policy: str = "agent_aware"  # radix leaves and idle sessions: "agent_aware" | "lru"
+    # (agent_aware learns agent -> next-agent transitions and falls back to LRU when unpredictable)
     debug_invariants: bool = False  # check every cache invariant after every step (tests)
     response_cache_size: int = 256  # full responses kept (0 = off; benchmarks of fresh work)
     # prompt-lookup speculation (greedy and sampled; constrained requests do not speculate)
@@ -60,6 +63,9 @@ class EngineConfig:
             raise ConfigError("spec_max_draft, spec_token_budget and response_cache_size must be >= 0")
         if self.max_session_seqs < 0:
             raise ConfigError("max_session_seqs must be >= 0")
+        if self.eviction_policy not in POLICY_NAMES:
+            raise ConfigError(f"EngineConfig.eviction_policy must be one of {POLICY_NAMES}, "
+                              f"got {self.eviction_policy!r}")
 
     @property
     def num_pages(self) -> int:

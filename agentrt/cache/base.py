@@ -1,9 +1,15 @@
-"""Interfaces of the cache layer. Eviction policies plug in here: LRU today; agent-aware
-(CacheScout) and workflow-aware (TOPAS) policies later, without touching the radix tree."""
+"""Interfaces of the cache layer. Eviction policies plug in here: LRU (`LRUPolicy`), agent-aware
+(`agent_aware.AgentAwarePolicy`, CacheScout) and later workflow-aware (TOPAS), without touching
+the radix tree. A policy ranks both radix leaves (what to evict) and idle sessions (what to
+detach under memory pressure, engine/memory.py)."""
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
+
+from agentrt.errors import ConfigError
+
+POLICY_NAMES = ("lru", "agent_aware")  # accepted by EngineConfig.eviction_policy
 
 
 @runtime_checkable
@@ -15,9 +21,21 @@ class EvictableNode(Protocol):
     num_pages: int
 
 
+@runtime_checkable
+class IdleSession(Protocol):
+    """What a policy may read of an idle engine session."""
+
+    last_used: int  # engine clock when its last request finished
+    tag: str | None  # the agent / session name
+
+
 class EvictionPolicy(Protocol):
-    """Ranks unlocked radix leaves for eviction. Called on the scheduler's hot path: keep it
-    O(candidates log candidates) or better."""
+    """Ranks unlocked radix leaves for eviction and idle sessions for detaching. Called on the
+    scheduler's hot path: keep it O(candidates log candidates) or better."""
+
+    def on_request(self, tag: str | None) -> None:
+        """A request of agent `tag` (None: unknown) was admitted."""
+        ...
 
     def on_insert(self, node: EvictableNode) -> None: ...
 
@@ -27,11 +45,18 @@ class EvictionPolicy(Protocol):
         """`leaves` reordered: the first is evicted first."""
         ...
 
+    def order_sessions(self, sessions: list[IdleSession]) -> list[IdleSession]:
+        """`sessions` reordered: the first is detached first."""
+        ...
+
 
 class LRUPolicy:
     """Least recently used first (what vLLM and SGLang do)."""
 
     name = "lru"
+
+    def on_request(self, tag: str | None) -> None:
+        pass
 
     def on_insert(self, node: EvictableNode) -> None:
         pass
@@ -41,3 +66,17 @@ class LRUPolicy:
 
     def victim_order(self, leaves: list[EvictableNode]) -> list[EvictableNode]:
         return sorted(leaves, key=lambda n: n.last_access)
+
+    def order_sessions(self, sessions: list[IdleSession]) -> list[IdleSession]:
+        return sorted(sessions, key=lambda s: s.last_used)
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    """A fresh policy by its EngineConfig name ("lru" | "agent_aware")."""
+    if name == "lru":
+        return LRUPolicy()
+    if name == "agent_aware":
+        from agentrt.cache.agent_aware import AgentAwarePolicy  # it imports this module
+
+        return AgentAwarePolicy()
+    raise ConfigError(f"unknown eviction policy {name!r}; expected one of {POLICY_NAMES}")

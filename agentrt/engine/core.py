@@ -9,6 +9,7 @@ from collections import deque
 
 import torch
 
+from agentrt.cache.base import make_policy
 from agentrt.cache.kv_manager import KVManager, Sequence
 from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
@@ -34,7 +35,10 @@ class EngineCore:
         self.model, self.eos = model, frozenset(eos_token_ids)
         self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
         self.kvm = KVManager(self.alloc, KVStore.allocate(model.cfg, cfg.num_pages, cfg.page_size, model.dtype))
-        self.radix = RadixCache(self.alloc, policy) if cfg.enable_radix_cache else None
+        # an explicit policy wins over cfg.eviction_policy; it ranks radix leaves and sessions
+        self.policy = policy if policy is not None else make_policy(cfg.eviction_policy)
+        self._on_request = getattr(self.policy, "on_request", None)
+        self.radix = RadixCache(self.alloc, self.policy) if cfg.enable_radix_cache else None
         from agentrt.cache.pool import SequencePool
 
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
@@ -138,9 +142,11 @@ class EngineCore:
             if not r.attached:
                 r.attached = True
                 reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse)
-                if r.cached_tokens < 0:
+                if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
                     r.cached_tokens = reused
                     self.counters.prompt_cached += reused
+                    if self._on_request is not None:
+                        self._on_request(r.tag)
             if not sched.admissible(r, self.running, self.cfg):
                 break
             self.waiting.popleft()
@@ -287,6 +293,8 @@ class EngineCore:
         if self.radix is not None:
             self.radix.check_invariants()
             holders.append(self.radix.all_pages())
+        if hasattr(self.policy, "check_invariants"):
+            self.policy.check_invariants()
         self.alloc.check_invariants(holders)
         in_use = {r.seq.seq_id for r in itertools.chain(self.waiting, self.running) if r.session is None}
         self.pool.check_invariants(in_use | set(self.sessions))

@@ -1,8 +1,9 @@
 """Memory pressure inside a step. Order of remedies, cheapest first: free pages -> evict unlocked
-radix leaves (policy order) -> detach idle sessions (their KV goes to the radix cache, where it
-is evictable) -> preempt the youngest running request (its KV is dropped and recomputed when it
-is re-admitted). Pinned session memory therefore can never starve the engine: an idle session
-only keeps its KV while nobody else needs the pages."""
+radix leaves -> detach idle sessions (their KV goes to the radix cache, where it is evictable)
+-> preempt the youngest running request (its KV is dropped and recomputed when it is
+re-admitted). The engine's eviction policy (cache/base.py) orders both the leaves and the
+sessions. Pinned session memory therefore can never starve the engine: an idle session only
+keeps its KV while nobody else needs the pages."""
 
 from __future__ import annotations
 
@@ -21,9 +22,7 @@ class MemoryManager:
             return True
         if core.radix is not None:
             core.counters.evicted_pages += core.radix.evict(n_pages - alloc.num_free)
-        idle = sorted((s for s in core.sessions.values() if not s.busy and s.seq.pages),
-                      key=lambda s: s.last_used)
-        for s in idle:
+        for s in self.detach_order():
             if alloc.num_free >= n_pages:
                 break
             core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
@@ -32,6 +31,14 @@ class MemoryManager:
             if core.radix is not None:
                 core.counters.evicted_pages += core.radix.evict(n_pages - alloc.num_free)
         return alloc.num_free >= n_pages
+
+    def detach_order(self) -> list:
+        """Idle sessions holding KV, the first to detach first (the eviction policy's order;
+        least recently used for a policy without `order_sessions`)."""
+        core = self.core
+        idle = [s for s in core.sessions.values() if not s.busy and s.seq.pages]
+        order = getattr(core.policy, "order_sessions", None)
+        return order(idle) if order is not None else sorted(idle, key=lambda s: s.last_used)
 
     def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool) -> bool:
         """Make r's positions up to `end` writable. With may_preempt, younger running requests
