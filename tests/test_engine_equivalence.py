@@ -123,3 +123,30 @@ def test_prefix_grouped_prefill_computes_the_shared_block_once():
     assert core.stats().prompt_computed <= 200 + 6 * 10 + 6
     for r, (p, sp) in zip(reqs, work):
         assert r.output == generate(model, p, sp)
+
+
+def test_requests_that_cannot_fit_together_fail_instead_of_livelocking():
+    """Two long requests that each fit alone but not together beside a pinned session: the
+    engine must make progress; a request preempted too often ends with OutOfKVMemory, and
+    nothing leaks."""
+    from agentrt.engine.memory import MAX_PREEMPTIONS
+    from agentrt.errors import OutOfKVMemory
+
+    core = EngineCore(tiny_model(), EngineConfig(kv_cache_tokens=256, page_size=16, response_cache_size=0))
+    rng = random.Random(7)
+    events = []
+    reqs = []
+    for _ in range(3):
+        prompt = [rng.randrange(301) for _ in range(150)]
+        seq_id = core.pool.acquire("transient", 0)
+        reqs.append(core.add_request(prompt, SamplingParams(max_tokens=80, ignore_eos=True), events.append,
+                                     seq_id=seq_id))
+    drain(core, max_steps=20_000)
+    finished = {r.rid: r.finish_reason for r in reqs}
+    assert set(finished.values()) <= {"length", "error"} and "length" in finished.values()
+    errors = [e for e in events if e.finish_reason == "error"]
+    assert all(isinstance(e.error, OutOfKVMemory) for e in errors)
+    assert all(r.preemptions <= MAX_PREEMPTIONS + 1 for r in reqs)
+    with pytest.raises(OutOfKVMemory, match="high-water"):
+        core.add_request([1] * 240, SamplingParams(max_tokens=8), events.append,
+                         seq_id=core.pool.acquire("transient", 0))

@@ -86,11 +86,15 @@ class SequencePool:
             return len(self._free[kind])
 
     def check_invariants(self, in_use: set[int]) -> None:
+        """Every id is free xor taken, and the engine's ids are taken. Ids taken but not (yet)
+        known to the engine are fine: a caller acquires on the event loop, then submits."""
         with self._cond:
-            free = set(self._free["transient"]) | set(self._free["session"])
+            free = list(self._free["transient"]) + list(self._free["session"])
         total = self._size["transient"] + self._size["session"]
-        if free & in_use or len(free) + len(in_use) != total:
-            raise AssertionError(f"pool: {len(free)} free + {len(in_use)} in use != {total}")
+        if len(set(free)) != len(free) or not set(free) <= set(range(total)):
+            raise AssertionError(f"pool: the free list is corrupt: {sorted(free)}")
+        if set(free) & in_use:
+            raise AssertionError(f"pool: ids both free and in use: {sorted(set(free) & in_use)}")
 
     def _exhausted(self, kind: str, timeout) -> PoolExhausted:
         return PoolExhausted(

@@ -259,7 +259,7 @@ class EngineCore:
             return "length"
         return None
 
-    def _finish(self, r: Request, reason: str, last: tuple[int, ...] = ()) -> None:
+    def _finish(self, r: Request, reason: str, last: tuple[int, ...] = (), error: BaseException | None = None) -> None:
         """The one exit path of a request: frees or hands over everything it holds."""
         if r.state is State.WAITING:
             self.waiting.remove(r)
@@ -276,7 +276,7 @@ class EngineCore:
         else:
             self.kvm.release(r.seq)
             self.pool.release(r.seq.seq_id)
-        r.emit(TokenEvent(r.rid, last, finish_reason=reason, usage=r.usage()))
+        r.emit(TokenEvent(r.rid, last, finish_reason=reason, usage=r.usage(), error=error))
 
     def _cache(self, tokens, pages, salt, tag) -> None:
         if self.radix is not None and tokens:

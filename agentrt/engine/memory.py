@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from agentrt.engine import scheduler as sched
 from agentrt.engine.request import Request, State
+from agentrt.errors import OutOfKVMemory
+
+MAX_PREEMPTIONS = 32  # per request; beyond it the request fails instead of livelocking
 
 
 class MemoryManager:
@@ -57,7 +60,17 @@ class MemoryManager:
                 return False
 
     def preempt(self, r: Request) -> None:
+        """Drop r's KV and queue it again; a request preempted MAX_PREEMPTIONS times cannot fit
+        beside what the pool must keep, and fails with OutOfKVMemory instead of looping."""
         core = self.core
+        r.preemptions += 1
+        if r.preemptions > MAX_PREEMPTIONS:
+            core._finish(r, "error", error=OutOfKVMemory(
+                f"request {r.rid} ({len(r.target)} tokens) was preempted {MAX_PREEMPTIONS} times: the KV pool "
+                f"({core.cfg.kv_cache_tokens} tokens) cannot hold it beside the other running requests; raise "
+                "EngineConfig.kv_cache_tokens or lower the concurrency"))
+            core.counters.preemptions += 1
+            return
         core.running.remove(r)
         self.drop_links(r)
         core.kvm.release(r.seq)

@@ -91,6 +91,7 @@ class Request:
     spec_proposed: int = 0
     spec_accepted: int = 0
     attached: bool = False  # prefix reuse done for the current admission
+    preemptions: int = 0  # times its KV was dropped for memory (capped: see MemoryManager)
     lock_node: object | None = None  # radix node locked while this request uses its pages
 
     @property

@@ -20,10 +20,11 @@ def validate_request(core, prompt, params, seq_id, session) -> None:
         raise ContextLengthExceeded(
             f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} = {total} exceeds "
             f"the model's context of {ctx}; shorten the conversation or lower max_tokens")
-    if core.kvm.pages_for(total) > core.cfg.num_pages:
+    if core.kvm.pages_for(total) > core.cfg.high_water * core.cfg.num_pages:
         raise OutOfKVMemory(
-            f"a request of {total} tokens can never fit in the KV pool of "
-            f"{core.cfg.kv_cache_tokens} tokens; raise EngineConfig.kv_cache_tokens")
+            f"a request of {total} tokens can never fit under the KV pool's high-water mark "
+            f"({core.cfg.high_water:.0%} of {core.cfg.kv_cache_tokens} tokens); raise "
+            "EngineConfig.kv_cache_tokens or lower max_tokens")
     if session is not None:
         if session.closed:
             raise ConfigError("this session is closed; open a new one")

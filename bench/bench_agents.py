@@ -1,0 +1,216 @@
+"""Multi-agent tool-calling benchmark: agentrt against what users would pick instead, one run.
+
+Every workload (synthetic agents, BFCL v4 multi-turn replays) is a token-level script per agent
+(bench/workloads/replay.py): each system gets the same prompts and force-decodes the same
+outputs, on the same weights (the embedded SmolLM2-135M) and machine. Systems (bench/peers/):
+agentrt full (sessions + radix + speculation), agentrt stateless, agentrt prefix cache only
+under LRU (vLLM/SGLang-like), transformers (full prompt every call), llama-cpp-python with one
+shared Llama and with one Llama per agent. Ratios peer / agentrt (> 1: agentrt faster) are
+computed per repetition, then summarised (median, p90).
+Writes bench/results/agents.json and the plots agents_turns.png, agents_e2e.png.
+
+    python bench/bench_agents.py [--quick] [--reps N] [--systems a,b] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentrt import EngineConfig, load_model  # noqa: E402
+from agentrt.session.chat import ChatFormat  # noqa: E402
+from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
+from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
+from bench.common import RESULTS, machine  # noqa: E402
+from bench.peers.base import NotRun  # noqa: E402
+from bench.workloads.replay import script_stats  # noqa: E402
+
+REQUIRED = {  # key: (case, peer, ratio)
+    "per_turn_speedup_6turn_vs_stateless": ("turns6", "agentrt_stateless", "per_turn_speedup"),
+    "median_turn_speedup_35turn_vs_stateless": ("turns35", "agentrt_stateless", "median_turn_speedup"),
+    "e2e_speedup_8agents_vs_llamacpp_per_agent": ("agents8", "llamacpp_per_agent", "e2e_speedup"),
+    "e2e_speedup_8agents_vs_llamacpp_shared": ("agents8", "llamacpp_shared", "e2e_speedup"),
+    "e2e_speedup_8agents_vs_transformers": ("agents8", "transformers", "e2e_speedup"),
+    "per_turn_speedup_8agents_vs_prefix_lru": ("agents8_small_pool", "agentrt_prefix_lru", "per_turn_speedup"),
+    "e2e_speedup_bfcl_vs_llamacpp_per_agent": ("bfcl", "llamacpp_per_agent", "e2e_speedup"),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small workloads, 1 repetition: minutes on 2 cores")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 1 quick, 3 full)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help=f"comma-separated subset of {','.join(SYSTEMS)} (agentrt always runs)")
+    ap.add_argument("--cases", default=None, help="comma-separated subset of case keys (default: all)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "agents.json", help="JSON output path")
+    ap.add_argument("--quant", default="none", choices=["none", "int8"], help="agentrt weights (see model/quant.py)")
+    ap.add_argument("--tool-latency", type=float, default=0.0, help="seconds each tool call takes (0, 0.1, 0.5 ...)")
+    ap.add_argument("--arrival", choices=["interleaved", "concurrent"], default=None,
+                    help="override every case's arrival pattern")
+    ap.add_argument("--distinct-prompts", action="store_true", help="one system prompt + tool set per agent")
+    ap.add_argument("--sweep", action="store_true", help="also agents 1/4/8/16 x 6 turns, agentrt vs stateless")
+    ap.add_argument("--run-timeout", type=float, default=3600.0,
+                    help="seconds one system may take on one repetition of a case before it is reported failed")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                    help="llama.cpp threads (default: torch's, so both use the same cores)")
+    ap.add_argument("--no-install", action="store_true",
+                    help="do not install llama-cpp-python when it is missing (its rows: not run)")
+    return ap.parse_args()
+
+
+def run_case(case: Case, factory: SystemFactory, systems: list[str], reps: int, bar,
+             timeout: float = 3600.0) -> dict:
+    """Every repetition of one case: summaries per system, ratios vs agentrt per repetition."""
+    runs: dict[str, list[dict]] = {}
+    not_run: dict[str, str] = {}
+    rep_ratios, workload = [], None
+    for rep in range(reps):
+        try:
+            scripts = case.make(rep)
+        except Exception as exc:  # e.g. the BFCL wheel cannot be downloaded
+            bar.update(len(systems) * (reps - rep))
+            if rep == 0:
+                reason = f"workload unavailable: {type(exc).__name__}: {exc}"
+                return _case_json(case, reps, {}, {n: reason for n in systems}, [], None)
+            print(f"warning: {case.key} rep {rep + 1}: {exc}; kept {rep} rep(s)", file=sys.stderr)
+            break
+        workload = {**script_stats(scripts), "kv_cache_tokens": kv_tokens(scripts, case.pool_fraction)}
+        summaries = {}
+        for name in systems:
+            bar.set_postfix_str(f"{case.key} rep {rep + 1}/{reps}: {name}")
+            summary = _run_one(factory, name, scripts, case, workload["kv_cache_tokens"], not_run, timeout)
+            bar.update(1)
+            if summary is not None:
+                summaries[name] = summary
+                runs.setdefault(name, []).append(summary)
+        if "agentrt" in summaries:
+            rep_ratios.append({n: ratios(summaries["agentrt"], s) for n, s in summaries.items() if n != "agentrt"})
+    return _case_json(case, reps, runs, not_run, rep_ratios, workload)
+
+
+def _run_one(factory, name, scripts, case, kv, not_run, timeout) -> dict | None:
+    """One system on one repetition's scripts; None (and the reason in not_run) if it cannot."""
+    system = factory.get(name, kv)
+    if isinstance(system, NotRun):
+        not_run[name] = system.reason
+        return None
+
+    async def timed():
+        with anyio.fail_after(timeout):
+            return await system.run(scripts, case.arrival)
+
+    try:
+        if name not in factory.warmed:
+            anyio.run(system.warmup)
+            factory.warmed.add(name)
+        summary = summarize(anyio.run(timed))
+    except TimeoutError:
+        not_run[name] = f"failed: no result within --run-timeout {timeout:.0f} s"
+        return None
+    except Exception as exc:  # a peer failing mid-run is reported, never dropped silently
+        not_run[name] = f"failed: {type(exc).__name__}: {exc}"
+        return None
+    if not summary["exact"]:
+        print(f"warning: {name} did not decode exactly the script in {case.key}", file=sys.stderr)
+    return summary
+
+
+def _case_json(case, reps, runs, not_run, rep_ratios, workload) -> dict:
+    systems = {n: aggregate_system(r) for n, r in runs.items()}
+    systems.update({n: {"status": "not run", "reason": why} for n, why in not_run.items() if n not in systems})
+    return {"title": case.title, "arrival": case.arrival, "reps": reps, "workload": workload,
+            "systems": systems, "ratios": aggregate_ratios(rep_ratios) if rep_ratios else {}}
+
+
+def headline(cases: dict) -> tuple[dict, dict]:
+    """The required keys (median over repetitions) and, for each null, the reason."""
+    keys, reasons = {}, {}
+    for key, (case, peer, ratio) in REQUIRED.items():
+        c = cases.get(case)
+        value = c["ratios"].get(peer, {}).get(ratio, {}).get("median") if c else None
+        keys[key] = value
+        if value is None:
+            reasons[key] = _why_missing(c, case, peer)
+    return keys, reasons
+
+
+def _why_missing(c: dict | None, case: str, peer: str) -> str:
+    """Why a required ratio is null."""
+    if c is None:
+        return f"case {case} not run (--cases)"
+    if peer not in c["systems"]:
+        return f"{peer} not selected (--systems)"
+    if c["systems"][peer].get("status") != "ok":
+        return c["systems"][peer]["reason"]
+    return "agentrt " + c["systems"].get("agentrt", {}).get("reason", "did not run")
+
+
+LLAMA_CPP = "llama-cpp-python==0.3.36"  # the peer; its PyPI release is a source build (~15-20 min here)
+
+
+def ensure_llama_cpp(allowed: bool) -> None:
+    """Install the llama.cpp peer into this environment when it is missing (pinned; it never
+    pulls torch). Without it the llama.cpp rows are reported as not run, with the reason."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("llama_cpp") is not None or not allowed:
+        return
+    print(f"installing the llama.cpp peer: pip install {LLAMA_CPP} (compiles llama.cpp; "
+          "--no-install skips it)", flush=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", LLAMA_CPP, "diskcache>=5.6"]
+    if subprocess.run(cmd, check=False).returncode != 0:
+        print("warning: the llama.cpp peer could not be installed; its rows are reported as not run",
+              file=sys.stderr)
+
+
+def main() -> None:
+    args = parse_args()
+    if any(s.startswith("llamacpp") for s in args.systems.split(",")):
+        ensure_llama_cpp(not args.no_install)
+    reps = args.reps or (1 if args.quick else 3)
+    chosen = ["agentrt"] + [s for s in args.systems.split(",") if s in SYSTEMS and s != "agentrt"]
+    lm = load_model("smollm2-135m", quantize=args.quant)
+    fmt = ChatFormat(lm.tokenizer)
+    cases = build_cases(fmt, lm.tokenizer, quick=args.quick, tool_latency=args.tool_latency,
+                        distinct=args.distinct_prompts, arrival=args.arrival, sweep=args.sweep)
+    if args.cases:
+        cases = [c for c in cases if c.key in args.cases.split(",")]
+    base = EngineConfig(response_cache_size=0, max_session_seqs=32, max_transient_seqs=32)
+    factory = SystemFactory(lm, base, args.threads)
+    from tqdm import tqdm
+
+    plan = [(c, [s for s in c.systems if s in chosen]) for c in cases]
+    out: dict = {}
+    t0 = time.perf_counter()
+    with tqdm(total=sum(len(s) for _, s in plan) * reps, desc="bench_agents", unit="run") as bar:
+        for case, systems in plan:
+            out[case.key] = run_case(case, factory, systems, reps, bar, args.run_timeout)
+    factory.close()
+    for key, case in out.items():
+        print_case(key, case)
+    keys, reasons = headline(out)
+    res = {**keys, "reasons": reasons, "cases": out, "machine": machine(), "quick": args.quick, "reps": reps,
+           "quantize": args.quant, "tool_latency_s": args.tool_latency, "llama_cpp_threads": args.threads,
+           "shared_prompts": not args.distinct_prompts, "bench_wall_s": time.perf_counter() - t0,
+           "notes": ["ratios are peer / agentrt per repetition, then median (p90 in cases.*.ratios); "
+                     "> 1: agentrt faster",
+                     "llama.cpp computes on the GGUF's Q4_1 weights; agentrt and transformers dequantize to fp32",
+                     "response cache off (size 0): all work is fresh; outputs are force-decoded and checked"]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    print(json.dumps({**keys, "reasons": reasons}, indent=1))
+    print("wrote", args.out, *plot(out, args.out.parent))
+
+
+if __name__ == "__main__":
+    main()

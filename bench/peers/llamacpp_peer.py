@@ -1,0 +1,123 @@
+"""llama-cpp-python as a peer, on the same GGUF file.
+
+* shared: one `Llama` for all agents, as `ChatLlamaCpp` is used: the context keeps the
+  longest common prefix of what it holds and the new prompt (generate()'s own rule), so a call
+  reuses only what the previous call -- of any agent -- left behind;
+* per_agent: one `Llama` per agent, its best case: each agent's context still holds its own
+  history, so every call reuses its whole previous conversation.
+
+Calls are serialised in arrival order (one CPU, one model). A call: keep the reusable prefix,
+evaluate the rest of the prompt, then force-decode the output one `eval` per token, reading
+the logits and taking the masked argmax (what a constraint costs). Prefix reuse follows
+`Llama.generate(..., reset=True)`: the longest common prefix, minus one token when the whole
+prompt matches (fresh logits are needed).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bench.peers.base import CallRecord, NotRun, RunResult, SerialModel, drive, forced_token
+from bench.workloads.replay import ModelCall
+
+INSTALL_HINT = "llama-cpp-python not installed: pip install 'agentrt[bench]' (compiles llama.cpp)"
+
+
+def llama_cpp_missing() -> str | None:
+    """None if llama_cpp imports, else the reason it cannot run."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken shared library (OSError)
+        return INSTALL_HINT if isinstance(exc, ImportError) else f"llama-cpp-python does not load: {exc}"
+    return None
+
+
+def open_llama(path: str, n_ctx: int = 8192, n_threads: int = 2):
+    """A `Llama` on the GGUF at `path` (settings of the benchmark's brief)."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                 n_batch=512, verbose=False, logits_all=False)
+
+
+def reusable_prefix(llm, prompt: list[int]) -> int:
+    """Tokens of `prompt` whose KV `llm` already holds and may keep (generate()'s rule)."""
+    held = np.asarray(llm.input_ids[:llm.n_tokens])
+    n = min(len(held), len(prompt))
+    diff = np.nonzero(held[:n] != np.asarray(prompt[:n]))[0]
+    lcp = int(diff[0]) if len(diff) else n
+    return lcp - 1 if lcp == len(prompt) else lcp
+
+
+def last_logits(llm) -> np.ndarray:
+    """The logits of the last evaluated token (a view of llama.cpp's buffer)."""
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+
+def llama_forced(llm, prompt: list[int], output: list[int], t_submit: float) -> tuple[list[int], float, int]:
+    """(decoded tokens, ttft seconds, prompt tokens computed) of one forced call."""
+    keep = reusable_prefix(llm, prompt)
+    llm.n_tokens = keep  # eval() drops the KV past n_tokens first
+    llm.eval(prompt[keep:])
+    toks = [forced_token(last_logits(llm), output[0])]
+    first = time.perf_counter()
+    for want in output[1:]:
+        llm.eval([toks[-1]])
+        toks.append(forced_token(last_logits(llm), want))
+    return toks, first - t_submit, len(prompt) - keep
+
+
+class LlamaCppSystem:
+    """llama-cpp-python with one shared `Llama` or one per agent."""
+
+    def __init__(self, name: str, path: str, per_agent: bool, n_threads: int = 2) -> None:
+        self.name, self.path, self.per_agent, self.n_threads = name, path, per_agent, n_threads
+        self._llms: list = []
+
+    @classmethod
+    def shared(cls, path: str, n_threads: int = 2) -> "LlamaCppSystem | NotRun":
+        return cls._make("llamacpp_shared", path, False, n_threads)
+
+    @classmethod
+    def per_agent_system(cls, path: str, n_threads: int = 2) -> "LlamaCppSystem | NotRun":
+        return cls._make("llamacpp_per_agent", path, True, n_threads)
+
+    @classmethod
+    def _make(cls, name, path, per_agent, n_threads):
+        reason = llama_cpp_missing()
+        return NotRun(name, reason) if reason else cls(name, path, per_agent, n_threads)
+
+    def _llm(self, i: int):
+        while len(self._llms) <= i:
+            self._llms.append(open_llama(self.path, n_threads=self.n_threads))
+        return self._llms[i]
+
+    async def warmup(self) -> None:
+        llama_forced(self._llm(0), list(range(100, 164)), [5, 6, 7, 8], time.perf_counter())
+
+    async def run(self, scripts, arrival: str) -> RunResult:
+        index = {s[0].agent: i for i, s in enumerate(scripts)}
+        llms = [self._llm(i) for i in range(len(scripts) if self.per_agent else 1)]
+        for llm in llms:
+            llm.reset()
+
+        def call(c: ModelCall, t_submit: float) -> CallRecord:
+            llm = llms[index[c.agent]] if self.per_agent else llms[0]
+            toks, ttft, computed = llama_forced(llm, c.prompt, c.output, t_submit)
+            return CallRecord(c.agent, c.turn, ttft, time.perf_counter() - t_submit, len(c.prompt),
+                              computed, len(toks), toks == c.output)
+
+        records, wall = await drive(scripts, arrival, SerialModel(call))
+        sub = sum(r.prompt_tokens for r in records)
+        comp = sum(r.computed_prompt_tokens for r in records)
+        return RunResult(self.name, records, wall, {
+            "prompt_submitted": sub, "prompt_computed": comp, "prompt_cached": sub - comp,
+            "hit_rate": (sub - comp) / sub if sub else 0.0, "llama_instances": len(llms)})
+
+    def close(self) -> None:
+        """Free the llama.cpp contexts."""
+        for llm in self._llms:
+            llm.close()
+        self._llms.clear()
