@@ -46,6 +46,10 @@ def test_tiny_pool_evicts_and_preempts_without_changing_output():
     core = EngineCore(model, EngineConfig(kv_cache_tokens=640, page_size=16))
     work = _concurrent_prompts(seed=7, n=24)
     reqs = [submit(core, p, sp) for p, sp in work]
+    for _ in range(6):  # admission by footprint avoids preemption; force some mid-run
+        core.step()
+        if core.running:
+            core.mem.preempt(max(core.running, key=lambda r: r.admitted_at))
     drain(core)
     st = core.stats()
     assert st.preemptions > 0 and st.evicted_pages > 0

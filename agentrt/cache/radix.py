@@ -154,10 +154,14 @@ class RadixCache:
 
     def evict(self, num_pages: int) -> int:
         """Evict unlocked leaves in policy order until `num_pages` pages are actually freed
-        (refcount reached 0) or nothing is evictable. Returns pages freed."""
+        (refcount reached 0) or nothing is evictable; leaves that would free no page are kept.
+        Returns pages freed."""
         freed = 0
         while freed < num_pages:
-            leaves = [n for n in self._nodes() if not n.children and n.lock_ref == 0 and n.parent]
+            # a leaf whose pages live sequences (sessions) still hold would free nothing now:
+            # it stays, so its prefix is still found when that session is detached or reused
+            leaves = [n for n in self._nodes() if not n.children and n.lock_ref == 0 and n.parent
+                      and any(self.alloc.refcount(p) == 1 for p in n.pages)]
             if not leaves:
                 break
             for leaf in self.policy.victim_order(leaves):

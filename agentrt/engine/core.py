@@ -147,7 +147,7 @@ class EngineCore:
                     self.counters.prompt_cached += reused
                     if self._on_request is not None:
                         self._on_request(r.tag)
-            if not sched.admissible(r, self.running, self.cfg):
+            if not sched.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
                 break
             self.waiting.popleft()
             r.state, r.admitted_at = State.RUNNING, self._tick()

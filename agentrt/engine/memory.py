@@ -43,6 +43,19 @@ class MemoryManager:
         order = getattr(core.policy, "order_sessions", None)
         return order(idle) if order is not None else sorted(idle, key=lambda s: s.last_used)
 
+    def fits(self, candidate: Request) -> bool:
+        """Admission by footprint: the KV the running requests and the candidate hold (shared
+        pages once; a busy session's history cannot be detached) plus the cells they may still
+        add stays under the high-water mark. Without it, requests that cannot run together
+        are admitted and preempt each other over and over. An idle engine always admits."""
+        core = self.core
+        if not core.running:
+            return True
+        group = [*core.running, candidate]
+        pages = {p for x in group for p in x.seq.pages}
+        cells = len(pages) * core.cfg.page_size + sum(sched.projected_cells(x) for x in group)
+        return cells <= core.cfg.high_water * core.cfg.num_pages * core.cfg.page_size
+
     def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool) -> bool:
         """Make r's positions up to `end` writable. With may_preempt, younger running requests
         (then r itself) are preempted until it fits; preempted requests leave `plan`."""
