@@ -168,10 +168,12 @@ class EngineCore:
             if r.state is not State.RUNNING:
                 continue
             r.draft = choose_draft(r, len(decodes), self.cfg, ctx)
-            if not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, True):
+            # a draft never preempts anyone: without room it is dropped, then the token is reserved
+            if r.draft and not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, False):
                 r.draft = []
-            elif r.state is State.RUNNING:
-                plan[r] = 1 + len(r.draft)
+            if r.draft or self.mem.reserve(r, r.seq.num_cached + 1, plan, True):
+                if r.state is State.RUNNING:
+                    plan[r] = 1 + len(r.draft)
         chunk = sched.chunk_size(prefills, decodes, self.cfg)
         for r in prefills:
             if r.state is not State.RUNNING:

@@ -36,10 +36,13 @@ class MemoryManager:
         return alloc.num_free >= n_pages
 
     def detach_order(self) -> list:
-        """Idle sessions holding KV, the first to detach first (the eviction policy's order;
+        """Idle (or queued, unattached) sessions holding KV, the first to detach first (the eviction policy's order;
         least recently used for a policy without `order_sessions`)."""
         core = self.core
-        idle = [s for s in core.sessions.values() if not s.busy and s.seq.pages]
+        # a session whose request still waits unattached holds nothing it needs yet: its KV
+        # goes to the radix cache like an idle one's and is found again at admission
+        queued = {id(r.session) for r in core.waiting if r.session is not None and not r.attached}
+        idle = [s for s in core.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)]
         order = getattr(core.policy, "order_sessions", None)
         return order(idle) if order is not None else sorted(idle, key=lambda s: s.last_used)
 
@@ -51,10 +54,11 @@ class MemoryManager:
         core = self.core
         if not core.running:
             return True
-        group = [*core.running, candidate]
-        pages = {p for x in group for p in x.seq.pages}
-        cells = len(pages) * core.cfg.page_size + sum(sched.projected_cells(x) for x in group)
-        return cells <= core.cfg.high_water * core.cfg.num_pages * core.cfg.page_size
+        group, ps = [*core.running, candidate], core.cfg.page_size
+        held = {p for x in group for p in x.seq.pages}
+        # new pages: whole pages for the cells to come, +1 for a shared partial page's copy
+        new = sum(-(-sched.projected_cells(x) // ps) + 1 for x in group)
+        return len(held) + new <= core.cfg.high_water * core.cfg.num_pages
 
     def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool) -> bool:
         """Make r's positions up to `end` writable. With may_preempt, younger running requests
