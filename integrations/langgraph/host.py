@@ -65,7 +65,7 @@ class EngineHost:
     # ---- running generations ------------------------------------------------------------
     async def astream(self, agen_fn: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
         """Iterate agen_fn() on the engine's loop, from the caller's loop."""
-        if self._on_engine_loop():
+        if self._on_engine_thread():  # one thread runs one loop: this is the engine's
             async for item in agen_fn():
                 yield item
             return
@@ -73,13 +73,8 @@ class EngineHost:
         q: asyncio.Queue = asyncio.Queue()
         fut = self.portal.start_task_soon(_produce, agen_fn, lambda x: loop.call_soon_threadsafe(q.put_nowait, x))
         try:
-            while True:
-                kind, value = await q.get()
-                if kind == _END:
-                    return
-                if kind == _ERROR:
-                    raise value
-                yield value
+            while (item := _unwrap(await q.get())) is not _DONE:
+                yield item
         finally:
             fut.cancel()
 
@@ -91,23 +86,25 @@ class EngineHost:
         q: queue.SimpleQueue = queue.SimpleQueue()
         fut = self.portal.start_task_soon(_produce, agen_fn, q.put)
         try:
-            while True:
-                kind, value = q.get()
-                if kind == _END:
-                    return
-                if kind == _ERROR:
-                    raise value
-                yield value
+            while (item := _unwrap(q.get())) is not _DONE:
+                yield item
         finally:
             fut.cancel()
-
-    def _on_engine_loop(self) -> bool:
-        """True inside the engine's own loop (one thread runs one loop)."""
-        return self._on_engine_thread()
 
     def _on_engine_thread(self) -> bool:
         # anyio keeps the portal's loop thread here; there is no public accessor
         return getattr(self.portal, "_event_loop_thread_id", None) == threading.get_ident()
+
+
+_DONE = object()
+
+
+def _unwrap(message: tuple[str, Any]) -> Any:
+    """A producer message -> its item; _DONE at the end; the producer's error is raised here."""
+    kind, value = message
+    if kind == _ERROR:
+        raise value
+    return _DONE if kind == _END else value
 
 
 async def _serve(engine, *, task_status) -> None:
