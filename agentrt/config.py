@@ -44,6 +44,9 @@ class EngineConfig:
     spec_min_acceptance: float = 0.3  # below this acceptance rate a slot only probes (1 token)
     spec_min_ngram: int = 1
     spec_max_ngram: int = 3
+    # the model's forward: "auto" (the model's own default, fused kernels where available),
+    # "fused" or "eager" (the torch reference path)
+    forward_path: str = "auto"
 
     def __post_init__(self) -> None:
         positive = ("kv_cache_tokens", "page_size", "max_transient_seqs", "n_batch",
@@ -63,6 +66,8 @@ class EngineConfig:
             raise ConfigError("spec_max_draft, spec_token_budget and response_cache_size must be >= 0")
         if self.max_session_seqs < 0:
             raise ConfigError("max_session_seqs must be >= 0")
+        if self.forward_path not in ("auto", "fused", "eager"):
+            raise ConfigError(f"EngineConfig.forward_path must be 'auto', 'fused' or 'eager', got {self.forward_path!r}")
         if self.eviction_policy not in POLICY_NAMES:
             raise ConfigError(f"EngineConfig.eviction_policy must be one of {POLICY_NAMES}, "
                               f"got {self.eviction_policy!r}")

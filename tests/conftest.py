@@ -65,6 +65,14 @@ def embedded():
     return load_model("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def embedded_native():
+    """The embedded SmolLM2-135M with its GGUF quantization kept (Q4_1 layers, Q8_0 table)."""
+    from agentrt.model.loader import load_model
+
+    return load_model("smollm2-135m", quantize="native")
+
+
 @functools.lru_cache(maxsize=2)
 def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
     """A random model over a tiny vocabulary with a spread-out next-token distribution, for

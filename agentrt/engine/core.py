@@ -197,7 +197,8 @@ class EngineCore:
             else:
                 chunks.append(SeqChunk(tgt[c:c + n], c, r.seq.pages, int(c + n == len(tgt))))
         fb = build_batch(chunks, self.cfg.page_size)
-        logits = self.model(fb.input_ids, fb.positions, self.kvm.store, fb.meta, fb.logits_rows)
+        path = None if self.cfg.forward_path == "auto" else self.cfg.forward_path
+        logits = self.model(fb.input_ids, fb.positions, self.kvm.store, fb.meta, fb.logits_rows, path=path)
         rows = logits.split(list(fb.logits_count))
         plain, plain_rows = [], []
         for (r, _), ch, lg in zip(plan, chunks, rows):

@@ -29,7 +29,7 @@ class ModelFiles:
     """Everything read from disk: hyperparameters, weights under HF names, tokenizer, and origin."""
 
     config: ModelConfig
-    weights: dict[str, torch.Tensor]  # HF names; no "lm_head.weight" when config.tie_word_embeddings
+    weights: dict[str, torch.Tensor]  # HF names (QuantMatrix values for native GGUF quantization); no "lm_head.weight" when config.tie_word_embeddings
     tokenizer: Tokenizer | None  # None for a weights-only directory
     source: str  # resolved path the files were read from
 
@@ -118,14 +118,15 @@ def resolve_source(name_or_path: str | Path) -> Path:
     )
 
 
-def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
-    """Load config, weights (as `dtype`) and tokenizer from any supported source."""
+def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
+    """Load config, weights (as `dtype`; a GGUF's quantized matrices kept quantized with
+    `native=True`) and tokenizer from any supported source."""
     # imported here: the loaders import ModelFiles from this module
     from agentrt.model.gguf_loader import load_gguf
     from agentrt.model.hf_loader import load_hf_dir
 
     path = resolve_source(name_or_path)
-    return load_hf_dir(path, dtype) if path.is_dir() else load_gguf(path, dtype)
+    return load_hf_dir(path, dtype) if path.is_dir() else load_gguf(path, dtype, native)
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

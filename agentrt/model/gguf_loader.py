@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
+from agentrt.kernels.packing import QuantMatrix
+from agentrt.model import gguf_quant
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig
 from agentrt.model.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
@@ -35,14 +37,15 @@ _BLOCK_NAMES = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
-    """Read config, dequantized weights (as `dtype`) and tokenizer from a GGUF file."""
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
+    """Read config, weights and tokenizer from a GGUF file. Weights are dequantized to `dtype`,
+    or with `native=True` quantized matrices stay quantized (QuantMatrix, see gguf_quant.py)."""
     check_dtype(dtype)
     path = Path(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
     config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors})
-    weights = _load_weights(reader, config, dtype)
+    weights = _load_weights(reader, config, dtype, native)
     check_weights(config, weights, str(path))
     tokenizer = tokenizer_from_gguf(meta) if "tokenizer.ggml.model" in meta else None
     return ModelFiles(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
@@ -153,6 +156,9 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     w: [n_heads * head_dim, ...] (weight or bias). The converter did
     reshape(n, 2, d/2, ...).swapaxes(1, 2); the inverse swaps the same axes back.
     """
+    if isinstance(w, QuantMatrix):  # a row permutation: the same one on q and the group params
+        f = lambda a: None if a is None else unpermute_rope_rows(a, n_heads)  # noqa: E731
+        return QuantMatrix(f(w.q), f(w.s), f(w.m), w.z, w.group, w.fmt)
     rows = w.shape[0]
     half = rows // n_heads // 2
     return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
@@ -162,10 +168,12 @@ def _torch_shape(tensor: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
-def _load_weights(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _load_weights(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dtype,
+                  native: bool) -> dict[str, torch.Tensor | QuantMatrix]:
     names = [hf_name(t.name) for t in reader.tensors]  # validate names before the slow part
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
-    weights = {name: _dequantize(t, dtype) for name, t in zip(names, reader.tensors)}
+    weights = {name: _unpack(t) if native and _keeps_quant(t) else _dequantize(t, dtype)
+               for name, t in zip(names, reader.tensors)}
     if config.arch == "llama":
         for name in list(weights):
             if ".q_proj." in name:
@@ -173,6 +181,15 @@ def _load_weights(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dty
             elif ".k_proj." in name:
                 weights[name] = unpermute_rope_rows(weights[name], config.num_kv_heads)
     return weights
+
+
+def _keeps_quant(tensor: Any) -> bool:
+    return len(tensor.shape) == 2 and gguf_quant.supported(tensor.tensor_type)
+
+
+def _unpack(tensor: Any) -> QuantMatrix:
+    rows, cols = _torch_shape(tensor)
+    return gguf_quant.unpack_gguf(tensor.data, tensor.tensor_type, rows, cols)
 
 
 def _dequantize(tensor: Any, dtype: torch.dtype) -> torch.Tensor:

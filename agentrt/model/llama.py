@@ -13,8 +13,11 @@ from torch import nn
 from agentrt.errors import ModelLoadError
 from agentrt.kernels import KernelBackend, get_backend
 from agentrt.kernels.base import AttentionMeta
+from agentrt.kernels.packing import QuantMatrix, pack
+from agentrt.model import fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
+from agentrt.model.quant import QEmbedding, QLinear, linear_from
 
 
 class RopeTable(nn.Module):
@@ -107,16 +110,27 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
         self.ops = kernels or get_backend("auto", "cpu")
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        # (no random init: the weights are loaded next; native quantization replaces it unwritten)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype), _freeze=True)
         self.blocks = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         # tied embeddings: the head keeps its own [in, out] copy (faster layout, see Dense)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)
         self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.forward_path = "fused"  # "fused" runs only where the compiled kernels are available
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,
-                meta: AttentionMeta, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+                meta: AttentionMeta, logits_rows: torch.Tensor | None = None,
+                path: str | None = None) -> torch.Tensor:
+        """`path`: "fused" (compiled CPU kernels, one call per op of a layer) or "eager" (the
+        torch reference); None = the model's default `forward_path`."""
+        if fused.use_fused(self, path or self.forward_path):
+            return fused.forward(self, input_ids, positions, kv, meta, logits_rows)
+        return self.forward_eager(input_ids, positions, kv, meta, logits_rows)
+
+    def forward_eager(self, input_ids, positions, kv, meta, logits_rows=None) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, hidden]
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # [T, D]
         for i, block in enumerate(self.blocks):
@@ -128,25 +142,43 @@ class LlamaModel(nn.Module):
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
-        w = {k: v.to(self.dtype) for k, v in weights.items()}
+        w = {k: v if isinstance(v, QuantMatrix) else v.to(self.dtype) for k, v in weights.items()}
         try:
             with torch.no_grad():
                 self._copy_all(w)
         except KeyError as e:
             raise ModelLoadError(f"weights are missing tensor {e.args[0]!r}") from e
 
-    def _copy_all(self, w: dict[str, torch.Tensor]) -> None:
-        self.embed.weight.copy_(w["model.embed_tokens.weight"])
+    def _copy_all(self, w: dict) -> None:
+        emb = w["model.embed_tokens.weight"]
+        if isinstance(emb, QuantMatrix):
+            self.embed = QEmbedding(pack(emb))
+        else:
+            self.embed.weight.copy_(emb)
         self.norm.copy_(w["model.norm.weight"])
         tied = self.cfg.tie_word_embeddings or "lm_head.weight" not in w
-        self.lm_head.load(w["model.embed_tokens.weight" if tied else "lm_head.weight"])
+        if tied and isinstance(emb, QuantMatrix):  # the head reads the same packed table
+            self.lm_head = QLinear([self.embed.packed], precise=True)
+        else:
+            self._set_linear(self, "lm_head", [w["model.embed_tokens.weight" if tied else "lm_head.weight"]],
+                             precise=True)
         for i, blk in enumerate(self.blocks):
             p = f"model.layers.{i}."
             att = p + "self_attn."
             blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
             blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
             bias = torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]) if self.cfg.attention_bias else None
-            blk.attn.qkv.load(torch.cat([w[att + f"{n}_proj.weight"] for n in "qkv"]), bias)
-            blk.attn.o.load(w[att + "o_proj.weight"])
-            blk.mlp.gate_up.load(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]))
-            blk.mlp.down.load(w[p + "mlp.down_proj.weight"])
+            self._set_linear(blk.attn, "qkv", [w[att + f"{n}_proj.weight"] for n in "qkv"], bias)
+            self._set_linear(blk.attn, "o", [w[att + "o_proj.weight"]])
+            self._set_linear(blk.mlp, "gate_up", [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+            self._set_linear(blk.mlp, "down", [w[p + "mlp.down_proj.weight"]])
+
+    @staticmethod
+    def _set_linear(owner: nn.Module, name: str, parts: list, bias: torch.Tensor | None = None,
+                    precise: bool = False) -> None:
+        """Dense parts are concatenated into the Dense layer; any quantized part makes the
+        layer a QLinear (and frees the never-written dense one)."""
+        if any(isinstance(p, QuantMatrix) for p in parts):
+            setattr(owner, name, linear_from(parts, bias, precise))
+        else:
+            getattr(owner, name).load(torch.cat(parts) if len(parts) > 1 else parts[0], bias)

@@ -11,8 +11,9 @@ from agentrt.kernels import get_backend
 from agentrt.model.config import ModelConfig
 from agentrt.model.files import load_files
 from agentrt.model.llama import LlamaModel
-from agentrt.model.quant import QUANT_MODES
+from agentrt.model.fused import PATHS
 from agentrt.model.quant import quantize as apply_quant
+from agentrt.model.quant import resolve_mode
 from agentrt.model.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -39,16 +40,29 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
-               kernels: str = "auto", device: str = "cpu", quantize: str = "none") -> LoadedModel:
+               kernels: str = "auto", device: str = "cpu", quantize: str = "none",
+               forward: str = "fused") -> LoadedModel:
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
     .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
-    quantize="int8": weight-only int8 linear layers (CPU decode speed; see model/quant.py)."""
+
+    quantize: "none" (fp32/bf16 dense, the accuracy reference), "native" (a GGUF's own
+    quantization kept, never dequantized), "int8" (dense weights quantized per group of 32),
+    "auto" (native when the compiled CPU kernels are available); see model/quant.py.
+    forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
+    reference); an engine can override it per step (EngineConfig.forward_path)."""
     dt = resolve_dtype(dtype)
-    if quantize not in QUANT_MODES:
-        raise ConfigError(f"quantize={quantize!r} is not supported; choose one of {QUANT_MODES}")
-    files = load_files(source, dt)
+    mode = resolve_mode(quantize)
+    if forward not in PATHS:
+        raise ConfigError(f"forward={forward!r} is not supported; choose one of {PATHS}")
+    if mode != "none" and (dt != torch.float32 or torch.device(device).type != "cpu"):
+        raise ConfigError(f"quantize={quantize!r} runs on the CPU in float32; use quantize='none' "
+                          f"for dtype={dtype!r} on {device!r}")
+    files = load_files(source, dt, native=mode == "native")
+    tokenizer, config, source = files.tokenizer, files.config, files.source
     model = LlamaModel(files.config, dt, get_backend(kernels, device))
     model.load_hf_weights(files.weights)
-    apply_quant(model, quantize)
+    del files  # (the unpacked matrices; the model holds the packed ones)
+    apply_quant(model, "int8" if mode != "none" else "none")
+    model.forward_path = forward
     model.eval()
-    return LoadedModel(model.to(device), files.tokenizer, files.config, files.source)
+    return LoadedModel(model.to(device), tokenizer, config, source)

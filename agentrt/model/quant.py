@@ -1,15 +1,14 @@
-"""Weight-only int8 linear layers for CPU decode (memory-bound: 4x fewer weight bytes than fp32).
+"""Quantized linear layers and embeddings over packed integer weights (kernels/packing.py).
 
-Per-output-channel symmetric int8 weights with bf16 scales; activations enter the matmul in
-bf16 (torch's CPU int8 weight kernel, `_weight_int8pack_mm`, is fast for bf16 inputs and slow
-for fp32 ones) and the result returns in the model's dtype. That kernel wins only while the
-step is memory-bound (decode: a few rows); for prefill-sized inputs it is compute-bound in
-bf16, which this class of CPU runs slowly, so the original dense weights are kept and used
-above `DENSE_ROWS` rows (measured: int8 prefill 189 tok/s vs dense 357 at 1024 tokens;
-decode step 48 ms vs 93 ms). Cost: the int8 copy adds a quarter of the fp32 weight memory. Accuracy is checked against the fp32
-model on logits and greedy agreement (tests/test_quant.py, bench/bench_decode.py). int4 is not
-offered: torch's CPU int4 kernel needs a tiled weight layout per CPU and gave no reliable win
-here, so fp32 (default, parity tests) and int8 are the two choices.
+Modes of `load_model(..., quantize=...)`:
+  "none"    fp32 (or bf16) dense weights: the accuracy reference.
+  "native"  a GGUF's own quantization, repacked once at load (never dequantized to fp32):
+            Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K; dense tensors of the file stay dense.
+            For a Hugging Face directory (no quantized tensors) it is the same as "int8".
+  "int8"    dense weights quantized to int8 per group of 32 (the Q8_0 scheme).
+  "auto"    "native" when the compiled kernels are available, else "none".
+Every quantized layer runs one integer GEMM (AVX-512 VNNI) with activations quantized per row
+and group to int8, as llama.cpp does: fast from decode (M=1) to prefill, and batch-invariant.
 """
 
 from __future__ import annotations
@@ -18,52 +17,92 @@ import torch
 from torch import nn
 
 from agentrt.errors import ConfigError
+from agentrt.kernels import native
+from agentrt.kernels.packing import PackedWeight, QuantMatrix, pack, qgemm, qrows, quantize_int8
 
-QUANT_MODES = ("none", "int8")
-DENSE_ROWS = 16  # inputs with more rows than this use the dense weights
+QUANT_MODES = ("none", "native", "int8", "auto")
 
 
-class Int8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dense: nn.Module | None = None):
+def resolve_mode(mode: str) -> str:
+    if mode not in QUANT_MODES:
+        raise ConfigError(f"quantize={mode!r} is not supported; choose one of {QUANT_MODES}")
+    if mode == "auto":
+        return "native" if native.available() else "none"
+    return mode
+
+
+class QLinear(nn.Module):
+    """y = x @ W^T (+ b) over one or more packed weights written side by side (fused q/k/v or
+    gate/up whose GGUF formats differ stay separate parts of one layer)."""
+
+    def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None = None,
+                 precise: bool = False):
         super().__init__()
-        self.dense = dense
-        w = weight.detach().float()  # [N, K]
-        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-        self.register_buffer("weight_int8", q.contiguous())
-        self.register_buffer("scales", scales.to(torch.bfloat16))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        # (the dense layer's own bias serves the dense path)
+        self.parts, self.precise = list(parts), precise
+        self.k = parts[0].k
+        self.n_out = sum(p.n for p in parts)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, lin: nn.Module) -> "Int8Linear":
-        """From an nn.Linear or a model Dense (both expose `weight` as [out, in]); the layer
-        itself is kept for prefill-sized inputs."""
-        return cls(lin.weight, lin.bias, lin)
+    def from_matrices(cls, mats: list[QuantMatrix], bias: torch.Tensor | None = None,
+                      precise: bool = False) -> "QLinear":
+        groups: list[list[QuantMatrix]] = []
+        for m in mats:  # fuse neighbours of the same format into one packed matrix
+            if groups and groups[-1][0].compatible(m):
+                groups[-1].append(m)
+            else:
+                groups.append([m])
+        return cls([pack(QuantMatrix.cat(g) if len(g) > 1 else g[0]) for g in groups], bias, precise)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None,
+                accumulate: bool = False) -> torch.Tensor:
+        """out (+)= x @ W^T; `accumulate=True` adds into `out` (a residual) in the kernel."""
         shape = x.shape
-        rows = x.numel() // shape[-1]
-        if rows == 0:  # e.g. the output head in a step where no request needs logits
-            return x.new_empty(*shape[:-1], self.weight_int8.shape[0])
-        if self.dense is not None and rows > DENSE_ROWS:
-            return self.dense(x)
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(torch.bfloat16),
-                                               self.weight_int8, self.scales)
-        y = y.to(x.dtype).reshape(*shape[:-1], -1)
-        return y if self.bias is None else y + self.bias
+        x2 = x.reshape(-1, shape[-1]).float()
+        if out is None:
+            out, accumulate = torch.empty(x2.shape[0], self.n_out, dtype=torch.float32), False
+        if x2.shape[0]:
+            a = 0
+            for p in self.parts:
+                b = None if self.bias is None else self.bias[a:a + p.n]
+                qgemm(x2, p, out[:, a:a + p.n], accumulate, b, self.precise)
+                a += p.n
+        return out.reshape(*shape[:-1], self.n_out)
+
+
+class QEmbedding(nn.Module):
+    """Token embedding over a packed (possibly tied) table: rows are dequantized on lookup."""
+
+    def __init__(self, packed: PackedWeight):
+        super().__init__()
+        self.packed = packed
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return qrows(self.packed, ids).reshape(*ids.shape, self.packed.k)
+
+
+def linear_from(parts: list[torch.Tensor | QuantMatrix], bias: torch.Tensor | None,
+                precise: bool = False) -> QLinear:
+    """A QLinear from HF-named parts ([out, in] tensors or QuantMatrix), dense parts as int8.
+    `precise` (the output head, whose rounding decides the argmax): see kernels.packing.qgemm."""
+    mats = [p if isinstance(p, QuantMatrix) else quantize_int8(p) for p in parts]
+    return QLinear.from_matrices(mats, bias, precise)
 
 
 def quantize(model: nn.Module, mode: str) -> nn.Module:
-    """Replace the decoder's linear layers (and the output head) in place."""
-    if mode not in QUANT_MODES:
-        raise ConfigError(f"quantize={mode!r} is not supported; choose one of {QUANT_MODES}")
+    """Replace the decoder's dense linear layers (and the output head) by int8 QLinear layers."""
+    mode = resolve_mode(mode)
     if mode == "none":
         return model
     for block in model.blocks:
-        block.attn.qkv = Int8Linear.from_linear(block.attn.qkv)
-        block.attn.o = Int8Linear.from_linear(block.attn.o)
-        block.mlp.gate_up = Int8Linear.from_linear(block.mlp.gate_up)
-        block.mlp.down = Int8Linear.from_linear(block.mlp.down)
-    model.lm_head = Int8Linear.from_linear(model.lm_head)  # a quantized copy when tied
+        for owner, name in ((block.attn, "qkv"), (block.attn, "o"), (block.mlp, "gate_up"), (block.mlp, "down")):
+            layer = getattr(owner, name)
+            if not isinstance(layer, QLinear):
+                setattr(owner, name, linear_from([layer.weight], layer.bias))
+    if not isinstance(model.lm_head, QLinear):
+        model.lm_head = linear_from([model.lm_head.weight], None, precise=True)
     return model

@@ -1,0 +1,106 @@
+"""The fused forward: each layer is nine calls into the compiled CPU kernels (kernels/csrc).
+
+Per layer: rmsnorm -> qkv GEMM -> rope + KV store -> paged attention -> o GEMM added into the
+residual -> rmsnorm -> gate_up GEMM -> silu*up -> down GEMM added into the residual. Buffers are
+allocated once per forward. The eager torch forward (`LlamaModel.forward_eager`) issues ~40
+small ops per layer; on a 2-core CPU their dispatch cost exceeded the decode step's own work.
+
+Attention runs in the kernel for sequences with few new tokens (decode, speculation verify,
+short chunks); long prefill chunks use torch's fused SDPA (kernels/reference.py), which is far
+faster for them. Numerics: fp32 throughout, same formulas as the eager path (the oracle in
+tests/test_fused.py is token-identical greedy output).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentrt.errors import ConfigError
+from agentrt.kernels import native
+from agentrt.kernels.base import AttentionMeta
+from agentrt.kernels.reference import paged_attention_rows
+from agentrt.model.quant import QLinear
+
+PATHS = ("fused", "eager")
+KERNEL_ATTENTION_MAX_Q = 8  # sequences with more new tokens than this attend through torch SDPA
+
+
+def use_fused(model, path: str) -> bool:
+    if path not in PATHS:
+        raise ConfigError(f"forward path {path!r} is unknown; choose one of {PATHS}")
+    return (path == "fused" and model.dtype == torch.float32 and model.norm.device.type == "cpu"
+            and native.available())
+
+
+def linear(lin, x: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    if isinstance(lin, QLinear):
+        return lin(x, out, accumulate)
+    y = lin(x)
+    if out is None:
+        return y
+    return out.add_(y) if accumulate else out.copy_(y)
+
+
+class _Step:
+    """Per-forward constants: the native library, tensors of the batch metadata, buffers."""
+
+    def __init__(self, model, positions: torch.Tensor, meta: AttentionMeta, t: int):
+        cfg = model.cfg
+        self.lib, self.cfg = native.load(), cfg
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.positions = positions.to(torch.int64).contiguous()
+        self.slots = meta.slot_mapping.contiguous()
+        self.cos, self.sin = model.rope.cos, model.rope.sin
+        self.meta = meta
+        short = [b for b, q in enumerate(meta.q_lens) if q <= KERNEL_ATTENTION_MAX_Q]
+        self.long = tuple(b for b, q in enumerate(meta.q_lens) if q > KERNEL_ATTENTION_MAX_Q)
+        self.short = torch.tensor(short, dtype=torch.int64)
+        self.cu = torch.tensor(meta.cu_q, dtype=torch.int64)
+        self.kv_lens = meta.kv_lens_t.to(torch.int64).contiguous()
+        self.table = meta.page_table.to(torch.int64).contiguous()
+        self.hbuf = torch.empty(t, cfg.hidden_size)
+        self.q = torch.empty(t, self.h * self.d)
+        self.attn = torch.empty(t, self.h * self.d)
+        self.act = torch.empty(t, cfg.intermediate_size)
+
+    def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.lib.agrt_rmsnorm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w.data_ptr(),
+                              self.cfg.rms_norm_eps, out.data_ptr())
+        return out
+
+    def attention(self, layer: int, kv, scale: float, qkv: torch.Tensor) -> torch.Tensor:
+        k, v, t = kv.k[layer], kv.v[layer], self.q.shape[0]
+        lib = self.lib
+        lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
+                            self.positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
+                            self.slots.data_ptr(), k.data_ptr(), v.data_ptr(), self.q.data_ptr())
+        if self.short.numel():
+            lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), self.table.data_ptr(),
+                               self.table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
+                               self.short.data_ptr(), self.short.numel(), self.h, self.hkv, self.d,
+                               k.shape[1], scale, self.attn.data_ptr())
+        if self.long:
+            q3 = self.q.view(t, self.h, self.d)
+            res = paged_attention_rows(q3, k, v, self.meta, scale, self.long)
+            for b in self.long:
+                a, e = self.meta.cu_q[b], self.meta.cu_q[b + 1]
+                self.attn[a:e] = res[a:e].reshape(e - a, -1)
+        return self.attn
+
+
+def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: AttentionMeta,
+            logits_rows: torch.Tensor | None) -> torch.Tensor:
+    x = model.embed(input_ids).float().contiguous()  # [T, hidden], the residual stream
+    st = _Step(model, positions, meta, x.shape[0])
+    for i, blk in enumerate(model.blocks):
+        h = st.rmsnorm(x, blk.attn_norm, st.hbuf)
+        a = st.attention(i, kv, blk.attn.scale, linear(blk.attn.qkv, h).contiguous())
+        linear(blk.attn.o, a, x, accumulate=True)
+        h = st.rmsnorm(x, blk.mlp_norm, st.hbuf)
+        gu = linear(blk.mlp.gate_up, h)
+        st.lib.agrt_silu_mul(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
+        linear(blk.mlp.down, st.act, x, accumulate=True)
+    if logits_rows is not None:
+        x = x[logits_rows].contiguous()
+    h = st.rmsnorm(x, model.norm, torch.empty_like(x))
+    return linear(model.lm_head, h).float()

@@ -1,0 +1,122 @@
+// Fused elementwise and attention kernels of one decoder layer (fp32), one call each.
+// They replace chains of small torch ops whose per-op dispatch cost dominated a decode step.
+#include "common.h"
+
+namespace {
+
+inline float dot(const float* a, const float* b, int n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+inline void rope_row(const float* x, const float* c, const float* s, int D, float* out) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) out[i] = x[i] * c[i] - x[i + half] * s[i];
+  for (int i = half; i < D; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+// out[T, Dm] = x * rsqrt(mean(x^2) + eps) * w; x rows have stride ldx.
+void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const float* w, float eps,
+                  float* out) {
+#pragma omp parallel for schedule(static) if (T > 16)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * ldx;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < Dm; ++i) ss += xr[i] * xr[i];
+    const float r = 1.f / std::sqrt(ss / (float)Dm + eps);
+    float* o = out + t * Dm;
+#pragma omp simd
+    for (int64_t i = 0; i < Dm; ++i) o[i] = xr[i] * r * w[i];
+  }
+}
+
+// qkv [T, (H + 2 Hkv) * D] -> q_out [T, H, D] rotated; rotated k and v stored in the paged
+// caches [P, S, Hkv, D] at flat slots slot[T]. cos/sin: [max_pos, D] tables.
+void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D,
+                     const int64_t* pos, const float* cos_t, const float* sin_t,
+                     const int64_t* slot, float* k_cache, float* v_cache, float* q_out) {
+  const int64_t ld = (int64_t)(H + 2 * Hkv) * D;
+#pragma omp parallel for schedule(static) if (T > 16)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = qkv + t * ld;
+    const float* c = cos_t + pos[t] * D;
+    const float* s = sin_t + pos[t] * D;
+    for (int h = 0; h < H; ++h) rope_row(row + h * D, c, s, D, q_out + (t * H + h) * D);
+    float* kd = k_cache + slot[t] * Hkv * D;
+    float* vd = v_cache + slot[t] * Hkv * D;
+    for (int h = 0; h < Hkv; ++h) rope_row(row + (H + h) * D, c, s, D, kd + h * D);
+    std::memcpy(vd, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
+  }
+}
+
+// Causal attention over paged KV for the sequences listed in seqs[nseq]: sequence b has
+// q_len = cu_q[b+1] - cu_q[b] queries (rows cu_q[b].. of q [T, H, D]) at the last q_len of its
+// kv_lens[b] positions, whose pages are page_table[b, :]. Writes the same rows of out [T, H, D].
+void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
+                    const int64_t* page_table, int64_t max_pages, const int64_t* cu_q,
+                    const int64_t* kv_lens, const int64_t* seqs, int64_t nseq, int32_t H,
+                    int32_t Hkv, int32_t D, int32_t S, float scale, float* out) {
+  std::vector<int64_t> first(nseq + 1, 0);  // task offsets: one task = (query row, head)
+  for (int64_t i = 0; i < nseq; ++i) {
+    const int64_t b = seqs[i];
+    first[i + 1] = first[i] + (cu_q[b + 1] - cu_q[b]) * H;
+  }
+  const int group = H / Hkv;
+#pragma omp parallel
+  {
+    std::vector<float> sc;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t task = 0; task < first[nseq]; ++task) {
+      const int64_t i = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
+      const int64_t b = seqs[i], local = task - first[i];
+      const int64_t qi = local / H, h = local % H;
+      const int64_t qlen = cu_q[b + 1] - cu_q[b], kvl = kv_lens[b];
+      const int64_t row = cu_q[b] + qi, n = kvl - qlen + qi + 1;  // keys 0..n-1
+      const int64_t hk = h / group;
+      const float* qv = q + (row * H + h) * D;
+      const int64_t* pt = page_table + b * max_pages;
+      sc.resize((size_t)n);
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kr = k_cache + ((pt[j / S] * S + j % S) * Hkv + hk) * D;
+        sc[j] = dot(qv, kr, D) * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        sc[j] = std::exp(sc[j] - mx);
+        total += sc[j];
+      }
+      float* o = out + (row * H + h) * D;
+      std::fill(o, o + D, 0.f);
+      const float inv = 1.f / total;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vr = v_cache + ((pt[j / S] * S + j % S) * Hkv + hk) * D;
+        const float p = sc[j] * inv;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) o[d] += p * vr[d];
+      }
+    }
+  }
+}
+
+// out[T, I] = silu(gu[:, :I]) * gu[:, I:]
+void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out) {
+#pragma omp parallel for schedule(static) if (T * I > 65536)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = gu + t * 2 * I;
+    const float* u = g + I;
+    float* o = out + t * I;
+#pragma omp simd
+    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+}
+
+}  // extern "C"

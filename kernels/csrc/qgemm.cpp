@@ -1,0 +1,267 @@
+// Quantized matrix multiply for CPU decode and prefill: y[M,N] (+)= x[M,K] @ W^T.
+//
+// W is stored as unsigned integers q in tiles of 16 output columns (see kernels/packing.py):
+//   w[n,k] = s[n,g] * (q[n,k] - z) (+ m[n,g]),  g = k / G
+// which reproduces the GGUF formats' dequantization exactly. Activations are quantized per row
+// and per group of G to int8 (x ~ sx[g] * xq[k]); one group's dot product is exact in int32:
+//   sum_k x w = sx * (s * (dot(xq, q) - z * sum(xq)) + m * sum(xq))
+// On AVX-512 VNNI one vpdpbusd multiplies 16 columns x 4 k of u8 weights by 4 broadcast s8
+// activations. Rows are computed independently and in a fixed order, so a row's result does not
+// depend on how many rows share the call (batch-invariant: batched decode, chunked prefill and
+// speculation verify give the same numbers as one sequence alone).
+#include "common.h"
+
+namespace {
+
+struct QMat {
+  const uint8_t* q; const float* s; const float* m;
+  int32_t z, bits, G; int64_t K;
+  int64_t tile_bytes() const { return K * 16 * bits / 8; }
+};
+
+struct XQ {  // quantized activations
+  const int8_t* q; const float* sx; const int32_t* sum; int64_t K, ng;
+};
+
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t ldx, int G, int8_t* xq, float* sx,
+                   int32_t* sum) {
+  const int64_t ng = K / G;
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t g = 0; g < ng; ++g) {
+      const float* xs = x + r * ldx + g * G;
+      float amax = 0.f;
+      for (int k = 0; k < G; ++k) amax = std::max(amax, std::fabs(xs[k]));
+      const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+      int32_t acc = 0;
+      int8_t* o = xq + r * K + g * G;
+      for (int k = 0; k < G; ++k) {
+        const int v = (int)std::nearbyint(xs[k] * id);
+        o[k] = (int8_t)v;
+        acc += v;
+      }
+      sx[r * ng + g] = d;
+      sum[r * ng + g] = acc;
+    }
+  }
+}
+
+// Portable path: the same integer math, one column at a time.
+void tile_generic(const QMat& w, int64_t tile, const XQ& x, int64_t r0, int mr, float* y,
+                  int64_t ldy, int64_t n0, int nvalid, bool accumulate, const float* bias) {
+  const uint8_t* wt = w.q + tile * w.tile_bytes();
+  const int64_t ng = w.K / w.G;
+  for (int r = 0; r < mr; ++r) {
+    for (int c = 0; c < nvalid; ++c) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < ng; ++g) {
+        int32_t dot = 0;
+        for (int j = 0; j < w.G; ++j) {
+          const int64_t k = g * w.G + j;
+          const int64_t step = k / 4, lane = k % 4;
+          uint8_t qv;
+          if (w.bits == 8) {
+            qv = wt[step * 64 + c * 4 + lane];
+          } else {
+            const uint8_t b = wt[(step / 2) * 64 + c * 4 + lane];
+            qv = (step % 2) ? (b >> 4) : (b & 15);
+          }
+          dot += (int32_t)qv * x.q[(r0 + r) * x.K + k];
+        }
+        const int32_t xs = x.sum[(r0 + r) * ng + g];
+        const int64_t si = (tile * ng + g) * 16 + c;
+        float v = w.s[si] * (float)(dot - w.z * xs);
+        if (w.m) v += w.m[si] * (float)xs;
+        acc += x.sx[(r0 + r) * ng + g] * v;
+      }
+      float* out = y + (r0 + r) * ldy + n0 + c;
+      if (bias) acc += bias[n0 + c];
+      *out = accumulate ? *out + acc : acc;
+    }
+  }
+}
+
+#ifdef __AVX512VNNI__
+template <int MR, int BITS>
+void tile_vnni(const QMat& w, int64_t tile, const XQ& x, int64_t r0, float* y, int64_t ldy,
+               int64_t n0, int nvalid, bool accumulate, const float* bias) {
+  const uint8_t* wt = w.q + tile * w.tile_bytes();
+  const int64_t ng = w.K / w.G;
+  const float* st = w.s + tile * ng * 16;
+  const float* mt = w.m ? w.m + tile * ng * 16 : nullptr;
+  const int group_bytes = w.G * 16 * BITS / 8;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = x.q + (r0 + r) * x.K;
+  for (int64_t g = 0; g < ng; ++g) {
+    __m512i dot[MR];
+    for (int r = 0; r < MR; ++r) dot[r] = _mm512_setzero_si512();
+    const uint8_t* wg = wt + g * group_bytes;
+    const int64_t kg = g * w.G;
+    if (BITS == 8) {
+      for (int s = 0; s < w.G / 4; ++s) {
+        const __m512i wv = _mm512_loadu_si512(wg + s * 64);
+        for (int r = 0; r < MR; ++r)
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wv,
+                                       _mm512_set1_epi32(*(const int32_t*)(xr[r] + kg + s * 4)));
+      }
+    } else {
+      for (int s = 0; s < w.G / 8; ++s) {
+        const __m512i raw = _mm512_loadu_si512(wg + s * 64);
+        const __m512i wl = _mm512_and_si512(raw, lo4);
+        const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+        for (int r = 0; r < MR; ++r) {
+          const int8_t* xk = xr[r] + kg + s * 8;
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wl, _mm512_set1_epi32(*(const int32_t*)xk));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wh, _mm512_set1_epi32(*(const int32_t*)(xk + 4)));
+        }
+      }
+    }
+    const __m512 sv = _mm512_loadu_ps(st + g * 16);
+    const __m512 mv = mt ? _mm512_loadu_ps(mt + g * 16) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      const int32_t xs = x.sum[(r0 + r) * ng + g];
+      const __m512i t = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(w.z * xs));
+      __m512 v = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(t));
+      if (mt) v = _mm512_add_ps(v, _mm512_mul_ps(mv, _mm512_set1_ps((float)xs)));
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_set1_ps(x.sx[(r0 + r) * ng + g]), v));
+    }
+  }
+  const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
+  const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    float* out = y + (r0 + r) * ldy + n0;
+    __m512 v = _mm512_add_ps(acc[r], bv);
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+template <int BITS>
+void tile_rows_vnni(const QMat& w, int64_t tile, const XQ& x, int64_t r0, int mr, float* y,
+                    int64_t ldy, int64_t n0, int nv, bool a, const float* b) {
+  switch (mr) {
+    case 1: tile_vnni<1, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 2: tile_vnni<2, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 3: tile_vnni<3, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 4: tile_vnni<4, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 5: tile_vnni<5, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 6: tile_vnni<6, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 7: tile_vnni<7, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    default: tile_vnni<8, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+  }
+}
+#endif
+
+constexpr int kRowBlock = 8;
+
+// y[M, ldy] at columns [0, N): (+)= x[M, K] (row stride ldx) @ W^T (+ bias).
+// W: q (tiles of 16 columns, ceil(N/16) tiles), s and m [tiles, K/G, 16] (m may be null).
+static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, int64_t N,
+                       float* y, int64_t ldy, bool accumulate, const float* bias) {
+  const int64_t ng = K / w.G;
+  std::vector<int8_t> xq((size_t)(M * K));
+  std::vector<float> sx((size_t)(M * ng));
+  std::vector<int32_t> sum((size_t)(M * ng));
+  quantize_rows(x, M, K, ldx, w.G, xq.data(), sx.data(), sum.data());
+  const XQ xs{xq.data(), sx.data(), sum.data(), K, ng};
+  const int64_t tiles = (N + 15) / 16;
+  const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
+  // one task = one 16-column tile x one block of rows; tiles vary fastest so that threads share
+  // the rows and split the weights (each weight byte is read by one thread only at decode)
+#pragma omp parallel for schedule(static) if (tiles * rblocks > 1)
+  for (int64_t task = 0; task < tiles * rblocks; ++task) {
+    const int64_t tile = task % tiles, rb = task / tiles;
+    const int64_t r0 = rb * kRowBlock;
+    const int mr = (int)std::min<int64_t>(kRowBlock, M - r0);
+    const int64_t n0 = tile * 16;
+    const int nv = (int)std::min<int64_t>(16, N - n0);
+#ifdef __AVX512VNNI__
+    if (w.bits == 8)
+      tile_rows_vnni<8>(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
+    else
+      tile_rows_vnni<4>(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
+#else
+    tile_generic(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
+#endif
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int agrt_has_vnni(void) {
+#ifdef __AVX512VNNI__
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// precise != 0: x is split into its int8 rounding and the rounding's residual, both quantized
+// (two int8 terms, ~127x smaller activation error) at twice the integer work; for layers whose
+// outputs decide the argmax (the output head).
+void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q,
+                const float* s, const float* m, int32_t z, int32_t bits, int32_t G, int64_t N,
+                float* y, int64_t ldy, int32_t accumulate, const float* bias, int32_t precise) {
+  if (M <= 0 || N <= 0) return;
+  const QMat w{q, s, m, z, bits, G, K};
+  if (!precise) {
+    qgemm_rows(x, M, K, ldx, w, N, y, ldy, accumulate != 0, bias);
+    return;
+  }
+  const int64_t ng = K / G;
+  std::vector<float> x2((size_t)(2 * M * K));  // rows 0..M-1: x; M..2M-1: x - its rounding
+  std::vector<int8_t> xq((size_t)(M * K));
+  std::vector<float> sx((size_t)(M * ng));
+  std::vector<int32_t> sum((size_t)(M * ng));
+  quantize_rows(x, M, K, ldx, G, xq.data(), sx.data(), sum.data());
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = x[r * ldx + k];
+      x2[r * K + k] = v;
+      x2[(M + r) * K + k] = v - sx[r * ng + k / G] * (float)xq[r * K + k];
+    }
+  std::vector<float> y2((size_t)(2 * M * N));
+  qgemm_rows(x2.data(), 2 * M, K, K, w, N, y2.data(), N, false, nullptr);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      float v = y2[r * N + n] + y2[(M + r) * N + n];
+      if (bias) v += bias[n];
+      float* o = y + r * ldy + n;
+      *o = accumulate ? *o + v : v;
+    }
+}
+
+// Dequantize output rows `rows[R]` of W (i.e. rows of the [N, K] matrix) into out[R, K]:
+// the embedding lookup of a quantized (tied) embedding table.
+void agrt_qrows(const uint8_t* q, const float* s, const float* m, int32_t z, int32_t bits,
+                int32_t G, int64_t K, const int64_t* rows, int64_t R, float* out) {
+  const QMat w{q, s, m, z, bits, G, K};
+  const int64_t ng = K / G;
+#pragma omp parallel for schedule(static) if (R > 8)
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t n = rows[i], tile = n / 16;
+    const int c = (int)(n % 16);
+    const uint8_t* wt = q + tile * w.tile_bytes();
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t step = k / 4, lane = k % 4;
+      uint8_t qv;
+      if (bits == 8) {
+        qv = wt[step * 64 + c * 4 + lane];
+      } else {
+        const uint8_t b = wt[(step / 2) * 64 + c * 4 + lane];
+        qv = (step % 2) ? (b >> 4) : (b & 15);
+      }
+      const int64_t si = (tile * ng + k / G) * 16 + c;
+      float v = s[si] * (float)((int32_t)qv - z);
+      if (m) v += m[si];
+      out[i * K + k] = v;
+    }
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,120 @@
+"""The compiled CPU kernels (`kernels/csrc/*.cpp`): built with the system C++ compiler, loaded
+with ctypes, with a pure-torch fallback for every operation (kernels/reference.py,
+kernels/packing.py) when no compiler is present.
+
+The library is a plain C ABI (no torch headers: it builds in seconds) and uses OpenMP from the
+same libgomp torch has loaded, so its threads are torch's threads. `make` builds it
+(`python -m agentrt.kernels.build`); otherwise the first use builds it (~10 s). Built files go
+to a cache folder keyed by a hash of the sources, flags and compiler, so an edit rebuilds.
+
+    AGENTRT_NATIVE=0            never build or load it (the torch fallback runs everywhere)
+    AGENTRT_KERNEL_CACHE=DIR    where built libraries go (default ~/.cache/agentrt/kernels)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch  # noqa: F401  (loads torch's libgomp first: the library then shares its thread pool)
+
+from agentrt.errors import ConfigError
+
+SRC_DIR = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("qgemm.cpp", "ops.cpp")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
+         "-ffp-contract=off", "-fno-math-errno")
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+SIGNATURES = {
+    "agrt_has_vnni": ([], ctypes.c_int),
+    "agrt_qgemm": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I64, _P, _I64, _I32, _P, _I32], None),
+    "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I64, _P, _I64, _P], None),
+    "agrt_rmsnorm": ([_P, _I64, _I64, _I64, _P, _F32, _P], None),
+    "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _P], None),
+    "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P], None),
+    "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AGENTRT_KERNEL_CACHE") or Path.home() / ".cache" / "agentrt" / "kernels")
+
+
+def enabled() -> bool:
+    return os.environ.get("AGENTRT_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def library_path(cxx: str) -> Path:
+    h = hashlib.sha256()
+    for name in ("common.h", *SOURCES):
+        h.update((SRC_DIR / name).read_bytes())
+    h.update(" ".join((cxx, *FLAGS, _cpu_flags())).encode())
+    return cache_dir() / f"libagentrt_cpu-{h.hexdigest()[:16]}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library (if its hashed file is missing) and return its path."""
+    cxx = _compiler()
+    if cxx is None:
+        raise ConfigError("no C++ compiler found (g++); install one or set AGENTRT_NATIVE=0")
+    out = library_path(cxx)
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [cxx, *FLAGS, *(str(SRC_DIR / s) for s in SOURCES), "-o", str(tmp_out)]
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ConfigError(f"building the CPU kernels failed:\n{proc.stderr[-4000:]}")
+        os.replace(tmp_out, out)  # atomic: a concurrent builder finds a whole file or none
+    return out
+
+
+def load() -> ctypes.CDLL | None:
+    """The loaded library, or None when disabled (AGENTRT_NATIVE=0, read on every call so tests
+    can switch it) or when it cannot be built: callers then take the torch fallback."""
+    return _load() if enabled() else None
+
+
+@lru_cache(maxsize=1)
+def _load() -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (ConfigError, OSError) as exc:
+        import warnings
+
+        warnings.warn(f"agentrt CPU kernels unavailable, using the torch fallback: {exc}", stacklevel=2)
+        return None
+    for name, (args, res) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def available() -> bool:
+    return load() is not None

@@ -1,0 +1,118 @@
+"""Quantized weights: GGUF repacking is exact, the GEMM kernel stays within the bound that
+activation rounding implies, and the compiled kernel, its torch fallback and the float
+reference agree."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from agentrt.kernels import native
+from agentrt.kernels.packing import QuantMatrix, pack, qgemm, qrows, quantize_activations, quantize_int8, unpack
+from agentrt.model.gguf_quant import BLOCK, unpack_gguf
+
+WITH_QUANTIZER = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+def _k_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
+    """Random K-quant blocks with finite fp16 super-block scales (gguf has no K quantizer)."""
+    size, nbytes = BLOCK[qtype]
+    blocks = rng.integers(0, 256, (rows * cols // size, nbytes), dtype=np.uint8)
+    d = rng.uniform(1e-3, 0.05, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if qtype == T.Q6_K:
+        blocks[:, 208:210] = d[:, :2]
+    else:
+        blocks[:, 0:4] = d
+    return blocks.reshape(rows, -1)
+
+
+def _gguf_matrix(qtype, rows=48, cols=512, seed=0):
+    rng = np.random.default_rng(seed)
+    if qtype in WITH_QUANTIZER:
+        data = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    else:
+        data = _k_blocks(qtype, rows, cols, rng)
+    return data, unpack_gguf(data, qtype, rows, cols)
+
+
+@pytest.mark.parametrize("qtype", WITH_QUANTIZER + K_QUANTS, ids=lambda q: q.name)
+def test_repacked_gguf_dequantizes_exactly_like_gguf(qtype):
+    data, qm = _gguf_matrix(qtype)
+    ref = torch.from_numpy(gguf.quants.dequantize(data, qtype).reshape(qm.shape).astype(np.float32))
+    assert torch.equal(qm.dequantize(), ref)
+    back = unpack(pack(qm))  # the tiled layout loses nothing
+    assert torch.equal(back.dequantize(), ref)
+    assert back.q.dtype == torch.uint8 and pack(qm).bits == (4 if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else 8)
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
+    """|x.w - kernel| <= sum_g (amax_g(x) / 254) * sum_{k in g} |w_k| + float rounding."""
+    _, d = quantize_activations(x, group)  # d = amax / 127 per row and group
+    absw = w.abs().reshape(w.shape[0], -1, group).sum(-1)  # [N, ng]
+    act = (d / 2) @ absw.T
+    return act * 1.001 + 1e-4 * (x.abs() @ w.abs().T) + 1e-5
+
+
+@pytest.mark.parametrize("qtype", (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0), ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_qgemm_within_the_activation_rounding_bound(qtype, rows):
+    _, qm = _gguf_matrix(qtype, rows=40, cols=512, seed=rows)
+    pw, w = pack(qm), qm.dequantize()
+    x = torch.randn(rows, 512)
+    ref = x.double() @ w.double().T
+    for fallback in (False, True):
+        y = _with_native(fallback, lambda: qgemm(x, pw))
+        assert y.shape == (rows, 40)
+        assert ((y.double() - ref).abs() <= _bound(x, w, qm.group).double()).all(), fallback
+
+
+def _with_native(disabled: bool, fn):
+    if not disabled:
+        return fn()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AGENTRT_NATIVE", "0")
+    try:
+        assert native.load() is None
+        return fn()
+    finally:
+        mp.undo()
+
+
+@pytest.mark.skipif(not native.available(), reason="compiled CPU kernels not built")
+def test_compiled_kernel_matches_torch_fallback_and_is_batch_invariant():
+    torch.manual_seed(0)
+    q = torch.randint(0, 16, (70, 576), dtype=torch.uint8)  # 70: a partly filled last tile
+    qm = QuantMatrix(q, torch.rand(70, 18), torch.randn(70, 18), 0, 32)
+    pw = pack(qm)
+    assert pw.bits == 4
+    x = torch.randn(11, 576)
+    bias = torch.randn(70)
+    y = qgemm(x, pw, bias=bias)
+    yf = _with_native(True, lambda: qgemm(x, pw, bias=bias))
+    assert torch.allclose(y, yf, rtol=1e-5, atol=1e-4)
+    for r in range(11):  # a row's result does not depend on the other rows of the call
+        assert torch.equal(qgemm(x[r:r + 1], pw, bias=bias), y[r:r + 1])
+    out = torch.ones(11, 100)  # accumulate into a column slice of a wider buffer
+    qgemm(x, pw, out[:, 10:80], accumulate=True, bias=bias)
+    assert torch.allclose(out[:, 10:80], y + 1, atol=1e-5) and (out[:, :10] == 1).all() and (out[:, 80:] == 1).all()
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_quantized_row_lookup_is_exact(fallback):
+    _, qm = _gguf_matrix(T.Q8_0, rows=40, cols=64)
+    ids = torch.tensor([0, 17, 39, 17])
+    rows = _with_native(fallback, lambda: qrows(pack(qm), ids))
+    assert torch.equal(rows, qm.dequantize()[ids])
+
+
+def test_int8_quantization_of_dense_weights():
+    torch.manual_seed(1)
+    w = torch.randn(50, 96)
+    qm = quantize_int8(w)
+    err = (qm.dequantize() - w).abs().reshape(50, 3, 32)
+    assert (err <= w.abs().reshape(50, 3, 32).amax(-1, keepdim=True) / 254 + 1e-7).all()
+    assert qgemm(torch.zeros(0, 96), pack(qm)).shape == (0, 50)
