@@ -28,7 +28,7 @@ import torch  # noqa: F401  (loads torch's libgomp first: the library then share
 from agentrt.errors import ConfigError
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("qgemm.cpp", "ops.cpp")
+SOURCES = ("qgemm.cpp", "ops.cpp", "layers.cpp")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
          "-ffp-contract=off", "-fno-math-errno")
 
@@ -41,7 +41,27 @@ SIGNATURES = {
     "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _P], None),
     "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P], None),
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
+    "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64], None),
 }
+
+
+class Part(ctypes.Structure):  # AgrtPart in csrc/api.h
+    _fields_ = [("q", _P), ("s", _P), ("m", _P), ("z", _I32), ("bits", _I32), ("group", _I32),
+                ("pad", _I32), ("n", _I64), ("k", _I64)]
+
+
+class Linear(ctypes.Structure):  # AgrtLinear
+    _fields_ = [("parts", Part * 3), ("nparts", _I32), ("precise", _I32), ("bias", _P), ("n_out", _I64)]
+
+
+class Layer(ctypes.Structure):  # AgrtLayer
+    _fields_ = [("attn_norm", _P), ("mlp_norm", _P), ("qkv", Linear), ("o", Linear),
+                ("gate_up", Linear), ("down", Linear)]
+
+
+class Dims(ctypes.Structure):  # AgrtDims
+    _fields_ = [("hidden", _I32), ("inter", _I32), ("heads", _I32), ("kv_heads", _I32),
+                ("head_dim", _I32), ("page_size", _I32), ("eps", _F32), ("scale", _F32)]
 
 
 def cache_dir() -> Path:
@@ -68,7 +88,7 @@ def _cpu_flags() -> str:
 
 def library_path(cxx: str) -> Path:
     h = hashlib.sha256()
-    for name in ("common.h", *SOURCES):
+    for name in ("common.h", "api.h", *SOURCES):
         h.update((SRC_DIR / name).read_bytes())
     h.update(" ".join((cxx, *FLAGS, _cpu_flags())).encode())
     return cache_dir() / f"libagentrt_cpu-{h.hexdigest()[:16]}.so"

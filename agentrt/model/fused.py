@@ -13,6 +13,8 @@ tests/test_fused.py is token-identical greedy output).
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from agentrt.errors import ConfigError
@@ -92,6 +94,18 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: A
             logits_rows: torch.Tensor | None) -> torch.Tensor:
     x = model.embed(input_ids).float().contiguous()  # [T, hidden], the residual stream
     st = _Step(model, positions, meta, x.shape[0])
+    layers = None if st.long else native_layers(model)
+    if layers is not None:  # every layer in one call (decode / verify steps, quantized weights)
+        _all_layers(model, layers, st, x, kv)
+    else:
+        _layer_by_layer(model, st, x, kv)
+    if logits_rows is not None:
+        x = x[logits_rows].contiguous()
+    h = st.rmsnorm(x, model.norm, torch.empty_like(x))
+    return linear(model.lm_head, h).float()
+
+
+def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
     for i, blk in enumerate(model.blocks):
         h = st.rmsnorm(x, blk.attn_norm, st.hbuf)
         a = st.attention(i, kv, blk.attn.scale, linear(blk.attn.qkv, h).contiguous())
@@ -100,7 +114,51 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: A
         gu = linear(blk.mlp.gate_up, h)
         st.lib.agrt_silu_mul(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
         linear(blk.mlp.down, st.act, x, accumulate=True)
-    if logits_rows is not None:
-        x = x[logits_rows].contiguous()
-    h = st.rmsnorm(x, model.norm, torch.empty_like(x))
-    return linear(model.lm_head, h).float()
+
+
+def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
+    arr, shared = layers
+    dims = native.Dims.from_buffer_copy(shared)
+    dims.page_size = kv.k[0].shape[1]
+    n = len(model.blocks)
+    kp = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k))
+    vp = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v))
+    st.lib.agrt_decoder_layers(
+        ctypes.addressof(arr), n, ctypes.addressof(dims), x.data_ptr(), x.shape[0],
+        st.positions.data_ptr(), st.cos.data_ptr(), st.sin.data_ptr(), st.slots.data_ptr(), kp, vp,
+        st.table.data_ptr(), st.table.shape[1], st.cu.data_ptr(), st.kv_lens.data_ptr(),
+        st.short.data_ptr(), st.short.numel())
+
+
+def native_layers(model):
+    """The ctypes description of every decoder layer (built once per model), or None when a
+    layer is not fully quantized (fp32 Dense layers run their matmuls in torch)."""
+    lins = [(b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down) for b in model.blocks]
+    key = tuple(id(x) for group in lins for x in group)  # a replaced layer invalidates it
+    cached = getattr(model, "_native_layers", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    ok = all(isinstance(x, QLinear) and len(x.parts) <= 3 for group in lins for x in group)
+    value = _describe(model, lins) if ok else None
+    model._native_layers = (key, value)
+    return value
+
+
+def _describe(model, lins):
+    cfg = model.cfg
+    arr = (native.Layer * len(lins))()
+    for i, (blk, group) in enumerate(zip(model.blocks, lins)):
+        arr[i].attn_norm, arr[i].mlp_norm = blk.attn_norm.data_ptr(), blk.mlp_norm.data_ptr()
+        for name, lin in zip(("qkv", "o", "gate_up", "down"), group):
+            _fill_linear(getattr(arr[i], name), lin)
+    dims = native.Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                       cfg.head_dim, 0, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+    return arr, dims
+
+
+def _fill_linear(dst, lin: QLinear) -> None:
+    for j, p in enumerate(lin.parts):
+        dst.parts[j] = native.Part(p.q.data_ptr(), p.s.data_ptr(), None if p.m is None else p.m.data_ptr(),
+                                   p.z, p.bits, p.group, 0, p.n, p.k)
+    dst.nparts, dst.precise, dst.n_out = len(lin.parts), int(lin.precise), lin.n_out
+    dst.bias = None if lin.bias is None else lin.bias.data_ptr()

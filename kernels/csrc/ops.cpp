@@ -1,6 +1,7 @@
 // Fused elementwise and attention kernels of one decoder layer (fp32), one call each.
 // They replace chains of small torch ops whose per-op dispatch cost dominated a decode step.
 #include "common.h"
+#include "api.h"
 
 namespace {
 

@@ -10,6 +10,7 @@
 // depend on how many rows share the call (batch-invariant: batched decode, chunked prefill and
 // speculation verify give the same numbers as one sequence alone).
 #include "common.h"
+#include "api.h"
 
 namespace {
 
@@ -19,12 +20,12 @@ struct QMat {
   int64_t tile_bytes() const { return K * 16 * bits / 8; }
 };
 
-struct XQ {  // quantized activations
-  const int8_t* q; const float* sx; const int32_t* sum; int64_t K, ng;
+struct XQ {  // quantized activations; per row and group: scale sx, sum of q, and sx * sum
+  const int8_t* q; const float* sx; const int32_t* sum; const float* sxsum; int64_t K, ng;
 };
 
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t ldx, int G, int8_t* xq, float* sx,
-                   int32_t* sum) {
+                   int32_t* sum, float* sxsum) {
   const int64_t ng = K / G;
 #pragma omp parallel for schedule(static) if (M * K > 65536)
   for (int64_t r = 0; r < M; ++r) {
@@ -42,6 +43,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t ldx, int G, int
       }
       sx[r * ng + g] = d;
       sum[r * ng + g] = acc;
+      if (sxsum) sxsum[r * ng + g] = d * (float)acc;
     }
   }
 }
@@ -119,14 +121,15 @@ void tile_vnni(const QMat& w, int64_t tile, const XQ& x, int64_t r0, float* y, i
         }
       }
     }
+    // sum_k x w = sx * s * dot + (m - z s) * (sx * sum(xq)); the column terms are shared by rows
     const __m512 sv = _mm512_loadu_ps(st + g * 16);
-    const __m512 mv = mt ? _mm512_loadu_ps(mt + g * 16) : _mm512_setzero_ps();
+    __m512 cv = _mm512_mul_ps(sv, _mm512_set1_ps(-(float)w.z));
+    if (mt) cv = _mm512_add_ps(cv, _mm512_loadu_ps(mt + g * 16));
     for (int r = 0; r < MR; ++r) {
-      const int32_t xs = x.sum[(r0 + r) * ng + g];
-      const __m512i t = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(w.z * xs));
-      __m512 v = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(t));
-      if (mt) v = _mm512_add_ps(v, _mm512_mul_ps(mv, _mm512_set1_ps((float)xs)));
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_set1_ps(x.sx[(r0 + r) * ng + g]), v));
+      const int64_t i = (r0 + r) * ng + g;
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), sv);
+      acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(x.sx[i]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(x.sxsum[i]), acc[r]);
     }
   }
   const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
@@ -165,8 +168,9 @@ static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const 
   std::vector<int8_t> xq((size_t)(M * K));
   std::vector<float> sx((size_t)(M * ng));
   std::vector<int32_t> sum((size_t)(M * ng));
-  quantize_rows(x, M, K, ldx, w.G, xq.data(), sx.data(), sum.data());
-  const XQ xs{xq.data(), sx.data(), sum.data(), K, ng};
+  std::vector<float> sxsum((size_t)(M * ng));
+  quantize_rows(x, M, K, ldx, w.G, xq.data(), sx.data(), sum.data(), sxsum.data());
+  const XQ xs{xq.data(), sx.data(), sum.data(), sxsum.data(), K, ng};
   const int64_t tiles = (N + 15) / 16;
   const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
   // one task = one 16-column tile x one block of rows; tiles vary fastest so that threads share
@@ -218,7 +222,7 @@ void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t
   std::vector<int8_t> xq((size_t)(M * K));
   std::vector<float> sx((size_t)(M * ng));
   std::vector<int32_t> sum((size_t)(M * ng));
-  quantize_rows(x, M, K, ldx, G, xq.data(), sx.data(), sum.data());
+  quantize_rows(x, M, K, ldx, G, xq.data(), sx.data(), sum.data(), nullptr);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t k = 0; k < K; ++k) {
       const float v = x[r * ldx + k];

@@ -1,0 +1,36 @@
+// The C ABI of the agentrt CPU kernels (ctypes signatures in kernels/native.py).
+#pragma once
+#include <cstdint>
+
+extern "C" {
+int agrt_has_vnni(void);
+void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q, const float* s,
+                const float* m, int32_t z, int32_t bits, int32_t G, int64_t N, float* y, int64_t ldy,
+                int32_t accumulate, const float* bias, int32_t precise);
+void agrt_qrows(const uint8_t* q, const float* s, const float* m, int32_t z, int32_t bits, int32_t G,
+                int64_t K, const int64_t* rows, int64_t R, float* out);
+void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const float* w, float eps,
+                  float* out);
+void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D, const int64_t* pos,
+                     const float* cos_t, const float* sin_t, const int64_t* slot, float* k_cache,
+                     float* v_cache, float* q_out);
+void agrt_attention(const float* q, const float* k_cache, const float* v_cache, const int64_t* page_table,
+                    int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens, const int64_t* seqs,
+                    int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out);
+void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
+}
+
+// One quantized weight part / linear layer / decoder layer, as laid out by kernels/native.py.
+struct AgrtPart {
+  const uint8_t* q; const float* s; const float* m;
+  int32_t z, bits, group, pad; int64_t n, k;
+};
+struct AgrtLinear {
+  AgrtPart parts[3]; int32_t nparts, precise; const float* bias; int64_t n_out;
+};
+struct AgrtLayer {
+  const float* attn_norm; const float* mlp_norm; AgrtLinear qkv, o, gate_up, down;
+};
+struct AgrtDims {
+  int32_t hidden, inter, heads, kv_heads, head_dim, page_size; float eps, scale;
+};
