@@ -1,113 +1,177 @@
-"""Model speed: agentrt vs transformers on the same weights (the embedded SmolLM2), in one run.
+"""Forward-step speed: agentrt's paths vs llama-cpp-python on the same GGUF, in one run.
 
-Prefill tokens/s at 256/1024/2048 tokens, decode tokens/s at batch 1 and 8, and this machine's
-measured fp32/bf16 GEMM FLOP/s and memory bandwidth with the fraction of each bound reached.
-Writes bench/results/model.json.   python bench/bench_model.py [--quick]
+Decode ms/step at batch 1 and 8 (context 128, a fixed input token every step, so end of
+generation never cuts a run short), prefill tokens/s at 256/1024 tokens, for agentrt with the
+GGUF's quantization kept ("native", fused kernels), fp32 fused and fp32 eager (the reference),
+and llama-cpp-python (2 threads, prompt evaluation and decode timed separately). Rounds of the
+two systems alternate and medians are kept (this machine is shared and noisy). Also: measured
+read bandwidth and the fraction of it a batch-1 step reaches, peak RSS of loading the model
+(native vs fp32) and cold/warm start (load + first token with an empty/warm kernel cache),
+each in a fresh process. Writes bench/results/model.json.
+
+    python bench/bench_model.py [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
+from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
+from bench.peers.llamacpp_peer import llama_cpp_missing  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
+from agentrt.model.files import resolve_source  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
 from agentrt.model.loader import load_model  # noqa: E402
 
-PS = 16
+PS, CTX, TOKEN = 16, 128, 7
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def ours_prefill(model, n: int) -> float:
-    kv = KVStore.allocate(model.cfg, -(-n // PS), PS, model.dtype)
-    fb = build_batch([SeqChunk(list(range(100, 100 + n)), 0, list(range(-(-n // PS))))], PS)
-    return timeit(lambda: model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows), repeat=2)
+class Ours:
+    """agentrt decode/prefill on one loaded model and forward path."""
+
+    def __init__(self, lm, path: str):
+        self.model, self.path = lm.model, path
+
+    def decode_round(self, batch: int, steps: int) -> float:
+        per = -(-(CTX + steps + 1) // PS)
+        kv = KVStore.allocate(self.model.cfg, per * batch, PS, self.model.dtype)
+        pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
+        fb = build_batch([SeqChunk(list(range(5, 5 + CTX)), 0, p) for p in pages], PS)
+        self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)
+        t0 = time.perf_counter()
+        for s in range(steps):  # what an engine step does: batch metadata, forward, argmax to host
+            f = build_batch([SeqChunk([TOKEN], CTX + s, p) for p in pages], PS)
+            logits = self.model(f.input_ids, f.positions, kv, f.meta, f.logits_rows, path=self.path)
+            self.model.ops.argmax(logits).tolist()
+        return (time.perf_counter() - t0) / steps
+
+    def prefill_round(self, n: int) -> float:
+        kv = KVStore.allocate(self.model.cfg, -(-n // PS), PS, self.model.dtype)
+        fb = build_batch([SeqChunk(list(range(100, 100 + n)), 0, list(range(-(-n // PS))))], PS)
+        t0 = time.perf_counter()
+        self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)
+        return time.perf_counter() - t0
 
 
-def ours_decode(model, batch: int, ctx: int, steps: int) -> float:
-    per = -(-(ctx + steps + 1) // PS)
-    kv = KVStore.allocate(model.cfg, per * batch, PS, model.dtype)
-    pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
-    fb = build_batch([SeqChunk(list(range(5, 5 + ctx)), 0, p) for p in pages], PS)
-    model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
+class LlamaCpp:
+    """llama-cpp-python, the fair way: fixed tokens, prompt evaluation timed on its own."""
 
-    def run():
-        for s in range(steps):
-            f = build_batch([SeqChunk([7], ctx + s, p) for p in pages], PS)
-            model.ops.argmax(model(f.input_ids, f.positions, kv, f.meta, f.logits_rows)).tolist()
-    return timeit(run, repeat=2, warmup=0) / steps
+    def __init__(self, path: str, threads: int = 2):
+        from llama_cpp import Llama
 
+        self.llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+                         n_batch=2048, verbose=False, logits_all=False)
 
-def hf_model(path: Path):
-    import transformers
-
-    m = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          dtype=torch.float32)
-    return m.eval()
-
-
-@torch.inference_mode()
-def hf_prefill(m, n: int) -> float:
-    ids = torch.arange(100, 100 + n)[None]
-    return timeit(lambda: m(ids, use_cache=False), repeat=2)
-
-
-@torch.inference_mode()
-def hf_decode(m, batch: int, ctx: int, steps: int) -> float:
-    ids = torch.arange(5, 5 + ctx).repeat(batch, 1)
-
-    def run():
-        out = m(ids, use_cache=True)
-        past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        t0 = __import__("time").perf_counter()
+    def decode_round(self, batch: int, steps: int) -> float:
+        self.llm.reset()
+        self.llm.eval(list(range(5, 5 + CTX)))
+        t0 = time.perf_counter()
         for _ in range(steps):
-            out = m(tok, past_key_values=past, use_cache=True)
-            past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        return __import__("time").perf_counter() - t0
-    run()
-    return min(run() for _ in range(2)) / steps
+            self.llm.eval([TOKEN])  # computes the next token's logits (llama.cpp has no EOS stop here)
+        return (time.perf_counter() - t0) / steps
+
+    def prefill_round(self, n: int) -> float:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(list(range(100, 100 + n)))
+        return time.perf_counter() - t0
+
+
+def interleaved(systems: dict, fn: str, rounds: int, *args) -> dict[str, float]:
+    """Median seconds of `fn(*args)` per system, rounds alternating between systems."""
+    for s in systems.values():  # warm-up
+        getattr(s, fn)(*args)
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(rounds):
+        for k, s in systems.items():
+            times[k].append(getattr(s, fn)(*args))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+_PROBE = """
+import resource, sys, time
+t0 = time.perf_counter()
+from agentrt.model.loader import load_model
+from agentrt.model.generate import generate
+from agentrt.sampling import SamplingParams
+t1 = time.perf_counter()
+lm = load_model("smollm2-135m", quantize=sys.argv[1])
+generate(lm.model, [1, 2, 3], SamplingParams(max_tokens=1))
+t2 = time.perf_counter()
+print(t2 - t1, t1 - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def probe(quantize: str, cache: str) -> tuple[float, float, float]:
+    """(load + first token s, import s, peak RSS MB) of a fresh process."""
+    env = dict(os.environ, AGENTRT_KERNEL_CACHE=cache, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _PROBE, quantize], capture_output=True, text=True,
+                         env=env, check=True, cwd=ROOT).stdout.split()
+    return float(out[0]), float(out[1]), float(out[2])
+
+
+def starts() -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        cold = probe("native", cache)  # empty kernel cache: the kernels compile
+        warm = probe("native", cache)
+        fp32 = probe("none", cache)
+    return {"cold_start_s": cold[0], "warm_start_s": warm[0], "import_s": warm[1],
+            "peak_rss_mb_native": warm[2], "peak_rss_mb_fp32": fp32[2], "fp32_start_s": fp32[0]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer sizes and steps (minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and steps (minutes)")
     args = ap.parse_args()
-    sizes = [256, 1024] if args.quick else [256, 1024, 2048]
-    steps = 8 if args.quick else 24
-    lm = load_model("smollm2-135m")
-    ours = lm.model
-    ref = hf_model(Path(lm.source))
-    bounds = {"gemm_flops_fp32": gemm_flops(torch.float32), "gemm_flops_bf16": gemm_flops(torch.bfloat16),
-              "read_bytes_per_s": read_bandwidth()}
-    n_params = sum(p.numel() for p in ours.parameters())
-    res: dict = {"machine": machine(), "bounds": bounds, "prefill": {}, "decode": {}}
-    rows = []
-    for n in sizes:
-        a, b = n / ours_prefill(ours, n), n / hf_prefill(ref, n)
-        frac = a * 2 * n_params / bounds["gemm_flops_fp32"]
-        res["prefill"][str(n)] = {"agentrt_tok_s": a, "transformers_tok_s": b, "speedup": a / b,
-                                  "fraction_of_fp32_gemm_peak": frac}
-        rows.append([f"prefill {n}", a, b, a / b, f"{frac:.0%} of GEMM peak"])
-    wbytes = decode_weight_bytes(ours)
-    for batch in (1, 8):
-        sa, sb = ours_decode(ours, batch, 128, steps), hf_decode(ref, batch, 128, steps)
-        bound = wbytes / bounds["read_bytes_per_s"]
-        res["decode"][f"batch{batch}"] = {
-            "agentrt_tok_s": batch / sa, "transformers_tok_s": batch / sb, "speedup": sb / sa,
-            "agentrt_step_ms": sa * 1e3, "bandwidth_bound_step_ms": bound * 1e3,
-            "fraction_of_bandwidth_bound": bound / sa}
-        rows.append([f"decode batch {batch}", batch / sa, batch / sb, sb / sa,
-                     f"step {sa*1e3:.1f} ms vs bound {bound*1e3:.1f} ms ({bound/sa:.0%})"])
-    res["weights_bytes_fp32"] = wbytes
-    print_table("agentrt vs transformers (SmolLM2-135M fp32, same weights, tokens/s)",
-                ["work", "agentrt", "transformers", "speedup", "vs machine bound"], rows)
-    print(f"fp32 GEMM {bounds['gemm_flops_fp32']/1e9:.1f} GFLOP/s, bf16 GEMM "
-          f"{bounds['gemm_flops_bf16']/1e9:.1f} GFLOP/s, read {bounds['read_bytes_per_s']/1e9:.1f} GB/s")
+    rounds, steps = (3, 16) if args.quick else (7, 32)
+    res: dict = {"machine": machine(), "context": CTX, "rounds": rounds, "steps_per_round": steps}
+    res.update(starts())
+    bw = read_bandwidth()
+    gguf = str(resolve_source("smollm2-135m"))
+    native = load_model("smollm2-135m", quantize="native")
+    fp32 = load_model("smollm2-135m")
+    systems = {"agentrt native": Ours(native, "fused"), "agentrt fp32": Ours(fp32, "fused"),
+               "agentrt fp32 eager": Ours(fp32, "eager")}
+    missing = llama_cpp_missing()
+    if missing is None:
+        systems["llama.cpp"] = LlamaCpp(gguf)
+    res["llama_cpp"] = missing or "llama-cpp-python, same GGUF, 2 threads"
+    b1 = interleaved(systems, "decode_round", rounds, 1, steps)
+    b8 = interleaved({k: v for k, v in systems.items() if k != "llama.cpp"}, "decode_round", rounds, 8, steps)
+    pre = {n: interleaved(systems, "prefill_round", rounds, n) for n in (256, 1024)}
+    wbytes = decode_weight_bytes(native.model)
+    res.update({
+        "read_bytes_per_s": bw, "weight_bytes_native": wbytes, "weight_bytes_fp32": decode_weight_bytes(fp32.model),
+        "decode_b1_step_ms": {k: v * 1e3 for k, v in b1.items()},
+        "decode_b8_step_ms": {k: v * 1e3 for k, v in b8.items()},
+        "prefill_tok_s": {str(n): {k: n / v for k, v in p.items()} for n, p in pre.items()},
+        "decode_b8_step_over_b1_step": b8["agentrt native"] / b1["agentrt native"],
+        "decode_b1_bandwidth_fraction": wbytes / bw / b1["agentrt native"],
+    })
+    if "llama.cpp" in systems:
+        res["decode_b1_speedup_vs_llamacpp"] = b1["llama.cpp"] / b1["agentrt native"]
+        res["prefill_1024_speedup_vs_llamacpp"] = pre[1024]["llama.cpp"] / pre[1024]["agentrt native"]
+    rows = [[k, b1[k] * 1e3, b8[k] * 1e3 if k in b8 else "-", 256 / pre[256][k], 1024 / pre[1024][k]]
+            for k in systems]
+    print_table(f"forward speed, SmolLM2-135M (context {CTX}, medians of {rounds} alternating rounds)",
+                ["system", "decode b1 ms/step", "decode b8 ms/step", "prefill 256 tok/s", "prefill 1024 tok/s"], rows)
+    keys = ("decode_b1_speedup_vs_llamacpp", "decode_b8_step_over_b1_step", "decode_b1_bandwidth_fraction",
+            "prefill_1024_speedup_vs_llamacpp", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s")
+    print(json.dumps({k: round(res[k], 3) for k in keys if k in res}, indent=1))
+    print(f"read bandwidth {bw / 1e9:.1f} GB/s; weights read per native step {wbytes / 1e6:.1f} MB")
     print("wrote", write_results("model", res))
 
 

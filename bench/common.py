@@ -68,22 +68,16 @@ def print_table(title: str, columns: list[str], rows: list[list]) -> None:
 
 
 def decode_weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every linear layer (int8 + scales when
-    quantized, else the dense matrix) and the output head; the embedding table is not read
-    (one row per token)."""
+    """Bytes of weights one decode step reads: every linear layer (packed integers + scales
+    when quantized, else the dense matrix) and the output head; the embedding table is not read
+    (one row per token), even when the head shares it."""
     from agentrt.model.llama import Dense
-    from agentrt.model.quant import Int8Linear
+    from agentrt.model.quant import QLinear
 
     total = 0
     for mod in model.modules():
-        if isinstance(mod, Int8Linear):
-            total += mod.weight_int8.numel() + mod.scales.numel() * mod.scales.element_size()
-        elif isinstance(mod, Dense) and not _inside_int8(model, mod):
+        if isinstance(mod, QLinear):
+            total += mod.weight_bytes
+        elif isinstance(mod, Dense):
             total += mod.weight_t.numel() * mod.weight_t.element_size()
     return total
-
-
-def _inside_int8(model, dense) -> bool:
-    from agentrt.model.quant import Int8Linear
-
-    return any(isinstance(m, Int8Linear) and m.dense is dense for m in model.modules())

@@ -6,10 +6,67 @@
 namespace {
 
 inline float dot(const float* a, const float* b, int n) {
+#ifdef __AVX512F__
+  if (n % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+#endif
   float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
   for (int i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
+}
+
+#ifdef __AVX512F__
+// e^x for x <= 0 (softmax after subtracting the max): 2^n * 2^f, degree-7 Taylor for 2^f,
+// |f| <= 1/2, relative error ~1e-7 (torch's softmax uses a vectorized approximation too).
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718f));
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// x[0..n) <- softmax(x)
+inline void softmax_inplace(float* x, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+  float total = 0.f;
+  int64_t j = 0;
+#ifdef __AVX512F__
+  const __m512 mv = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
+    _mm512_storeu_ps(x + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  total = _mm512_reduce_add_ps(acc);
+#endif
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] - mx);
+    total += x[j];
+  }
+  const float inv = 1.f / total;
+  for (int64_t k = 0; k < n; ++k) x[k] *= inv;
+}
+
+// y[0..n) += a * x
+inline void axpy(float a, const float* x, float* y, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 inline void rope_row(const float* x, const float* c, const float* s, int D, float* out) {
@@ -60,49 +117,41 @@ void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_
 // Causal attention over paged KV for the sequences listed in seqs[nseq]: sequence b has
 // q_len = cu_q[b+1] - cu_q[b] queries (rows cu_q[b].. of q [T, H, D]) at the last q_len of its
 // kv_lens[b] positions, whose pages are page_table[b, :]. Writes the same rows of out [T, H, D].
+// One task = one query row x one KV head, with the H/Hkv query heads that share it: each key
+// and value row is loaded once for the whole group.
 void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
                     const int64_t* page_table, int64_t max_pages, const int64_t* cu_q,
                     const int64_t* kv_lens, const int64_t* seqs, int64_t nseq, int32_t H,
                     int32_t Hkv, int32_t D, int32_t S, float scale, float* out) {
-  std::vector<int64_t> first(nseq + 1, 0);  // task offsets: one task = (query row, head)
+  std::vector<int64_t> first(nseq + 1, 0);
   for (int64_t i = 0; i < nseq; ++i) {
     const int64_t b = seqs[i];
-    first[i + 1] = first[i] + (cu_q[b + 1] - cu_q[b]) * H;
+    first[i + 1] = first[i] + (cu_q[b + 1] - cu_q[b]) * Hkv;
   }
   const int group = H / Hkv;
-#pragma omp parallel
+#pragma omp parallel if (first[nseq] > 1)
   {
     std::vector<float> sc;
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(static)
     for (int64_t task = 0; task < first[nseq]; ++task) {
       const int64_t i = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
       const int64_t b = seqs[i], local = task - first[i];
-      const int64_t qi = local / H, h = local % H;
-      const int64_t qlen = cu_q[b + 1] - cu_q[b], kvl = kv_lens[b];
-      const int64_t row = cu_q[b] + qi, n = kvl - qlen + qi + 1;  // keys 0..n-1
-      const int64_t hk = h / group;
-      const float* qv = q + (row * H + h) * D;
+      const int64_t qi = local / Hkv, hk = local % Hkv;
+      const int64_t qlen = cu_q[b + 1] - cu_q[b];
+      const int64_t row = cu_q[b] + qi, n = kv_lens[b] - qlen + qi + 1;  // keys 0..n-1
       const int64_t* pt = page_table + b * max_pages;
-      sc.resize((size_t)n);
-      float mx = -INFINITY;
+      const float* qg = q + (row * H + hk * group) * D;  // the group's query heads, contiguous
+      float* og = out + (row * H + hk * group) * D;
+      sc.resize((size_t)(n * group));
       for (int64_t j = 0; j < n; ++j) {
         const float* kr = k_cache + ((pt[j / S] * S + j % S) * Hkv + hk) * D;
-        sc[j] = dot(qv, kr, D) * scale;
-        mx = std::max(mx, sc[j]);
+        for (int g = 0; g < group; ++g) sc[g * n + j] = dot(qg + g * D, kr, D) * scale;
       }
-      float total = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        sc[j] = std::exp(sc[j] - mx);
-        total += sc[j];
-      }
-      float* o = out + (row * H + h) * D;
-      std::fill(o, o + D, 0.f);
-      const float inv = 1.f / total;
+      for (int g = 0; g < group; ++g) softmax_inplace(sc.data() + g * n, n);
+      std::fill(og, og + group * D, 0.f);
       for (int64_t j = 0; j < n; ++j) {
         const float* vr = v_cache + ((pt[j / S] * S + j % S) * Hkv + hk) * D;
-        const float p = sc[j] * inv;
-#pragma omp simd
-        for (int d = 0; d < D; ++d) o[d] += p * vr[d];
+        for (int g = 0; g < group; ++g) axpy(sc[g * n + j], vr, og + g * D, D);
       }
     }
   }

@@ -83,57 +83,79 @@ void tile_generic(const QMat& w, int64_t tile, const XQ& x, int64_t r0, int mr, 
   }
 }
 
+constexpr int kRowBlock = 8;  // rows per block of the GEMM
+
 #ifdef __AVX512VNNI__
-template <int MR, int BITS>
-void tile_vnni(const QMat& w, int64_t tile, const XQ& x, int64_t r0, float* y, int64_t ldy,
+constexpr int kRB = kRowBlock;
+
+// Activations of one block of kRB rows, interleaved so that the kRB rows' values for one k-step
+// (4 bytes each) are adjacent: every broadcast is at a constant offset from one pointer.
+struct XBlock {
+  const int32_t* w;   // [K/4][kRB] four int8 values per word
+  const float* sx;    // [ng][kRB]
+  const float* sxsum; // [ng][kRB]
+};
+
+template <int MR, int BITS, int G>
+void tile_vnni(const QMat& w, int64_t tile, const XBlock& xb, int64_t r0, float* y, int64_t ldy,
                int64_t n0, int nvalid, bool accumulate, const float* bias) {
+  constexpr int group_bytes = G * 16 * BITS / 8;
   const uint8_t* wt = w.q + tile * w.tile_bytes();
-  const int64_t ng = w.K / w.G;
+  const int64_t ng = w.K / G;
   const float* st = w.s + tile * ng * 16;
   const float* mt = w.m ? w.m + tile * ng * 16 : nullptr;
-  const int group_bytes = w.G * 16 * BITS / 8;
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  const __m512 zneg = _mm512_set1_ps(-(float)w.z);
   __m512 acc[MR];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-  const int8_t* xr[MR];
-  for (int r = 0; r < MR; ++r) xr[r] = x.q + (r0 + r) * x.K;
   for (int64_t g = 0; g < ng; ++g) {
-    __m512i dot[MR];
-    for (int r = 0; r < MR; ++r) dot[r] = _mm512_setzero_si512();
+    // two accumulators per row (even and odd k-steps): half the dependency chain at small MR
+    __m512i dot[MR], dot2[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) dot[r] = dot2[r] = _mm512_setzero_si512();
     const uint8_t* wg = wt + g * group_bytes;
-    const int64_t kg = g * w.G;
-    if (BITS == 8) {
-      for (int s = 0; s < w.G / 4; ++s) {
+    const int32_t* xg = xb.w + g * (G / 4) * kRB;
+    if constexpr (BITS == 8) {
+#pragma GCC unroll 8
+      for (int s = 0; s < G / 4; s += 2) {
         const __m512i wv = _mm512_loadu_si512(wg + s * 64);
-        for (int r = 0; r < MR; ++r)
-          dot[r] = _mm512_dpbusd_epi32(dot[r], wv,
-                                       _mm512_set1_epi32(*(const int32_t*)(xr[r] + kg + s * 4)));
+        const __m512i wv2 = _mm512_loadu_si512(wg + s * 64 + 64);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wv, _mm512_set1_epi32(xg[s * kRB + r]));
+          dot2[r] = _mm512_dpbusd_epi32(dot2[r], wv2, _mm512_set1_epi32(xg[(s + 1) * kRB + r]));
+        }
       }
     } else {
-      for (int s = 0; s < w.G / 8; ++s) {
+#pragma GCC unroll 8
+      for (int s = 0; s < G / 8; ++s) {
         const __m512i raw = _mm512_loadu_si512(wg + s * 64);
         const __m512i wl = _mm512_and_si512(raw, lo4);
         const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+#pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          const int8_t* xk = xr[r] + kg + s * 8;
-          dot[r] = _mm512_dpbusd_epi32(dot[r], wl, _mm512_set1_epi32(*(const int32_t*)xk));
-          dot[r] = _mm512_dpbusd_epi32(dot[r], wh, _mm512_set1_epi32(*(const int32_t*)(xk + 4)));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wl, _mm512_set1_epi32(xg[(2 * s) * kRB + r]));
+          dot2[r] = _mm512_dpbusd_epi32(dot2[r], wh, _mm512_set1_epi32(xg[(2 * s + 1) * kRB + r]));
         }
       }
     }
     // sum_k x w = sx * s * dot + (m - z s) * (sx * sum(xq)); the column terms are shared by rows
     const __m512 sv = _mm512_loadu_ps(st + g * 16);
-    __m512 cv = _mm512_mul_ps(sv, _mm512_set1_ps(-(float)w.z));
+    __m512 cv = _mm512_mul_ps(sv, zneg);
     if (mt) cv = _mm512_add_ps(cv, _mm512_loadu_ps(mt + g * 16));
+    const float* sxg = xb.sx + g * kRB;
+    const float* ssg = xb.sxsum + g * kRB;
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const int64_t i = (r0 + r) * ng + g;
-      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), sv);
-      acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(x.sx[i]), acc[r]);
-      acc[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(x.sxsum[i]), acc[r]);
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[r], dot2[r])), sv);
+      acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(sxg[r]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(ssg[r]), acc[r]);
     }
   }
   const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
   const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     float* out = y + (r0 + r) * ldy + n0;
     __m512 v = _mm512_add_ps(acc[r], bv);
@@ -142,23 +164,40 @@ void tile_vnni(const QMat& w, int64_t tile, const XQ& x, int64_t r0, float* y, i
   }
 }
 
-template <int BITS>
-void tile_rows_vnni(const QMat& w, int64_t tile, const XQ& x, int64_t r0, int mr, float* y,
+template <int BITS, int G>
+void tile_rows_vnni(const QMat& w, int64_t tile, const XBlock& x, int64_t r0, int mr, float* y,
                     int64_t ldy, int64_t n0, int nv, bool a, const float* b) {
   switch (mr) {
-    case 1: tile_vnni<1, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    case 2: tile_vnni<2, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    case 3: tile_vnni<3, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    case 4: tile_vnni<4, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    case 5: tile_vnni<5, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    case 6: tile_vnni<6, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    case 7: tile_vnni<7, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
-    default: tile_vnni<8, BITS>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 1: tile_vnni<1, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 2: tile_vnni<2, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 3: tile_vnni<3, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 4: tile_vnni<4, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 5: tile_vnni<5, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 6: tile_vnni<6, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    case 7: tile_vnni<7, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+    default: tile_vnni<8, BITS, G>(w, tile, x, r0, y, ldy, n0, nv, a, b); break;
+  }
+}
+
+// The (bits, group) pairs with a specialised kernel; others take the portable loops.
+bool vnni_shape(const QMat& w) {
+  return (w.bits == 4 && w.G == 32) || (w.bits == 8 && (w.G == 32 || w.G == 16));
+}
+
+// Interleave rows [r0, r0 + kRB) of the quantized activations into block layout (zero padded).
+void interleave(const XQ& x, int64_t M, int64_t r0, int32_t* w, float* sx, float* sxsum) {
+  const int64_t steps = x.K / 4;
+  for (int r = 0; r < kRB; ++r) {
+    const bool live = r0 + r < M;
+    const int32_t* src = live ? (const int32_t*)(x.q + (r0 + r) * x.K) : nullptr;
+    for (int64_t s = 0; s < steps; ++s) w[s * kRB + r] = live ? src[s] : 0;
+    for (int64_t g = 0; g < x.ng; ++g) {
+      sx[g * kRB + r] = live ? x.sx[(r0 + r) * x.ng + g] : 0.f;
+      sxsum[g * kRB + r] = live ? x.sxsum[(r0 + r) * x.ng + g] : 0.f;
+    }
   }
 }
 #endif
-
-constexpr int kRowBlock = 8;
 
 // y[M, ldy] at columns [0, N): (+)= x[M, K] (row stride ldx) @ W^T (+ bias).
 // W: q (tiles of 16 columns, ceil(N/16) tiles), s and m [tiles, K/G, 16] (m may be null).
@@ -173,6 +212,15 @@ static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const 
   const XQ xs{xq.data(), sx.data(), sum.data(), sxsum.data(), K, ng};
   const int64_t tiles = (N + 15) / 16;
   const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
+#ifdef __AVX512VNNI__
+  const bool fast = vnni_shape(w);
+  std::vector<int32_t> bw(fast ? (size_t)(rblocks * (K / 4) * kRB) : 0);
+  std::vector<float> bsx(fast ? (size_t)(rblocks * ng * kRB) : 0), bss(bsx.size());
+  if (fast)
+    for (int64_t rb = 0; rb < rblocks; ++rb)
+      interleave(xs, M, rb * kRB, bw.data() + rb * (K / 4) * kRB, bsx.data() + rb * ng * kRB,
+                 bss.data() + rb * ng * kRB);
+#endif
   // one task = one 16-column tile x one block of rows; tiles vary fastest so that threads share
   // the rows and split the weights (each weight byte is read by one thread only at decode)
 #pragma omp parallel for schedule(static) if (tiles * rblocks > 1)
@@ -183,13 +231,18 @@ static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const 
     const int64_t n0 = tile * 16;
     const int nv = (int)std::min<int64_t>(16, N - n0);
 #ifdef __AVX512VNNI__
-    if (w.bits == 8)
-      tile_rows_vnni<8>(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
-    else
-      tile_rows_vnni<4>(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
-#else
-    tile_generic(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
+    if (fast) {
+      const XBlock xb{bw.data() + rb * (K / 4) * kRB, bsx.data() + rb * ng * kRB, bss.data() + rb * ng * kRB};
+      if (w.bits == 4)
+        tile_rows_vnni<4, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
+      else if (w.G == 32)
+        tile_rows_vnni<8, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
+      else
+        tile_rows_vnni<8, 16>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
+      continue;
+    }
 #endif
+    tile_generic(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
   }
 }
 
