@@ -34,6 +34,9 @@ chat: kernels
 
 test: kernels
 	$(PY) -m pytest -q -x --durations=15
+	# the torch fallback of the compiled kernels (what a machine without a compiler runs)
+	AGENTRT_NATIVE=0 $(PY) -m pytest -q -x -m "not embedded" tests/test_qformats.py tests/test_quant.py \
+		tests/test_engine_equivalence.py tests/test_model_parity.py
 
 test-fast: kernels
 	$(PY) -m pytest -q -x -m "not slow"

@@ -31,6 +31,7 @@ from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tok
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.common import RESULTS, machine  # noqa: E402
 from bench.peers.base import NotRun  # noqa: E402
+from bench.peers.llamacpp_peer import ensure_llama_cpp  # noqa: E402
 from bench.workloads.replay import script_stats  # noqa: E402
 
 REQUIRED = {  # key: (case, peer, ratio)
@@ -52,7 +53,8 @@ def parse_args() -> argparse.Namespace:
                     help=f"comma-separated subset of {','.join(SYSTEMS)} (agentrt always runs)")
     ap.add_argument("--cases", default=None, help="comma-separated subset of case keys (default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS / "agents.json", help="JSON output path")
-    ap.add_argument("--quant", default="none", choices=["none", "int8"], help="agentrt weights (see model/quant.py)")
+    ap.add_argument("--quant", default="auto", choices=["auto", "native", "none", "int8"],
+                    help="agentrt weights (see model/quant.py; auto = the GGUF's own Q4_1/Q8_0)")
     ap.add_argument("--tool-latency", type=float, default=0.0, help="seconds each tool call takes (0, 0.1, 0.5 ...)")
     ap.add_argument("--arrival", choices=["interleaved", "concurrent"], default=None,
                     help="override every case's arrival pattern")
@@ -152,25 +154,6 @@ def _why_missing(c: dict | None, case: str, peer: str) -> str:
     if c["systems"][peer].get("status") != "ok":
         return c["systems"][peer]["reason"]
     return "agentrt " + c["systems"].get("agentrt", {}).get("reason", "did not run")
-
-
-LLAMA_CPP = "llama-cpp-python==0.3.36"  # the peer; its PyPI release is a source build (~15-20 min here)
-
-
-def ensure_llama_cpp(allowed: bool) -> None:
-    """Install the llama.cpp peer into this environment when it is missing (pinned; it never
-    pulls torch). Without it the llama.cpp rows are reported as not run, with the reason."""
-    import importlib.util
-    import subprocess
-
-    if importlib.util.find_spec("llama_cpp") is not None or not allowed:
-        return
-    print(f"installing the llama.cpp peer: pip install {LLAMA_CPP} (compiles llama.cpp; "
-          "--no-install skips it)", flush=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", LLAMA_CPP, "diskcache>=5.6"]
-    if subprocess.run(cmd, check=False).returncode != 0:
-        print("warning: the llama.cpp peer could not be installed; its rows are reported as not run",
-              file=sys.stderr)
 
 
 def main() -> None:

@@ -156,7 +156,7 @@ def main() -> None:
     threads = args.threads or (2 if args.quick else 4)
     turns = args.turns or (4 if args.quick else 8)
     reps = args.reps or (1 if args.quick else 3)
-    lm = load_model("smollm2-135m")  # fp32: the same weights as the transformers reference
+    lm = load_model("smollm2-135m", quantize="none")  # fp32: the same weights as the transformers reference
     ref = reference_model(lm, args.max_tokens)
     per_rep, a_turns, r_turns, agree, frac = [], [], [], [], []
     for rep in range(reps):

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
-from bench.peers.llamacpp_peer import llama_cpp_missing  # noqa: E402
+from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.files import resolve_source  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
@@ -135,14 +135,17 @@ def starts() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer rounds and steps (minutes)")
+    ap.add_argument("--no-install", action="store_true",
+                    help="do not install llama-cpp-python when it is missing (its rows: not run)")
     args = ap.parse_args()
+    ensure_llama_cpp(not args.no_install)
     rounds, steps = (3, 16) if args.quick else (7, 32)
     res: dict = {"machine": machine(), "context": CTX, "rounds": rounds, "steps_per_round": steps}
     res.update(starts())
     bw = read_bandwidth()
     gguf = str(resolve_source("smollm2-135m"))
     native = load_model("smollm2-135m", quantize="native")
-    fp32 = load_model("smollm2-135m")
+    fp32 = load_model("smollm2-135m", quantize="none")
     systems = {"agentrt native": Ours(native, "fused"), "agentrt fp32": Ours(fp32, "fused"),
                "agentrt fp32 eager": Ours(fp32, "eager")}
     missing = llama_cpp_missing()

@@ -72,8 +72,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 agents, 1 repetition, shorter 35-turn run")
     ap.add_argument("--agents", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--quant", default="int8", choices=["none", "int8"],
-                    help="weights of both systems (int8: int8 decode, fp32 prefill; see model/quant.py)")
+    ap.add_argument("--quant", default="auto", choices=["auto", "native", "none", "int8"],
+                    help="weights of both systems (auto = the GGUF's own Q4_1/Q8_0; see model/quant.py)")
     args = ap.parse_args()
     agents = args.agents or (2 if args.quick else 4)
     reps = args.reps or (1 if args.quick else 3)

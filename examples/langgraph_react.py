@@ -88,7 +88,7 @@ def react_graph(model, tools):
 
 async def main(prebuilt: bool, source: str) -> None:
     tools = [get_weather, get_local_time]
-    lm = load_model(source, quantize="int8")
+    lm = load_model(source)
     async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as engine:
         model = ChatAgentrt(engine=engine, max_tokens=64, parallel_tool_calls=False)
         if prebuilt:

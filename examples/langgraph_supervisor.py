@@ -104,7 +104,7 @@ def show(messages, t0: float) -> None:
 
 
 async def main(source: str) -> None:
-    lm = load_model(source, quantize="int8")
+    lm = load_model(source)
     async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as engine, Runtime(engine) as rt:
         graph = build(rt)
         cfg = {"configurable": {"thread_id": "demo"}}

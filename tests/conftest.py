@@ -59,10 +59,10 @@ def tiny_llama() -> LlamaModel:
 
 @pytest.fixture(scope="session")
 def embedded():
-    """The embedded SmolLM2-135M (fp32) with its tokenizer."""
+    """The embedded SmolLM2-135M (fp32: the accuracy reference) with its tokenizer."""
     from agentrt.model.loader import load_model
 
-    return load_model("smollm2-135m")
+    return load_model("smollm2-135m", quantize="none")
 
 
 @pytest.fixture(scope="session")

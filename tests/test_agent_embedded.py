@@ -1,5 +1,6 @@
 """End to end on the embedded SmolLM2: a constrained tool call, a real Python function, the
-result in the same session, a final answer, and delta-only prefill on the second round."""
+result in the same session, a final answer, and delta-only prefill on the second round. Runs on
+the fp32 reference and on the GGUF's own quantization (the same tool calls are required)."""
 
 from __future__ import annotations
 
@@ -42,11 +43,16 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> float:
     return value * 9 / 5 + 32 if from_unit.startswith("c") else (value - 32) * 5 / 9
 
 
-def test_required_tool_call_runs_and_second_round_prefills_only_its_delta(embedded):
+@pytest.fixture(params=["fp32", "native"])
+def lm(request, embedded, embedded_native):
+    return embedded if request.param == "fp32" else embedded_native
+
+
+def test_required_tool_call_runs_and_second_round_prefills_only_its_delta(lm):
     CALLS.clear()
 
     async def main():
-        async with Engine(embedded, EngineConfig(kv_cache_tokens=16384)) as eng:
+        async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as eng:
             async with Runtime(eng) as rt:
                 agent = Agent("weather", "You are a weather assistant. Use the tools.",
                               [get_weather, convert_units], tool_choice="required",

@@ -40,18 +40,21 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
-               kernels: str = "auto", device: str = "cpu", quantize: str = "none",
+               kernels: str = "auto", device: str = "cpu", quantize: str = "auto",
                forward: str = "fused") -> LoadedModel:
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
     .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
 
     quantize: "none" (fp32/bf16 dense, the accuracy reference), "native" (a GGUF's own
     quantization kept, never dequantized), "int8" (dense weights quantized per group of 32),
-    "auto" (native when the compiled CPU kernels are available); see model/quant.py.
+    "auto" (the default: a GGUF's own quantization on CPU float32 when the compiled kernels are
+    available, else dense); see model/quant.py.
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
     reference); an engine can override it per step (EngineConfig.forward_path)."""
     dt = resolve_dtype(dtype)
     mode = resolve_mode(quantize)
+    if quantize == "auto" and (dt != torch.float32 or torch.device(device).type != "cpu"):
+        mode = "none"
     if forward not in PATHS:
         raise ConfigError(f"forward={forward!r} is not supported; choose one of {PATHS}")
     if mode != "none" and (dt != torch.float32 or torch.device(device).type != "cpu"):

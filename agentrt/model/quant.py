@@ -6,7 +6,8 @@ Modes of `load_model(..., quantize=...)`:
             Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K; dense tensors of the file stay dense.
             For a Hugging Face directory (no quantized tensors) it is the same as "int8".
   "int8"    dense weights quantized to int8 per group of 32 (the Q8_0 scheme).
-  "auto"    "native" when the compiled kernels are available, else "none".
+  "auto"    (load_model's default) "native" when the compiled kernels are available and the
+            model runs on the CPU in float32, else "none".
 Every quantized layer runs one integer GEMM (AVX-512 VNNI) with activations quantized per row
 and group to int8, as llama.cpp does: fast from decode (M=1) to prefill, and batch-invariant.
 """

@@ -15,6 +15,9 @@ prompt matches (fresh logits are needed).
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -121,3 +124,19 @@ class LlamaCppSystem:
         for llm in self._llms:
             llm.close()
         self._llms.clear()
+
+
+LLAMA_CPP = "llama-cpp-python==0.3.36"  # the peer; its PyPI release is a source build (~15-20 min here)
+
+
+def ensure_llama_cpp(allowed: bool) -> None:
+    """Install the llama.cpp peer into this environment when it is missing (pinned; it never
+    pulls torch). Without it the llama.cpp rows are reported as not run, with the reason."""
+    if importlib.util.find_spec("llama_cpp") is not None or not allowed:
+        return
+    print(f"installing the llama.cpp peer: pip install {LLAMA_CPP} (compiles llama.cpp; "
+          "--no-install skips it)", flush=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", LLAMA_CPP, "diskcache>=5.6"]
+    if subprocess.run(cmd, check=False).returncode != 0:
+        print("warning: the llama.cpp peer could not be installed; its rows are reported as not run",
+              file=sys.stderr)

@@ -78,7 +78,7 @@ class ChatAgentrt(BaseChatModel):
         self._shared = _Shared(host or EngineHost(engine), self.session_policy)
 
     @classmethod
-    def from_model(cls, source: str = "smollm2-135m", *, config=None, quantize: str = "none",
+    def from_model(cls, source: str = "smollm2-135m", *, config=None, quantize: str = "auto",
                    **kwargs: Any) -> "ChatAgentrt":
         """Load a model and run its engine on a private event loop (close() stops it)."""
         from agentrt.engine.engine import Engine

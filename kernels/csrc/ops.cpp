@@ -143,15 +143,21 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
       const float* qg = q + (row * H + hk * group) * D;  // the group's query heads, contiguous
       float* og = out + (row * H + hk * group) * D;
       sc.resize((size_t)(n * group));
-      for (int64_t j = 0; j < n; ++j) {
-        const float* kr = k_cache + ((pt[j / S] * S + j % S) * Hkv + hk) * D;
-        for (int g = 0; g < group; ++g) sc[g * n + j] = dot(qg + g * D, kr, D) * scale;
+      const int64_t row_stride = (int64_t)Hkv * D;  // between slots of a page
+      for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {  // page by page: no division per key
+        const float* kp = k_cache + (pt[pi] * S * Hkv + hk) * D;
+        const int64_t cnt = std::min<int64_t>(S, n - j0);
+        for (int64_t o = 0; o < cnt; ++o)
+          for (int g = 0; g < group; ++g)
+            sc[g * n + j0 + o] = dot(qg + g * D, kp + o * row_stride, D) * scale;
       }
       for (int g = 0; g < group; ++g) softmax_inplace(sc.data() + g * n, n);
       std::fill(og, og + group * D, 0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        const float* vr = v_cache + ((pt[j / S] * S + j % S) * Hkv + hk) * D;
-        for (int g = 0; g < group; ++g) axpy(sc[g * n + j], vr, og + g * D, D);
+      for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {
+        const float* vp = v_cache + (pt[pi] * S * Hkv + hk) * D;
+        const int64_t cnt = std::min<int64_t>(S, n - j0);
+        for (int64_t o = 0; o < cnt; ++o)
+          for (int g = 0; g < group; ++g) axpy(sc[g * n + j0 + o], vp + o * row_stride, og + g * D, D);
       }
     }
   }
