@@ -14,6 +14,7 @@ tests/test_fused.py is token-identical greedy output).
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -24,7 +25,7 @@ from agentrt.kernels.reference import paged_attention_rows
 from agentrt.model.quant import QLinear
 
 PATHS = ("fused", "eager")
-KERNEL_ATTENTION_MAX_Q = 8  # sequences with more new tokens than this attend through torch SDPA
+KERNEL_ATTENTION_MAX_Q = 16  # sequences with more new tokens (prefill chunks) attend through torch SDPA
 
 
 def use_fused(model, path: str) -> bool:
@@ -60,6 +61,11 @@ class _Step:
         self.cu = torch.tensor(meta.cu_q, dtype=torch.int64)
         self.kv_lens = meta.kv_lens_t.to(torch.int64).contiguous()
         self.table = meta.page_table.to(torch.int64).contiguous()
+        self.t = t
+
+    def buffers(self) -> None:
+        """Activations of the layer-by-layer path (the all-layers call keeps its own)."""
+        t, cfg = self.t, self.cfg
         self.hbuf = torch.empty(t, cfg.hidden_size)
         self.q = torch.empty(t, self.h * self.d)
         self.attn = torch.empty(t, self.h * self.d)
@@ -101,11 +107,12 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: A
         _layer_by_layer(model, st, x, kv)
     if logits_rows is not None:
         x = x[logits_rows].contiguous()
-    h = st.rmsnorm(x, model.norm, torch.empty_like(x))
+    h = st.rmsnorm(x, model.norm, torch.empty_like(x))  # (rmsnorm needs no buffers())
     return linear(model.lm_head, h).float()
 
 
 def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
+    st.buffers()
     for i, blk in enumerate(model.blocks):
         h = st.rmsnorm(x, blk.attn_norm, st.hbuf)
         a = st.attention(i, kv, blk.attn.scale, linear(blk.attn.qkv, h).contiguous())
@@ -118,11 +125,15 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
 
 def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
     arr, shared = layers
-    dims = native.Dims.from_buffer_copy(shared)
-    dims.page_size = kv.k[0].shape[1]
     n = len(model.blocks)
-    kp = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k))
-    vp = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v))
+    cached = getattr(model, "_native_kv", None)  # per-KV-store arguments, rebuilt when it changes
+    if cached is None or cached[0]() is not kv:  # (a weak reference: the store may be freed)
+        dims = native.Dims.from_buffer_copy(shared)
+        dims.page_size = kv.k[0].shape[1]
+        cached = (weakref.ref(kv), (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k)),
+                  (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v)), dims)
+        model._native_kv = cached
+    _, kp, vp, dims = cached
     st.lib.agrt_decoder_layers(
         ctypes.addressof(arr), n, ctypes.addressof(dims), x.data_ptr(), x.shape[0],
         st.positions.data_ptr(), st.cos.data_ptr(), st.sin.data_ptr(), st.slots.data_ptr(), kp, vp,

@@ -8,3 +8,34 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include <cstdlib>
+
+// Grow-only scratch memory of the calling thread, kept across calls: no allocation, page fault
+// or zero fill per call (a decode step makes ~300 kernel calls). The contents are undefined;
+// each slot is used by one function at a time, so nested calls use different slots.
+enum AgrtSlot {
+  kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs,
+  kSlotPreciseX, kSlotPreciseQ, kSlotPreciseSx, kSlotPreciseSum, kSlotPreciseY,
+  kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotCount
+};
+
+inline void* agrt_scratch_bytes(int slot, size_t bytes) {
+  struct Buf {
+    void* p = nullptr;
+    size_t cap = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf bufs[kSlotCount];
+  Buf& b = bufs[slot];
+  if (b.cap < bytes) {
+    std::free(b.p);
+    b.cap = (bytes + 4095) / 4096 * 4096;
+    b.p = std::aligned_alloc(64, b.cap);
+  }
+  return b.p;
+}
+
+template <typename T>
+inline T* agrt_scratch(int slot, size_t n) {
+  return static_cast<T*>(agrt_scratch_bytes(slot, n * sizeof(T)));
+}

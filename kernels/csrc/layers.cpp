@@ -28,20 +28,24 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
                                     const int64_t* seqs, int64_t nseq) {
   const int64_t hd = (int64_t)d->heads * d->head_dim;
   const int64_t qkv_n = hd + 2LL * d->kv_heads * d->head_dim;
-  std::vector<float> h((size_t)(T * d->hidden)), qkv((size_t)(T * qkv_n)), q((size_t)(T * hd)),
-      att((size_t)(T * hd)), gu((size_t)(T * 2 * d->inter)), act((size_t)(T * d->inter));
+  float* h = agrt_scratch<float>(kSlotH, (size_t)(T * d->hidden));
+  float* qkv = agrt_scratch<float>(kSlotQkv, (size_t)(T * qkv_n));
+  float* q = agrt_scratch<float>(kSlotQ, (size_t)(T * hd));
+  float* att = agrt_scratch<float>(kSlotAtt, (size_t)(T * hd));
+  float* gu = agrt_scratch<float>(kSlotGu, (size_t)(T * 2 * d->inter));
+  float* act = agrt_scratch<float>(kSlotAct, (size_t)(T * d->inter));
   for (int32_t i = 0; i < nlayers; ++i) {
     const AgrtLayer& L = layers[i];
-    agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h.data());
-    linear(L.qkv, h.data(), T, d->hidden, qkv.data(), qkv_n, false);
-    agrt_rope_store(qkv.data(), T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots,
-                    k_caches[i], v_caches[i], q.data());
-    agrt_attention(q.data(), k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
-                   nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att.data());
-    linear(L.o, att.data(), T, hd, x, d->hidden, true);
-    agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h.data());
-    linear(L.gate_up, h.data(), T, d->hidden, gu.data(), 2LL * d->inter, false);
-    agrt_silu_mul(gu.data(), T, d->inter, act.data());
-    linear(L.down, act.data(), T, d->inter, x, d->hidden, true);
+    agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h);
+    linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
+    agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots,
+                    k_caches[i], v_caches[i], q);
+    agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
+                   nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att);
+    linear(L.o, att, T, hd, x, d->hidden, true);
+    agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h);
+    linear(L.gate_up, h, T, d->hidden, gu, 2LL * d->inter, false);
+    agrt_silu_mul(gu, T, d->inter, act);
+    linear(L.down, act, T, d->inter, x, d->hidden, true);
   }
 }

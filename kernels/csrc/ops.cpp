@@ -123,7 +123,8 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
                     const int64_t* page_table, int64_t max_pages, const int64_t* cu_q,
                     const int64_t* kv_lens, const int64_t* seqs, int64_t nseq, int32_t H,
                     int32_t Hkv, int32_t D, int32_t S, float scale, float* out) {
-  std::vector<int64_t> first(nseq + 1, 0);
+  int64_t* first = agrt_scratch<int64_t>(kSlotTasks, (size_t)(nseq + 1));
+  first[0] = 0;
   for (int64_t i = 0; i < nseq; ++i) {
     const int64_t b = seqs[i];
     first[i + 1] = first[i] + (cu_q[b + 1] - cu_q[b]) * Hkv;
@@ -131,10 +132,9 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
   const int group = H / Hkv;
 #pragma omp parallel if (first[nseq] > 1)
   {
-    std::vector<float> sc;
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < first[nseq]; ++task) {
-      const int64_t i = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
+      const int64_t i = std::upper_bound(first, first + nseq + 1, task) - first - 1;
       const int64_t b = seqs[i], local = task - first[i];
       const int64_t qi = local / Hkv, hk = local % Hkv;
       const int64_t qlen = cu_q[b + 1] - cu_q[b];
@@ -142,7 +142,7 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
       const int64_t* pt = page_table + b * max_pages;
       const float* qg = q + (row * H + hk * group) * D;  // the group's query heads, contiguous
       float* og = out + (row * H + hk * group) * D;
-      sc.resize((size_t)(n * group));
+      float* sc = agrt_scratch<float>(kSlotScores, (size_t)(n * group));
       const int64_t row_stride = (int64_t)Hkv * D;  // between slots of a page
       for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {  // page by page: no division per key
         const float* kp = k_cache + (pt[pi] * S * Hkv + hk) * D;
@@ -151,7 +151,7 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
           for (int g = 0; g < group; ++g)
             sc[g * n + j0 + o] = dot(qg + g * D, kp + o * row_stride, D) * scale;
       }
-      for (int g = 0; g < group; ++g) softmax_inplace(sc.data() + g * n, n);
+      for (int g = 0; g < group; ++g) softmax_inplace(sc + g * n, n);
       std::fill(og, og + group * D, 0.f);
       for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {
         const float* vp = v_cache + (pt[pi] * S * Hkv + hk) * D;

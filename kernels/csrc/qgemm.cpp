@@ -204,22 +204,22 @@ void interleave(const XQ& x, int64_t M, int64_t r0, int32_t* w, float* sx, float
 static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, int64_t N,
                        float* y, int64_t ldy, bool accumulate, const float* bias) {
   const int64_t ng = K / w.G;
-  std::vector<int8_t> xq((size_t)(M * K));
-  std::vector<float> sx((size_t)(M * ng));
-  std::vector<int32_t> sum((size_t)(M * ng));
-  std::vector<float> sxsum((size_t)(M * ng));
-  quantize_rows(x, M, K, ldx, w.G, xq.data(), sx.data(), sum.data(), sxsum.data());
-  const XQ xs{xq.data(), sx.data(), sum.data(), sxsum.data(), K, ng};
+  int8_t* xq = agrt_scratch<int8_t>(kSlotXq, (size_t)(M * K));
+  float* sx = agrt_scratch<float>(kSlotSx, (size_t)(M * ng));
+  int32_t* sum = agrt_scratch<int32_t>(kSlotSum, (size_t)(M * ng));
+  float* sxsum = agrt_scratch<float>(kSlotSxSum, (size_t)(M * ng));
+  quantize_rows(x, M, K, ldx, w.G, xq, sx, sum, sxsum);
+  const XQ xs{xq, sx, sum, sxsum, K, ng};
   const int64_t tiles = (N + 15) / 16;
   const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
 #ifdef __AVX512VNNI__
   const bool fast = vnni_shape(w);
-  std::vector<int32_t> bw(fast ? (size_t)(rblocks * (K / 4) * kRB) : 0);
-  std::vector<float> bsx(fast ? (size_t)(rblocks * ng * kRB) : 0), bss(bsx.size());
+  int32_t* bw = fast ? agrt_scratch<int32_t>(kSlotBlockW, (size_t)(rblocks * (K / 4) * kRB)) : nullptr;
+  float* bsx = fast ? agrt_scratch<float>(kSlotBlockSx, (size_t)(rblocks * ng * kRB)) : nullptr;
+  float* bss = fast ? agrt_scratch<float>(kSlotBlockSs, (size_t)(rblocks * ng * kRB)) : nullptr;
   if (fast)
     for (int64_t rb = 0; rb < rblocks; ++rb)
-      interleave(xs, M, rb * kRB, bw.data() + rb * (K / 4) * kRB, bsx.data() + rb * ng * kRB,
-                 bss.data() + rb * ng * kRB);
+      interleave(xs, M, rb * kRB, bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB, bss + rb * ng * kRB);
 #endif
   // one task = one 16-column tile x one block of rows; tiles vary fastest so that threads share
   // the rows and split the weights (each weight byte is read by one thread only at decode)
@@ -232,7 +232,7 @@ static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const 
     const int nv = (int)std::min<int64_t>(16, N - n0);
 #ifdef __AVX512VNNI__
     if (fast) {
-      const XBlock xb{bw.data() + rb * (K / 4) * kRB, bsx.data() + rb * ng * kRB, bss.data() + rb * ng * kRB};
+      const XBlock xb{bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB, bss + rb * ng * kRB};
       if (w.bits == 4)
         tile_rows_vnni<4, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
       else if (w.G == 32)
@@ -271,19 +271,19 @@ void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t
     return;
   }
   const int64_t ng = K / G;
-  std::vector<float> x2((size_t)(2 * M * K));  // rows 0..M-1: x; M..2M-1: x - its rounding
-  std::vector<int8_t> xq((size_t)(M * K));
-  std::vector<float> sx((size_t)(M * ng));
-  std::vector<int32_t> sum((size_t)(M * ng));
-  quantize_rows(x, M, K, ldx, G, xq.data(), sx.data(), sum.data(), nullptr);
+  float* x2 = agrt_scratch<float>(kSlotPreciseX, (size_t)(2 * M * K));  // x; x - its rounding
+  int8_t* xq = agrt_scratch<int8_t>(kSlotPreciseQ, (size_t)(M * K));
+  float* sx = agrt_scratch<float>(kSlotPreciseSx, (size_t)(M * ng));
+  int32_t* sum = agrt_scratch<int32_t>(kSlotPreciseSum, (size_t)(M * ng));
+  quantize_rows(x, M, K, ldx, G, xq, sx, sum, nullptr);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t k = 0; k < K; ++k) {
       const float v = x[r * ldx + k];
       x2[r * K + k] = v;
       x2[(M + r) * K + k] = v - sx[r * ng + k / G] * (float)xq[r * K + k];
     }
-  std::vector<float> y2((size_t)(2 * M * N));
-  qgemm_rows(x2.data(), 2 * M, K, K, w, N, y2.data(), N, false, nullptr);
+  float* y2 = agrt_scratch<float>(kSlotPreciseY, (size_t)(2 * M * N));
+  qgemm_rows(x2, 2 * M, K, K, w, N, y2, N, false, nullptr);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t n = 0; n < N; ++n) {
       float v = y2[r * N + n] + y2[(M + r) * N + n];
