@@ -20,6 +20,7 @@ from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model import gguf_quant
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig
+from agentrt.model.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
 
@@ -56,8 +57,9 @@ def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
     return tokenizer_from_gguf(read_metadata(open_gguf(Path(path))))
 
 
-def open_gguf(path: Path) -> gguf.GGUFReader:
-    """A GGUFReader over `path`; ModelNotFound / CorruptModelFile with what to do about it."""
+def open_gguf(path: Path) -> GGUFFile:
+    """The parsed header of `path` (tensors are views of a memory map); ModelNotFound /
+    CorruptModelFile with what to do about it."""
     if not path.is_file():
         raise ModelNotFound(f"GGUF file {path} does not exist")
     with open(path, "rb") as fh:
@@ -65,33 +67,14 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
     if magic != _MAGIC:
         raise CorruptModelFile(f"{path} is not a GGUF file (magic {magic!r}, expected {_MAGIC!r}); re-download it")
     try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError, TypeError, UnicodeDecodeError) as exc:
-        raise CorruptModelFile(f"{path}: unreadable GGUF header ({exc}); the file is truncated or damaged") from exc
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise CorruptModelFile(f"{path}: tensor {t.name} extends past the end of the file; it is truncated")
-    return reader
+        return GGUFFile(path)
+    except GGUFFormatError as exc:
+        raise CorruptModelFile(f"{path}: unreadable GGUF ({exc}); the file is truncated or damaged") from exc
 
 
-def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+def read_metadata(reader: GGUFFile) -> dict[str, Any]:
     """GGUF key/value metadata as plain Python values (str, int, float, bool, or lists of them)."""
-    return {name: _field_value(field) for name, field in reader.fields.items()}
-
-
-def _field_value(field: Any) -> Any:
-    kind = field.types[0] if field.types else None
-    if kind == gguf.GGUFValueType.ARRAY:
-        sub = field.types[1] if len(field.types) > 1 else None
-        if sub == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        if sub == gguf.GGUFValueType.ARRAY:
-            return None  # nested arrays: no key we read uses them
-        return [field.parts[i][0].item() for i in field.data]
-    if kind == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]][0].item() if field.data else None
+    return dict(reader.fields)
 
 
 def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
@@ -168,7 +151,7 @@ def _torch_shape(tensor: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
-def _load_weights(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dtype,
+def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
                   native: bool) -> dict[str, torch.Tensor | QuantMatrix]:
     names = [hf_name(t.name) for t in reader.tensors]  # validate names before the slow part
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)

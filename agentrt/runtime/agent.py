@@ -186,8 +186,9 @@ class Agent:
         if self._grammars is not None and choice != "none":
             constraint = self._grammars.for_tools(self._schemas(), choice,
                                                   parallel_tool_calls=self.parallel_tool_calls)
+        # tool_choice "none" (and the last allowed round) calls nothing: call-like text stays text
         parser = ToolCallParser(self._schemas(), wrapper="hermes", parallel_calls=self.parallel_tool_calls) \
-            if self.tools else _TextOnly()
+            if self.tools and choice != "none" else _TextOnly()
         dec = IncrementalDecoder(self.engine.tokenizer, skip_special=True)
         gen: list[int] = []
         stream = self.engine.generate(self.tokens, self.settings, session=self.session,

@@ -42,9 +42,15 @@ inline __m512 exp_ps(__m512 x) {
 // x[0..n) <- softmax(x)
 inline void softmax_inplace(float* x, int64_t n) {
   float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
-  float total = 0.f;
   int64_t j = 0;
+#ifdef __AVX512F__
+  __m512 mvec = _mm512_set1_ps(-INFINITY);
+  for (; j + 16 <= n; j += 16) mvec = _mm512_max_ps(mvec, _mm512_loadu_ps(x + j));
+  mx = _mm512_reduce_max_ps(mvec);
+#endif
+  for (; j < n; ++j) mx = std::max(mx, x[j]);
+  float total = 0.f;
+  j = 0;
 #ifdef __AVX512F__
   const __m512 mv = _mm512_set1_ps(mx);
   __m512 acc = _mm512_setzero_ps();
@@ -74,6 +80,80 @@ inline void rope_row(const float* x, const float* c, const float* s, int D, floa
   for (int i = 0; i < half; ++i) out[i] = x[i] * c[i] - x[i + half] * s[i];
   for (int i = half; i < D; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
 }
+
+// The keys 0..n-1 of one sequence and KV head: slot j lives in page pt[j / S] at row j % S.
+struct Keys {
+  const float* k; const float* v; const int64_t* pt;
+  int64_t S, row_stride, head_off, n;
+  const float* row(const float* cache, int64_t pi, int64_t o) const {
+    return cache + (pt[pi] * S + o) * row_stride + head_off;
+  }
+};
+
+void attend_generic(const float* qg, int group, int D, const Keys& ks, float scale, float* sc,
+                    float* og) {
+  const int64_t n = ks.n;
+  for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi)  // page by page: no division per key
+    for (int64_t o = 0; o < std::min<int64_t>(ks.S, n - j0); ++o)
+      for (int g = 0; g < group; ++g) sc[g * n + j0 + o] = dot(qg + g * D, ks.row(ks.k, pi, o), D) * scale;
+  for (int g = 0; g < group; ++g) softmax_inplace(sc + g * n, n);
+  std::fill(og, og + group * D, 0.f);
+  for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi)
+    for (int64_t o = 0; o < std::min<int64_t>(ks.S, n - j0); ++o)
+      for (int g = 0; g < group; ++g) axpy(sc[g * n + j0 + o], ks.row(ks.v, pi, o), og + g * D, D);
+}
+
+#ifdef __AVX512F__
+// D = 16 * NV. Query heads in blocks of HB whose queries (scores pass) and outputs (values
+// pass) stay in registers: each key/value row is loaded once per block, and no accumulator
+// goes through memory between keys.
+template <int NV>
+void attend_avx(const float* qg, int group, const Keys& ks, float scale, float* sc, float* og) {
+  constexpr int HB = 16 / NV, D = 16 * NV;
+  const int64_t n = ks.n;
+  for (int g0 = 0; g0 < group; g0 += HB) {
+    const int hb = std::min(HB, group - g0);
+    __m512 qv[HB][NV];
+    for (int h = 0; h < HB; ++h)
+      for (int c = 0; c < NV; ++c)
+        qv[h][c] = h < hb ? _mm512_mul_ps(_mm512_loadu_ps(qg + (g0 + h) * D + 16 * c), _mm512_set1_ps(scale))
+                          : _mm512_setzero_ps();
+    for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi) {
+      const int64_t cnt = std::min<int64_t>(ks.S, n - j0);
+      for (int64_t o = 0; o < cnt; ++o) {
+        const float* kr = ks.row(ks.k, pi, o);
+        __m512 kv[NV];
+        for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
+        for (int h = 0; h < HB; ++h) {
+          if (h >= hb) break;
+          __m512 a = _mm512_mul_ps(qv[h][0], kv[0]);
+          for (int c = 1; c < NV; ++c) a = _mm512_fmadd_ps(qv[h][c], kv[c], a);
+          sc[(g0 + h) * n + j0 + o] = _mm512_reduce_add_ps(a);
+        }
+      }
+    }
+    for (int h = 0; h < hb; ++h) softmax_inplace(sc + (g0 + h) * n, n);
+    __m512 acc[HB][NV];
+    for (int h = 0; h < HB; ++h)
+      for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi) {
+      const int64_t cnt = std::min<int64_t>(ks.S, n - j0);
+      for (int64_t o = 0; o < cnt; ++o) {
+        const float* vr = ks.row(ks.v, pi, o);
+        __m512 vv[NV];
+        for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+        for (int h = 0; h < HB; ++h) {
+          if (h >= hb) break;
+          const __m512 p = _mm512_set1_ps(sc[(g0 + h) * n + j0 + o]);
+          for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < hb; ++h)
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(og + (g0 + h) * D + 16 * c, acc[h][c]);
+  }
+}
+#endif
 
 }  // namespace
 
@@ -143,22 +223,18 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
       const float* qg = q + (row * H + hk * group) * D;  // the group's query heads, contiguous
       float* og = out + (row * H + hk * group) * D;
       float* sc = agrt_scratch<float>(kSlotScores, (size_t)(n * group));
-      const int64_t row_stride = (int64_t)Hkv * D;  // between slots of a page
-      for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {  // page by page: no division per key
-        const float* kp = k_cache + (pt[pi] * S * Hkv + hk) * D;
-        const int64_t cnt = std::min<int64_t>(S, n - j0);
-        for (int64_t o = 0; o < cnt; ++o)
-          for (int g = 0; g < group; ++g)
-            sc[g * n + j0 + o] = dot(qg + g * D, kp + o * row_stride, D) * scale;
+      const Keys keys{k_cache, v_cache, pt, S, (int64_t)Hkv * D, hk * D, n};
+#ifdef __AVX512F__
+      if (D == 64) {
+        attend_avx<4>(qg, group, keys, scale, sc, og);
+        continue;
       }
-      for (int g = 0; g < group; ++g) softmax_inplace(sc + g * n, n);
-      std::fill(og, og + group * D, 0.f);
-      for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {
-        const float* vp = v_cache + (pt[pi] * S * Hkv + hk) * D;
-        const int64_t cnt = std::min<int64_t>(S, n - j0);
-        for (int64_t o = 0; o < cnt; ++o)
-          for (int g = 0; g < group; ++g) axpy(sc[g * n + j0 + o], vp + o * row_stride, og + g * D, D);
+      if (D == 128) {
+        attend_avx<8>(qg, group, keys, scale, sc, og);
+        continue;
       }
+#endif
+      attend_generic(qg, group, D, keys, scale, sc, og);
     }
   }
 }
