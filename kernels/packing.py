@@ -136,6 +136,8 @@ def qgemm(x: torch.Tensor, pw: PackedWeight, out: torch.Tensor | None = None,
     if out is None:
         out = torch.empty(m_rows, pw.n, dtype=torch.float32)
         accumulate = False
+    if m_rows == 0:
+        return out
     lib = native.load()
     if lib is None or x.dtype != torch.float32 or x.stride(-1) != 1 or out.stride(-1) != 1:
         y = _qgemm_torch(x, pw, bias, precise)

@@ -124,3 +124,19 @@ def test_embedded_native_quantization_agrees_with_fp32(embedded, embedded_native
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += a.shape[0]
     assert agree / total >= 0.97, agree / total
+
+
+def test_fused_path_rejects_out_of_range_batches():
+    """The kernels index raw memory: a position past the rope table or a slot past the KV store
+    is a typed error, as the eager path's indexing would raise, never a stray write."""
+    from agentrt.model.batch import SeqChunk, build_batch
+    from agentrt.model.kv import KVStore
+
+    model = tiny_model("llama")
+    kv = KVStore.allocate(model.cfg, 2, 16)
+    ok = build_batch([SeqChunk([5, 6], 0, [0, 1])], 16)
+    model(ok.input_ids, ok.positions, kv, ok.meta, ok.logits_rows, path="fused")
+    for bad in (build_batch([SeqChunk([5], 40, [0, 1, 2])], 16),  # page 2 of a 2-page store
+                build_batch([SeqChunk([5], model.cfg.max_position_embeddings, [0] * 200)], 16)):
+        with pytest.raises(ConfigError):
+            model(bad.input_ids, bad.positions, kv, bad.meta, bad.logits_rows, path="fused")

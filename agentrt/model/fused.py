@@ -1,9 +1,12 @@
 """The fused forward: each layer is nine calls into the compiled CPU kernels (kernels/csrc).
 
 Per layer: rmsnorm -> qkv GEMM -> rope + KV store -> paged attention -> o GEMM added into the
-residual -> rmsnorm -> gate_up GEMM -> silu*up -> down GEMM added into the residual. Buffers are
-allocated once per forward. The eager torch forward (`LlamaModel.forward_eager`) issues ~40
-small ops per layer; on a 2-core CPU their dispatch cost exceeded the decode step's own work.
+residual -> rmsnorm -> gate_up GEMM -> silu*up -> down GEMM added into the residual. When every
+layer is quantized and no sequence brings more than KERNEL_ATTENTION_MAX_Q tokens (decode and
+verify steps), all layers run in one native call (`agrt_decoder_layers`, same kernels, same
+order); otherwise layer by layer from Python. The eager torch forward
+(`LlamaModel.forward_eager`) issues ~40 small ops per layer; on a 2-core CPU their dispatch
+cost exceeded the decode step's own work.
 
 Attention runs in the kernel for sequences with few new tokens (decode, speculation verify,
 short chunks); long prefill chunks use torch's fused SDPA (kernels/reference.py), which is far
@@ -96,8 +99,22 @@ class _Step:
         return self.attn
 
 
+def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> None:
+    """The kernels index raw memory: reject what torch's indexing would have rejected."""
+    if kv.k[0].dtype != torch.float32:
+        raise ConfigError(f"the fused forward needs a float32 KV store, got {kv.k[0].dtype}")
+    if positions.numel() == 0:
+        return
+    lo, hi = torch.aminmax(meta.slot_mapping)
+    plo, phi = torch.aminmax(meta.page_table)
+    if (int(positions.min()) < 0 or int(positions.max()) >= model.rope.cos.shape[0] or int(lo) < 0
+            or int(hi) >= kv.num_pages * kv.page_size or int(plo) < 0 or int(phi) >= kv.num_pages):
+        raise ConfigError("batch positions, slots or pages are outside the model's context or the KV store")
+
+
 def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: AttentionMeta,
             logits_rows: torch.Tensor | None) -> torch.Tensor:
+    check_bounds(model, positions, kv, meta)
     x = model.embed(input_ids).float().contiguous()  # [T, hidden], the residual stream
     st = _Step(model, positions, meta, x.shape[0])
     layers = None if st.long else native_layers(model)
