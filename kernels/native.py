@@ -35,8 +35,8 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 SIGNATURES = {
     "agrt_has_vnni": ([], ctypes.c_int),
-    "agrt_qgemm": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I64, _P, _I64, _I32, _P, _I32], None),
-    "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I64, _P, _I64, _P], None),
+    "agrt_qgemm": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _I32, _P, _I32], None),
+    "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _P], None),
     "agrt_rmsnorm": ([_P, _I64, _I64, _I64, _P, _F32, _P], None),
     "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _P], None),
     "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P], None),
@@ -47,7 +47,7 @@ SIGNATURES = {
 
 class Part(ctypes.Structure):  # AgrtPart in csrc/api.h
     _fields_ = [("q", _P), ("s", _P), ("m", _P), ("z", _I32), ("bits", _I32), ("group", _I32),
-                ("pad", _I32), ("n", _I64), ("k", _I64)]
+                ("half", _I32), ("n", _I64), ("k", _I64)]
 
 
 class Linear(ctypes.Structure):  # AgrtLinear

@@ -67,7 +67,7 @@ class QuantMatrix:
 @dataclass(frozen=True)
 class PackedWeight:
     q: torch.Tensor  # uint8, [tiles, K*16*bits/8]
-    s: torch.Tensor  # fp32 [tiles, K/G, 16]
+    s: torch.Tensor  # [tiles, K/G, 16]: fp16 when every scale and min is exactly an fp16, else fp32
     m: torch.Tensor | None
     z: int
     bits: int
@@ -75,6 +75,10 @@ class PackedWeight:
     n: int  # valid output rows (N); tiles * 16 >= N
     k: int
     fmt: str = "int8"
+
+    @property
+    def half(self) -> int:
+        return int(self.s.dtype == torch.float16)
 
     @property
     def nbytes(self) -> int:
@@ -96,7 +100,10 @@ def pack(qm: QuantMatrix) -> PackedWeight:
     else:
         t = q.reshape(tiles, 16, k // 8, 2, 4)
         t = (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 1, 3)
-    lay = lambda a: a.reshape(tiles, 16, k // g).permute(0, 2, 1).contiguous().float()  # noqa: E731
+    # GGUF's Q4_0/Q4_1/Q5_x/Q8_0 store their scales and mins as fp16: keep 2 bytes, not 4
+    half = all(a is None or torch.equal(a.half().float(), a) for a in (s, m))
+    dt = torch.float16 if half else torch.float32
+    lay = lambda a: a.reshape(tiles, 16, k // g).permute(0, 2, 1).contiguous().to(dt)  # noqa: E731
     return PackedWeight(t.contiguous().reshape(tiles, -1), lay(s), None if m is None else lay(m),
                         qm.z, bits, g, n, k, qm.fmt)
 
@@ -109,7 +116,7 @@ def unpack(pw: PackedWeight) -> QuantMatrix:
     else:
         b = pw.q.reshape(tiles, k // 8, 16, 4).permute(0, 2, 1, 3)  # [tiles, 16, K/8, 4]
         q = torch.stack((b & 15, b >> 4), dim=3).reshape(tiles * 16, k)
-    lay = lambda a: a.permute(0, 2, 1).reshape(tiles * 16, k // g)[: pw.n]  # noqa: E731
+    lay = lambda a: a.permute(0, 2, 1).reshape(tiles * 16, k // g)[: pw.n].float()  # noqa: E731
     return QuantMatrix(q[: pw.n].contiguous(), lay(pw.s).contiguous(),
                        None if pw.m is None else lay(pw.m).contiguous(), pw.z, g, pw.fmt)
 
@@ -143,7 +150,7 @@ def qgemm(x: torch.Tensor, pw: PackedWeight, out: torch.Tensor | None = None,
         y = _qgemm_torch(x, pw, bias, precise)
         return out.add_(y) if accumulate else out.copy_(y)
     lib.agrt_qgemm(x.data_ptr(), m_rows, pw.k, x.stride(0), pw.q.data_ptr(), pw.s.data_ptr(),
-                   _ptr(pw.m), pw.z, pw.bits, pw.group, pw.n, out.data_ptr(), out.stride(0),
+                   _ptr(pw.m), pw.half, pw.z, pw.bits, pw.group, pw.n, out.data_ptr(), out.stride(0),
                    int(accumulate), _ptr(bias), int(precise))
     return out
 
@@ -181,7 +188,7 @@ def qrows(pw: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
         sub = QuantMatrix(qm.q[ids], qm.s[ids], None if qm.m is None else qm.m[ids], pw.z, pw.group)
         return sub.dequantize()
     out = torch.empty(ids.numel(), pw.k, dtype=torch.float32)
-    lib.agrt_qrows(pw.q.data_ptr(), pw.s.data_ptr(), _ptr(pw.m), pw.z, pw.bits, pw.group, pw.k,
+    lib.agrt_qrows(pw.q.data_ptr(), pw.s.data_ptr(), _ptr(pw.m), pw.half, pw.z, pw.bits, pw.group, pw.k,
                    ids.data_ptr(), ids.numel(), out.data_ptr())
     return out
 

@@ -187,6 +187,6 @@ def _describe(model, lins):
 def _fill_linear(dst, lin: QLinear) -> None:
     for j, p in enumerate(lin.parts):
         dst.parts[j] = native.Part(p.q.data_ptr(), p.s.data_ptr(), None if p.m is None else p.m.data_ptr(),
-                                   p.z, p.bits, p.group, 0, p.n, p.k)
+                                   p.z, p.bits, p.group, p.half, p.n, p.k)
     dst.nparts, dst.precise, dst.n_out = len(lin.parts), int(lin.precise), lin.n_out
     dst.bias = None if lin.bias is None else lin.bias.data_ptr()

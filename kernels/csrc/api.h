@@ -4,11 +4,11 @@
 
 extern "C" {
 int agrt_has_vnni(void);
-void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q, const float* s,
-                const float* m, int32_t z, int32_t bits, int32_t G, int64_t N, float* y, int64_t ldy,
-                int32_t accumulate, const float* bias, int32_t precise);
-void agrt_qrows(const uint8_t* q, const float* s, const float* m, int32_t z, int32_t bits, int32_t G,
-                int64_t K, const int64_t* rows, int64_t R, float* out);
+void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q, const void* s,
+                const void* m, int32_t half, int32_t z, int32_t bits, int32_t G, int64_t N, float* y,
+                int64_t ldy, int32_t accumulate, const float* bias, int32_t precise);
+void agrt_qrows(const uint8_t* q, const void* s, const void* m, int32_t half, int32_t z, int32_t bits,
+                int32_t G, int64_t K, const int64_t* rows, int64_t R, float* out);
 void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const float* w, float eps,
                   float* out);
 void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D, const int64_t* pos,
@@ -22,8 +22,8 @@ void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
 
 // One quantized weight part / linear layer / decoder layer, as laid out by kernels/native.py.
 struct AgrtPart {
-  const uint8_t* q; const float* s; const float* m;
-  int32_t z, bits, group, pad; int64_t n, k;
+  const uint8_t* q; const void* s; const void* m;  // s, m: fp16 when half, else fp32
+  int32_t z, bits, group, half; int64_t n, k;
 };
 struct AgrtLinear {
   AgrtPart parts[3]; int32_t nparts, precise; const float* bias; int64_t n_out;

@@ -10,6 +10,31 @@
 #endif
 #include <cstdlib>
 
+// IEEE half -> float (F16C when the CPU has it).
+inline float agrt_half_to_float(uint16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalise
+    int e = -1;
+    uint32_t m = man;
+    do { m <<= 1; ++e; } while (!(m & 0x400));
+    bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
 // Grow-only scratch memory of the calling thread, kept across calls: no allocation, page fault
 // or zero fill per call (a decode step makes ~300 kernel calls). The contents are undefined;
 // each slot is used by one function at a time, so nested calls use different slots.

@@ -12,7 +12,7 @@ void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* 
   int64_t off = 0;
   for (int i = 0; i < l.nparts; ++i) {
     const AgrtPart& p = l.parts[i];
-    agrt_qgemm(x, T, p.k, ldx, p.q, p.s, p.m, p.z, p.bits, p.group, p.n, y + off, ldy,
+    agrt_qgemm(x, T, p.k, ldx, p.q, p.s, p.m, p.half, p.z, p.bits, p.group, p.n, y + off, ldy,
                accumulate ? 1 : 0, l.bias ? l.bias + off : nullptr, l.precise);
     off += p.n;
   }

@@ -15,9 +15,20 @@
 namespace {
 
 struct QMat {
-  const uint8_t* q; const float* s; const float* m;
-  int32_t z, bits, G; int64_t K;
+  const uint8_t* q; const void* s; const void* m;  // scales/mins: fp32, or fp16 when `half`
+  int32_t z, bits, G, half; int64_t K;
   int64_t tile_bytes() const { return K * 16 * bits / 8; }
+  static float at(const void* p, int64_t i, int32_t half) {
+    return half ? agrt_half_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+  float scale(int64_t i) const { return at(s, i, half); }
+  float min(int64_t i) const { return at(m, i, half); }
+#ifdef __AVX512F__
+  __m512 load16(const void* p, int64_t i) const {  // params i .. i+15
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(static_cast<const uint16_t*>(p) + i)))
+                : _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  }
+#endif
 };
 
 struct XQ {  // quantized activations; per row and group: scale sx, sum of q, and sx * sum
@@ -72,8 +83,8 @@ void tile_generic(const QMat& w, int64_t tile, const XQ& x, int64_t r0, int mr, 
         }
         const int32_t xs = x.sum[(r0 + r) * ng + g];
         const int64_t si = (tile * ng + g) * 16 + c;
-        float v = w.s[si] * (float)(dot - w.z * xs);
-        if (w.m) v += w.m[si] * (float)xs;
+        float v = w.scale(si) * (float)(dot - w.z * xs);
+        if (w.m) v += w.min(si) * (float)xs;
         acc += x.sx[(r0 + r) * ng + g] * v;
       }
       float* out = y + (r0 + r) * ldy + n0 + c;
@@ -102,8 +113,7 @@ void tile_vnni(const QMat& w, int64_t tile, const XBlock& xb, int64_t r0, float*
   constexpr int group_bytes = G * 16 * BITS / 8;
   const uint8_t* wt = w.q + tile * w.tile_bytes();
   const int64_t ng = w.K / G;
-  const float* st = w.s + tile * ng * 16;
-  const float* mt = w.m ? w.m + tile * ng * 16 : nullptr;
+  const int64_t p0 = tile * ng * 16;  // this tile's first scale/min
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
   const __m512 zneg = _mm512_set1_ps(-(float)w.z);
   __m512 acc[MR];
@@ -141,9 +151,9 @@ void tile_vnni(const QMat& w, int64_t tile, const XBlock& xb, int64_t r0, float*
       }
     }
     // sum_k x w = sx * s * dot + (m - z s) * (sx * sum(xq)); the column terms are shared by rows
-    const __m512 sv = _mm512_loadu_ps(st + g * 16);
+    const __m512 sv = w.load16(w.s, p0 + g * 16);
     __m512 cv = _mm512_mul_ps(sv, zneg);
-    if (mt) cv = _mm512_add_ps(cv, _mm512_loadu_ps(mt + g * 16));
+    if (w.m) cv = _mm512_add_ps(cv, w.load16(w.m, p0 + g * 16));
     const float* sxg = xb.sx + g * kRB;
     const float* ssg = xb.sxsum + g * kRB;
 #pragma GCC unroll 8
@@ -262,10 +272,11 @@ int agrt_has_vnni(void) {
 // (two int8 terms, ~127x smaller activation error) at twice the integer work; for layers whose
 // outputs decide the argmax (the output head).
 void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q,
-                const float* s, const float* m, int32_t z, int32_t bits, int32_t G, int64_t N,
-                float* y, int64_t ldy, int32_t accumulate, const float* bias, int32_t precise) {
+                const void* s, const void* m, int32_t half, int32_t z, int32_t bits, int32_t G,
+                int64_t N, float* y, int64_t ldy, int32_t accumulate, const float* bias,
+                int32_t precise) {
   if (M <= 0 || N <= 0) return;
-  const QMat w{q, s, m, z, bits, G, K};
+  const QMat w{q, s, m, z, bits, G, half, K};
   if (!precise) {
     qgemm_rows(x, M, K, ldx, w, N, y, ldy, accumulate != 0, bias);
     return;
@@ -295,9 +306,9 @@ void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t
 
 // Dequantize output rows `rows[R]` of W (i.e. rows of the [N, K] matrix) into out[R, K]:
 // the embedding lookup of a quantized (tied) embedding table.
-void agrt_qrows(const uint8_t* q, const float* s, const float* m, int32_t z, int32_t bits,
-                int32_t G, int64_t K, const int64_t* rows, int64_t R, float* out) {
-  const QMat w{q, s, m, z, bits, G, K};
+void agrt_qrows(const uint8_t* q, const void* s, const void* m, int32_t half, int32_t z,
+                int32_t bits, int32_t G, int64_t K, const int64_t* rows, int64_t R, float* out) {
+  const QMat w{q, s, m, z, bits, G, half, K};
   const int64_t ng = K / G;
 #pragma omp parallel for schedule(static) if (R > 8)
   for (int64_t i = 0; i < R; ++i) {
@@ -314,8 +325,8 @@ void agrt_qrows(const uint8_t* q, const float* s, const float* m, int32_t z, int
         qv = (step % 2) ? (b >> 4) : (b & 15);
       }
       const int64_t si = (tile * ng + k / G) * 16 + c;
-      float v = s[si] * (float)((int32_t)qv - z);
-      if (m) v += m[si];
+      float v = w.scale(si) * (float)((int32_t)qv - z);
+      if (m) v += w.min(si);
       out[i * K + k] = v;
     }
   }
