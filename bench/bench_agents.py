@@ -187,7 +187,7 @@ def main() -> None:
            "shared_prompts": not args.distinct_prompts, "bench_wall_s": time.perf_counter() - t0,
            "notes": ["ratios are peer / agentrt per repetition, then median (p90 in cases.*.ratios); "
                      "> 1: agentrt faster",
-                     "llama.cpp computes on the GGUF's Q4_1 weights; agentrt and transformers dequantize to fp32",
+                     "llama.cpp and agentrt (quantize=auto: native) compute on the GGUF's Q4_1/Q8_0 weights; transformers dequantizes to fp32",
                      "response cache off (size 0): all work is fresh; outputs are force-decoded and checked"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")

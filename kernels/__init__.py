@@ -1,8 +1,10 @@
 """agentrt.kernels: the hot tensor operations behind one small interface.
 
-Every operation has a pure-torch reference in `reference.py` (used on CPU and as the oracle
+Every operation has a pure-torch reference in `reference.py` (the eager path and the oracle
 in tests); triton versions (`triton_ops.py`) replace them on CUDA. Which one runs is decided
 once, when a model is built, by `get_backend(name, device)`; nothing is chosen at import time.
+On CPU the fused forward (agentrt/model/fused.py) calls the compiled kernels of `csrc/`
+(built and loaded by `native.py`; quantized weights and their GEMM in `packing.py`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ to a cache folder keyed by a hash of the sources, flags and compiler, so an edit
 
     AGENTRT_NATIVE=0            never build or load it (the torch fallback runs everywhere)
     AGENTRT_KERNEL_CACHE=DIR    where built libraries go (default ~/.cache/agentrt/kernels)
+    AGENTRT_KERNEL_CFLAGS=...   extra compiler flags (e.g. -mno-avx512f: the portable loops)
 """
 
 from __future__ import annotations
@@ -86,11 +87,15 @@ def _cpu_flags() -> str:
     return ""
 
 
+def flags() -> tuple[str, ...]:
+    return (*FLAGS, *os.environ.get("AGENTRT_KERNEL_CFLAGS", "").split())
+
+
 def library_path(cxx: str) -> Path:
     h = hashlib.sha256()
     for name in ("common.h", "api.h", *SOURCES):
         h.update((SRC_DIR / name).read_bytes())
-    h.update(" ".join((cxx, *FLAGS, _cpu_flags())).encode())
+    h.update(" ".join((cxx, *flags(), _cpu_flags())).encode())
     return cache_dir() / f"libagentrt_cpu-{h.hexdigest()[:16]}.so"
 
 
@@ -105,7 +110,7 @@ def build(verbose: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = [cxx, *FLAGS, *(str(SRC_DIR / s) for s in SOURCES), "-o", str(tmp_out)]
+        cmd = [cxx, *flags(), *(str(SRC_DIR / s) for s in SOURCES), "-o", str(tmp_out)]
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -116,3 +116,40 @@ def test_int8_quantization_of_dense_weights():
     err = (qm.dequantize() - w).abs().reshape(50, 3, 32)
     assert (err <= w.abs().reshape(50, 3, 32).amax(-1, keepdim=True) / 254 + 1e-7).all()
     assert qgemm(torch.zeros(0, 96), pack(qm)).shape == (0, 50)
+
+
+_PORTABLE_CHECK = """
+import torch
+from agentrt.kernels import native
+from agentrt.kernels.packing import QuantMatrix, pack, qgemm, _qgemm_torch
+from agentrt.model.generate import prompt_logits
+from tests.conftest import tiny_model
+assert native.load().agrt_has_vnni() == 0
+torch.manual_seed(0)
+for q, s, m, z, g in ((torch.randint(0, 16, (40, 64), dtype=torch.uint8), torch.rand(40, 2), torch.randn(40, 2), 0, 32),
+                      (torch.randint(0, 64, (40, 64), dtype=torch.uint8), torch.rand(40, 4), None, 32, 16)):
+    pw = pack(QuantMatrix(q, s, m, z, g))
+    x = torch.randn(5, 64)
+    assert torch.allclose(qgemm(x, pw, precise=True), _qgemm_torch(x, pw, None, True), atol=1e-4)
+model = tiny_model("qwen2")
+ids = list(range(3, 90))
+assert torch.allclose(prompt_logits(model, ids, path="fused"), prompt_logits(model, ids, path="eager"), atol=1e-4)
+print("portable ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native.available(), reason="compiled CPU kernels not built")
+def test_portable_kernels_without_avx512(tmp_path):
+    """The loops a CPU without AVX-512 runs: built with -mno-avx512f in a fresh process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, AGENTRT_KERNEL_CFLAGS="-mno-avx512f", AGENTRT_KERNEL_CACHE=str(tmp_path),
+               PYTHONPATH=str(root))
+    out = subprocess.run([sys.executable, "-c", _PORTABLE_CHECK], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0 and "portable ok" in out.stdout, out.stderr[-3000:]

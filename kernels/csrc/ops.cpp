@@ -155,6 +155,8 @@ void attend_avx(const float* qg, int group, const Keys& ks, float scale, float* 
 }
 #endif
 
+constexpr int64_t kRowsPerTask = 4;
+
 }  // namespace
 
 extern "C" {
@@ -197,8 +199,10 @@ void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_
 // Causal attention over paged KV for the sequences listed in seqs[nseq]: sequence b has
 // q_len = cu_q[b+1] - cu_q[b] queries (rows cu_q[b].. of q [T, H, D]) at the last q_len of its
 // kv_lens[b] positions, whose pages are page_table[b, :]. Writes the same rows of out [T, H, D].
-// One task = one query row x one KV head, with the H/Hkv query heads that share it: each key
-// and value row is loaded once for the whole group.
+// One task = up to kRowsPerTask query rows of a sequence x one KV head, with the H/Hkv query
+// heads that share it: each key and value row is loaded once for the whole group, and the
+// task's later rows find the sequence's K/V in cache (speculation verify steps bring several
+// rows per sequence over long contexts).
 void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
                     const int64_t* page_table, int64_t max_pages, const int64_t* cu_q,
                     const int64_t* kv_lens, const int64_t* seqs, int64_t nseq, int32_t H,
@@ -207,7 +211,7 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
   first[0] = 0;
   for (int64_t i = 0; i < nseq; ++i) {
     const int64_t b = seqs[i];
-    first[i + 1] = first[i] + (cu_q[b + 1] - cu_q[b]) * Hkv;
+    first[i + 1] = first[i] + (cu_q[b + 1] - cu_q[b] + kRowsPerTask - 1) / kRowsPerTask * Hkv;
   }
   const int group = H / Hkv;
 #pragma omp parallel if (first[nseq] > 1)
@@ -216,25 +220,26 @@ void agrt_attention(const float* q, const float* k_cache, const float* v_cache,
     for (int64_t task = 0; task < first[nseq]; ++task) {
       const int64_t i = std::upper_bound(first, first + nseq + 1, task) - first - 1;
       const int64_t b = seqs[i], local = task - first[i];
-      const int64_t qi = local / Hkv, hk = local % Hkv;
+      const int64_t q0 = local / Hkv * kRowsPerTask, hk = local % Hkv;
       const int64_t qlen = cu_q[b + 1] - cu_q[b];
-      const int64_t row = cu_q[b] + qi, n = kv_lens[b] - qlen + qi + 1;  // keys 0..n-1
-      const int64_t* pt = page_table + b * max_pages;
-      const float* qg = q + (row * H + hk * group) * D;  // the group's query heads, contiguous
-      float* og = out + (row * H + hk * group) * D;
-      float* sc = agrt_scratch<float>(kSlotScores, (size_t)(n * group));
-      const Keys keys{k_cache, v_cache, pt, S, (int64_t)Hkv * D, hk * D, n};
+      for (int64_t qi = q0; qi < std::min<int64_t>(q0 + kRowsPerTask, qlen); ++qi) {
+        const int64_t row = cu_q[b] + qi, n = kv_lens[b] - qlen + qi + 1;  // keys 0..n-1
+        const float* qg = q + (row * H + hk * group) * D;  // the group's query heads, contiguous
+        float* og = out + (row * H + hk * group) * D;
+        float* sc = agrt_scratch<float>(kSlotScores, (size_t)(n * group));
+        const Keys keys{k_cache, v_cache, page_table + b * max_pages, S, (int64_t)Hkv * D, hk * D, n};
 #ifdef __AVX512F__
-      if (D == 64) {
-        attend_avx<4>(qg, group, keys, scale, sc, og);
-        continue;
-      }
-      if (D == 128) {
-        attend_avx<8>(qg, group, keys, scale, sc, og);
-        continue;
-      }
+        if (D == 64) {
+          attend_avx<4>(qg, group, keys, scale, sc, og);
+          continue;
+        }
+        if (D == 128) {
+          attend_avx<8>(qg, group, keys, scale, sc, og);
+          continue;
+        }
 #endif
-      attend_generic(qg, group, D, keys, scale, sc, og);
+        attend_generic(qg, group, D, keys, scale, sc, og);
+      }
     }
   }
 }
