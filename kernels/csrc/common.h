@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <cstdlib>
