@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
+from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.files import resolve_source  # noqa: E402
@@ -132,6 +132,22 @@ def starts() -> dict:
             "peak_rss_mb_native": warm[2], "peak_rss_mb_fp32": fp32[2], "fp32_start_s": fp32[0]}
 
 
+def int8_gemm_peak(m: int = 1024, n: int = 3072, k: int = 576) -> dict:
+    """Measured int8 GEMM ops/s at a prefill-sized layer (gate_up, 1024 rows): agentrt's kernel
+    and fbgemm's dynamic int8 linear (activations quantized on the fly, as here)."""
+    from agentrt.kernels.packing import pack, qgemm, quantize_int8
+
+    w, x = torch.randn(n, k), torch.randn(m, k)
+    pw = pack(quantize_int8(w))
+    fb = torch.ao.nn.quantized.dynamic.Linear(k, n)
+    fb.set_weight_bias(torch.quantize_per_channel(w, (w.abs().amax(1) / 127).clamp(min=1e-8),
+                                                  torch.zeros(n, dtype=torch.long), 0, torch.qint8), None)
+    ops = 2 * m * n * k
+    with torch.inference_mode():
+        return {"agentrt_int8_ops_s": ops / timeit(lambda: qgemm(x, pw), repeat=5),
+                "fbgemm_int8_ops_s": ops / timeit(lambda: fb(x), repeat=5)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer rounds and steps (minutes)")
@@ -143,6 +159,7 @@ def main() -> None:
     res: dict = {"machine": machine(), "context": CTX, "rounds": rounds, "steps_per_round": steps}
     res.update(starts())
     bw = read_bandwidth()
+    peaks = {"fp32_gemm_flops": gemm_flops(torch.float32), **int8_gemm_peak()}
     gguf = str(resolve_source("smollm2-135m"))
     native = load_model("smollm2-135m", quantize="native")
     fp32 = load_model("smollm2-135m", quantize="none")
@@ -156,6 +173,10 @@ def main() -> None:
     b8 = interleaved({k: v for k, v in systems.items() if k != "llama.cpp"}, "decode_round", rounds, 8, steps)
     pre = {n: interleaved(systems, "prefill_round", rounds, n) for n in (256, 1024)}
     wbytes = decode_weight_bytes(native.model)
+    layer_params = sum(p.numel() for b in fp32.model.blocks for p in b.parameters())  # (the head: last row only)
+    native_ops = 2 * layer_params * 1024 / pre[1024]["agentrt native"]
+    fp32_ops = 2 * layer_params * 1024 / pre[1024]["agentrt fp32"]
+    int8_peak = max(peaks["agentrt_int8_ops_s"], peaks["fbgemm_int8_ops_s"])
     res.update({
         "read_bytes_per_s": bw, "weight_bytes_native": wbytes, "weight_bytes_fp32": decode_weight_bytes(fp32.model),
         "decode_b1_step_ms": {k: v * 1e3 for k, v in b1.items()},
@@ -163,6 +184,9 @@ def main() -> None:
         "prefill_tok_s": {str(n): {k: n / v for k, v in p.items()} for n, p in pre.items()},
         "decode_b8_step_over_b1_step": b8["agentrt native"] / b1["agentrt native"],
         "decode_b1_bandwidth_fraction": wbytes / bw / b1["agentrt native"],
+        "gemm_peaks": peaks,
+        "prefill_1024_fraction_of_int8_gemm_peak": native_ops / int8_peak,
+        "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path": fp32_ops / peaks["fp32_gemm_flops"],
     })
     if "llama.cpp" in systems:
         res["decode_b1_speedup_vs_llamacpp"] = b1["llama.cpp"] / b1["agentrt native"]
@@ -172,7 +196,8 @@ def main() -> None:
     print_table(f"forward speed, SmolLM2-135M (context {CTX}, medians of {rounds} alternating rounds)",
                 ["system", "decode b1 ms/step", "decode b8 ms/step", "prefill 256 tok/s", "prefill 1024 tok/s"], rows)
     keys = ("decode_b1_speedup_vs_llamacpp", "decode_b8_step_over_b1_step", "decode_b1_bandwidth_fraction",
-            "prefill_1024_speedup_vs_llamacpp", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s")
+            "prefill_1024_speedup_vs_llamacpp", "prefill_1024_fraction_of_int8_gemm_peak",
+            "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s")
     print(json.dumps({k: round(res[k], 3) for k in keys if k in res}, indent=1))
     print(f"read bandwidth {bw / 1e9:.1f} GB/s; weights read per native step {wbytes / 1e6:.1f} MB")
     print("wrote", write_results("model", res))
