@@ -279,3 +279,25 @@ def test_hf_dir_tokenizer_and_unsupported(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CorruptModelFile):
         load_hf_dir(tmp_path)
+
+
+def test_quantize_modes_on_a_dense_gguf(tmp_path):
+    """quantize="auto" keeps a checkpoint's own form (dense F32 tensors stay dense); "int8"
+    quantizes every linear layer; both run, and an unknown mode is a typed error."""
+    from agentrt.model.llama import Dense
+    from agentrt.model.loader import load_model
+    from agentrt.model.quant import QLinear
+
+    config, weights = _tiny("llama", False)
+    _write_gguf(tmp_path / "tiny.gguf", config, weights)
+    auto = load_model(str(tmp_path / "tiny.gguf"))
+    assert isinstance(auto.model.blocks[0].attn.qkv, Dense) and isinstance(auto.model.lm_head, Dense)
+    q = load_model(str(tmp_path / "tiny.gguf"), quantize="int8")
+    assert isinstance(q.model.blocks[0].mlp.down, QLinear) and q.model.lm_head.precise
+    from agentrt.model.generate import prompt_logits
+    a, b = prompt_logits(auto.model, [1, 2, 3, 4]), prompt_logits(q.model, [1, 2, 3, 4])
+    assert a.shape == b.shape and (a - b).abs().max() < 0.1 * a.abs().max()
+    with pytest.raises(ConfigError):
+        load_model(str(tmp_path / "tiny.gguf"), quantize="int4")
+    with pytest.raises(ConfigError):
+        load_model(str(tmp_path / "tiny.gguf"), forward="compiled")

@@ -9,7 +9,7 @@ import torch
 from agentrt.errors import ConfigError
 from agentrt.kernels import get_backend
 from agentrt.model.config import ModelConfig
-from agentrt.model.files import load_files
+from agentrt.model.files import load_files, resolve_source
 from agentrt.model.llama import LlamaModel
 from agentrt.model.fused import PATHS
 from agentrt.model.quant import quantize as apply_quant
@@ -45,16 +45,17 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32"
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
     .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
 
-    quantize: "none" (fp32/bf16 dense, the accuracy reference), "native" (a GGUF's own
-    quantization kept, never dequantized), "int8" (dense weights quantized per group of 32),
-    "auto" (the default: a GGUF's own quantization on CPU float32 when the compiled kernels are
-    available, else dense); see model/quant.py.
+    quantize: "none" (fp32/bf16 dense, the accuracy reference), "native" (a GGUF's quantized
+    matrices kept as they are, never dequantized; dense ones stay dense), "int8" (every linear
+    layer quantized per group of 32), "auto" (the default: "native" for a GGUF on CPU float32
+    when the compiled kernels are available, else "none"); see model/quant.py.
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
     reference); an engine can override it per step (EngineConfig.forward_path)."""
     dt = resolve_dtype(dtype)
     mode = resolve_mode(quantize)
-    if quantize == "auto" and (dt != torch.float32 or torch.device(device).type != "cpu"):
-        mode = "none"
+    if quantize == "auto" and (dt != torch.float32 or torch.device(device).type != "cpu"
+                               or resolve_source(source).is_dir()):
+        mode = "none"  # auto keeps a checkpoint's own form: quantized GGUF blocks, or dense
     if forward not in PATHS:
         raise ConfigError(f"forward={forward!r} is not supported; choose one of {PATHS}")
     if mode != "none" and (dt != torch.float32 or torch.device(device).type != "cpu"):
@@ -65,7 +66,7 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32"
     model = LlamaModel(files.config, dt, get_backend(kernels, device))
     model.load_hf_weights(files.weights)
     del files  # (the unpacked matrices; the model holds the packed ones)
-    apply_quant(model, "int8" if mode != "none" else "none")
+    apply_quant(model, "int8" if mode == "int8" else "none")
     model.forward_path = forward
     model.eval()
     return LoadedModel(model.to(device), tokenizer, config, source)

@@ -3,11 +3,12 @@
 Modes of `load_model(..., quantize=...)`:
   "none"    fp32 (or bf16) dense weights: the accuracy reference.
   "native"  a GGUF's own quantization, repacked once at load (never dequantized to fp32):
-            Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K; dense tensors of the file stay dense.
-            For a Hugging Face directory (no quantized tensors) it is the same as "int8".
-  "int8"    dense weights quantized to int8 per group of 32 (the Q8_0 scheme).
-  "auto"    (load_model's default) "native" when the compiled kernels are available and the
-            model runs on the CPU in float32, else "none".
+            Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K; dense tensors of the file stay dense
+            (a Hugging Face directory has none: it loads dense).
+  "int8"    every linear layer quantized to int8 per group of 32 (the Q8_0 scheme) from its
+            dense (or dequantized) weights.
+  "auto"    (load_model's default) "native" for a GGUF when the compiled kernels are available
+            and the model runs on the CPU in float32, else "none".
 Every quantized layer runs one integer GEMM (AVX-512 VNNI) with activations quantized per row
 and group to int8, as llama.cpp does: fast from decode (M=1) to prefill, and batch-invariant.
 """
