@@ -296,7 +296,8 @@ def test_quantize_modes_on_a_dense_gguf(tmp_path):
     assert isinstance(q.model.blocks[0].mlp.down, QLinear) and q.model.lm_head.precise
     from agentrt.model.generate import prompt_logits
     a, b = prompt_logits(auto.model, [1, 2, 3, 4]), prompt_logits(q.model, [1, 2, 3, 4])
-    assert a.shape == b.shape and (a - b).abs().max() < 0.1 * a.abs().max()
+    # (N(0, 1) random weights amplify rounding through the layers; a broken kernel gives ~100%)
+    assert a.shape == b.shape and (a - b).abs().max() < 0.3 * a.abs().max()
     with pytest.raises(ConfigError):
         load_model(str(tmp_path / "tiny.gguf"), quantize="int4")
     with pytest.raises(ConfigError):
