@@ -52,21 +52,16 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32"
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
     reference); an engine can override it per step (EngineConfig.forward_path)."""
     dt = resolve_dtype(dtype)
-    mode = resolve_mode(quantize)
-    if quantize == "auto" and (dt != torch.float32 or torch.device(device).type != "cpu"
-                               or resolve_source(source).is_dir()):
-        mode = "none"  # auto keeps a checkpoint's own form: quantized GGUF blocks, or dense
     if forward not in PATHS:
         raise ConfigError(f"forward={forward!r} is not supported; choose one of {PATHS}")
-    if mode != "none" and (dt != torch.float32 or torch.device(device).type != "cpu"):
-        raise ConfigError(f"quantize={quantize!r} runs on the CPU in float32; use quantize='none' "
-                          f"for dtype={dtype!r} on {device!r}")
+    mode = resolve_mode(quantize, gguf=not resolve_source(source).is_dir(),
+                        cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu")
     files = load_files(source, dt, native=mode == "native")
     tokenizer, config, source = files.tokenizer, files.config, files.source
     model = LlamaModel(files.config, dt, get_backend(kernels, device))
     model.load_hf_weights(files.weights)
     del files  # (the unpacked matrices; the model holds the packed ones)
-    apply_quant(model, "int8" if mode == "int8" else "none")
+    apply_quant(model, "int8" if mode == "int8" else "none")  # (native: loaded quantized)
     model.forward_path = forward
     model.eval()
     return LoadedModel(model.to(device), tokenizer, config, source)

@@ -25,11 +25,15 @@ from agentrt.kernels.packing import PackedWeight, QuantMatrix, pack, qgemm, qrow
 QUANT_MODES = ("none", "native", "int8", "auto")
 
 
-def resolve_mode(mode: str) -> str:
+def resolve_mode(mode: str, *, gguf: bool, cpu_fp32: bool) -> str:
+    """The load mode for `mode` given the source (a GGUF file?) and target (CPU float32?):
+    "auto" keeps a checkpoint's own form; quantized modes need the CPU in float32."""
     if mode not in QUANT_MODES:
         raise ConfigError(f"quantize={mode!r} is not supported; choose one of {QUANT_MODES}")
-    if mode == "auto":
-        return "native" if native.available() else "none"
+    if mode == "auto":  # (the kernel check last: it may build them)
+        return "native" if gguf and cpu_fp32 and native.available() else "none"
+    if mode != "none" and not cpu_fp32:
+        raise ConfigError(f"quantize={mode!r} runs on the CPU in float32; use quantize='none'")
     return mode
 
 
@@ -96,8 +100,11 @@ def linear_from(parts: list[torch.Tensor | QuantMatrix], bias: torch.Tensor | No
 
 
 def quantize(model: nn.Module, mode: str) -> nn.Module:
-    """Replace the decoder's dense linear layers (and the output head) by int8 QLinear layers."""
-    mode = resolve_mode(mode)
+    """mode "int8": replace the decoder's dense linear layers (and the output head) by int8
+    QLinear layers; "none": leave the model as it is."""
+    if mode not in ("none", "int8"):
+        raise ConfigError(f"quantize(model, {mode!r}): a loaded model can be quantized to 'int8' "
+                          "('native' and 'auto' are load_model modes)")
     if mode == "none":
         return model
     for block in model.blocks:

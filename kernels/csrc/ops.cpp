@@ -85,22 +85,28 @@ inline void rope_row(const float* x, const float* c, const float* s, int D, floa
 struct Keys {
   const float* k; const float* v; const int64_t* pt;
   int64_t S, row_stride, head_off, n;
-  const float* row(const float* cache, int64_t pi, int64_t o) const {
-    return cache + (pt[pi] * S + o) * row_stride + head_off;
+  // fn(j, row of key/value j) for j = 0..n-1, page by page (no division per key)
+  template <typename Fn>
+  void each(const float* cache, Fn&& fn) const {
+    for (int64_t j0 = 0, pi = 0; j0 < n; j0 += S, ++pi) {
+      const float* base = cache + pt[pi] * S * row_stride + head_off;
+      const int64_t cnt = std::min<int64_t>(S, n - j0);
+      for (int64_t o = 0; o < cnt; ++o) fn(j0 + o, base + o * row_stride);
+    }
   }
 };
 
 void attend_generic(const float* qg, int group, int D, const Keys& ks, float scale, float* sc,
                     float* og) {
   const int64_t n = ks.n;
-  for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi)  // page by page: no division per key
-    for (int64_t o = 0; o < std::min<int64_t>(ks.S, n - j0); ++o)
-      for (int g = 0; g < group; ++g) sc[g * n + j0 + o] = dot(qg + g * D, ks.row(ks.k, pi, o), D) * scale;
+  ks.each(ks.k, [&](int64_t j, const float* kr) {
+    for (int g = 0; g < group; ++g) sc[g * n + j] = dot(qg + g * D, kr, D) * scale;
+  });
   for (int g = 0; g < group; ++g) softmax_inplace(sc + g * n, n);
   std::fill(og, og + group * D, 0.f);
-  for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi)
-    for (int64_t o = 0; o < std::min<int64_t>(ks.S, n - j0); ++o)
-      for (int g = 0; g < group; ++g) axpy(sc[g * n + j0 + o], ks.row(ks.v, pi, o), og + g * D, D);
+  ks.each(ks.v, [&](int64_t j, const float* vr) {
+    for (int g = 0; g < group; ++g) axpy(sc[g * n + j], vr, og + g * D, D);
+  });
 }
 
 #ifdef __AVX512F__
@@ -118,37 +124,27 @@ void attend_avx(const float* qg, int group, const Keys& ks, float scale, float* 
       for (int c = 0; c < NV; ++c)
         qv[h][c] = h < hb ? _mm512_mul_ps(_mm512_loadu_ps(qg + (g0 + h) * D + 16 * c), _mm512_set1_ps(scale))
                           : _mm512_setzero_ps();
-    for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi) {
-      const int64_t cnt = std::min<int64_t>(ks.S, n - j0);
-      for (int64_t o = 0; o < cnt; ++o) {
-        const float* kr = ks.row(ks.k, pi, o);
-        __m512 kv[NV];
-        for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
-        for (int h = 0; h < HB; ++h) {
-          if (h >= hb) break;
-          __m512 a = _mm512_mul_ps(qv[h][0], kv[0]);
-          for (int c = 1; c < NV; ++c) a = _mm512_fmadd_ps(qv[h][c], kv[c], a);
-          sc[(g0 + h) * n + j0 + o] = _mm512_reduce_add_ps(a);
-        }
+    ks.each(ks.k, [&](int64_t j, const float* kr) {
+      __m512 kv[NV];
+      for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
+      for (int h = 0; h < hb; ++h) {
+        __m512 a = _mm512_mul_ps(qv[h][0], kv[0]);
+        for (int c = 1; c < NV; ++c) a = _mm512_fmadd_ps(qv[h][c], kv[c], a);
+        sc[(g0 + h) * n + j] = _mm512_reduce_add_ps(a);
       }
-    }
+    });
     for (int h = 0; h < hb; ++h) softmax_inplace(sc + (g0 + h) * n, n);
     __m512 acc[HB][NV];
     for (int h = 0; h < HB; ++h)
       for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_setzero_ps();
-    for (int64_t j0 = 0, pi = 0; j0 < n; j0 += ks.S, ++pi) {
-      const int64_t cnt = std::min<int64_t>(ks.S, n - j0);
-      for (int64_t o = 0; o < cnt; ++o) {
-        const float* vr = ks.row(ks.v, pi, o);
-        __m512 vv[NV];
-        for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
-        for (int h = 0; h < HB; ++h) {
-          if (h >= hb) break;
-          const __m512 p = _mm512_set1_ps(sc[(g0 + h) * n + j0 + o]);
-          for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
-        }
+    ks.each(ks.v, [&](int64_t j, const float* vr) {
+      __m512 vv[NV];
+      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+      for (int h = 0; h < hb; ++h) {
+        const __m512 p = _mm512_set1_ps(sc[(g0 + h) * n + j]);
+        for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
       }
-    }
+    });
     for (int h = 0; h < hb; ++h)
       for (int c = 0; c < NV; ++c) _mm512_storeu_ps(og + (g0 + h) * D + 16 * c, acc[h][c]);
   }

@@ -22,6 +22,13 @@ struct QMat {
     return half ? agrt_half_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
   }
   float scale(int64_t i) const { return at(s, i, half); }
+  // q[n, k] of column c (n = tile * 16 + c) in its tile `wt` (layout: kernels/packing.py)
+  uint8_t q_at(const uint8_t* wt, int c, int64_t k) const {
+    const int64_t step = k / 4, lane = k % 4;
+    if (bits == 8) return wt[step * 64 + c * 4 + lane];
+    const uint8_t b = wt[(step / 2) * 64 + c * 4 + lane];
+    return (step % 2) ? (b >> 4) : (b & 15);
+  }
   float min(int64_t i) const { return at(m, i, half); }
 #ifdef __AVX512F__
   __m512 load16(const void* p, int64_t i) const {  // params i .. i+15
@@ -71,15 +78,7 @@ void tile_generic(const QMat& w, int64_t tile, const XQ& x, int64_t r0, int mr, 
         int32_t dot = 0;
         for (int j = 0; j < w.G; ++j) {
           const int64_t k = g * w.G + j;
-          const int64_t step = k / 4, lane = k % 4;
-          uint8_t qv;
-          if (w.bits == 8) {
-            qv = wt[step * 64 + c * 4 + lane];
-          } else {
-            const uint8_t b = wt[(step / 2) * 64 + c * 4 + lane];
-            qv = (step % 2) ? (b >> 4) : (b & 15);
-          }
-          dot += (int32_t)qv * x.q[(r0 + r) * x.K + k];
+          dot += (int32_t)w.q_at(wt, c, k) * x.q[(r0 + r) * x.K + k];
         }
         const int32_t xs = x.sum[(r0 + r) * ng + g];
         const int64_t si = (tile * ng + g) * 16 + c;
@@ -316,16 +315,8 @@ void agrt_qrows(const uint8_t* q, const void* s, const void* m, int32_t half, in
     const int c = (int)(n % 16);
     const uint8_t* wt = q + tile * w.tile_bytes();
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t step = k / 4, lane = k % 4;
-      uint8_t qv;
-      if (bits == 8) {
-        qv = wt[step * 64 + c * 4 + lane];
-      } else {
-        const uint8_t b = wt[(step / 2) * 64 + c * 4 + lane];
-        qv = (step % 2) ? (b >> 4) : (b & 15);
-      }
       const int64_t si = (tile * ng + k / G) * 16 + c;
-      float v = w.scale(si) * (float)((int32_t)qv - z);
+      float v = w.scale(si) * (float)((int32_t)w.q_at(wt, c, k) - z);
       if (m) v += w.min(si);
       out[i * K + k] = v;
     }
