@@ -274,5 +274,7 @@ def test_template_features_and_sandbox(tok):
     unstable = "{% for m in messages %}{{ m.content }}{% if loop.last %}<|im_end|>{% endif %}{% endfor %}"
     chat = ChatFormat(tok, unstable)
     assert tok.decode(chat.encode(msgs)) == chat.render(msgs)
-    with pytest.raises(ChatTemplateError, match="encode\\(\\)"):
+    with pytest.raises(ChatTemplateError, match="extend"):
         chat.encode_delta(msgs[:1], msgs[1:])
+    kept, ids, _ = chat.extend(msgs, (1,))  # extend() re-encodes what the template re-rendered
+    assert kept == 0 and ids == chat.encode(msgs)

@@ -63,10 +63,6 @@ TOOLS_INSTRUCTION = (
 )
 
 
-class _NotPrefixStable(Exception):
-    """Internal: rendering messages[:k+1] does not start with the rendering of messages[:k]."""
-
-
 class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` (used by some HF templates) renders its body unchanged."""
 
@@ -115,12 +111,15 @@ class ChatFormat:
         self._nonce = secrets.token_hex(8)
         self._sentinel_re = re.compile("\ue000" + self._nonce + r"(\d+)\ue001")
         self._control = tuple(tokenizer.special_tokens)
+        self._control_re = re.compile("(" + "|".join(re.escape(t) for t in sorted(self._control, key=len, reverse=True))
+                                      + ")") if self._control else None
         self._strip_content = False  # the probe below needs the raw contents
         self._strip_content = self._probe_content_mode()
-        try:
-            gen = self._split_rendered([{"role": "user", "content": "x"}], None, True)[-1]
-        except _NotPrefixStable:
-            raise ChatTemplateError("the template's generation prompt rewrites the conversation before it") from None
+        user = self._sentinelize([{"role": "user", "content": "x"}])[0]
+        base, whole = self._render(user, None, False), self._render(user, None, True)
+        if not whole.startswith(base):
+            raise ChatTemplateError("the template's generation prompt rewrites the conversation before it")
+        gen = whole[len(base):]
         self._gen_prompt_ids = tuple(self._tokenize(gen, {}))
         closed = self._render(self._sentinelize([{"role": "user", "content": "x"},
                                                  {"role": "assistant", "content": "y"}])[0], None, False)
@@ -138,22 +137,61 @@ class ChatFormat:
 
     def encode_delta(self, prev_messages: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]],
                      tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True) -> list[int]:
-        """Token ids that extend `encode(prev_messages, add_generation_prompt=False)` with new_messages."""
+        """Token ids that extend `encode(prev_messages, add_generation_prompt=False)` with new_messages.
+
+        Raises ChatTemplateError when the template renders prev_messages differently once the new
+        ones follow (e.g. Qwen2.5 merging consecutive tool results): use `extend()` (what
+        `Conversation` does), which then re-encodes the smallest affected suffix instead.
+        """
         if not prev_messages and not new_messages:
             raise ChatTemplateError("the conversation is empty; pass at least one message")
-        prepared = self._prepare([*prev_messages, *new_messages], tools)
-        start = len(self._prepare(prev_messages, tools)) if prev_messages else 0
+        start = len(prev_messages)
+        kept, ids, _ = self.extend([*prev_messages, *new_messages], (start,), tools, add_generation_prompt)
+        if kept != start:
+            raise ChatTemplateError(
+                "the chat template renders earlier messages differently once later ones are added, so "
+                "this conversation cannot be extended by a pure delta; use ChatFormat.extend() or Conversation"
+            )
+        return ids
+
+    def extend(self, messages: Sequence[Mapping[str, Any]], cuts: Sequence[int],
+               tools: Sequence[Mapping[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> tuple[int, list[int], dict[int, int]]:
+        """Encode messages as a continuation of the tokens already held for one of its prefixes.
+
+        cuts: message counts k whose tokens the caller holds (messages[:k] encoded, no generation
+        prompt). Returns (k, ids, ends): the largest k in cuts (or 0) whose rendering is a prefix of
+        the whole rendering, the ids of the rest, and for each later message boundary that is a
+        prefix of the whole rendering, its message count -> offset in ids. A template that
+        re-renders earlier turns (merged tool results) thus only re-encodes the affected suffix.
+        """
+        prepared = self._prepare(messages, tools)
         sentinel_msgs, contents = self._sentinelize(prepared)
-        try:
-            chunks = self._split_rendered(sentinel_msgs, tools, add_generation_prompt, start)
-        except _NotPrefixStable:
-            if start:
-                raise ChatTemplateError(
-                    "the chat template renders earlier messages differently once later ones are added, so "
-                    "this conversation cannot be extended token by token; call encode() on the whole conversation"
-                ) from None
-            chunks = [self._render(sentinel_msgs, tools, add_generation_prompt)]  # one piece, no boundaries
-        return [i for chunk in chunks for i in self._tokenize(chunk, contents)]
+        whole = self._render(sentinel_msgs, tools, add_generation_prompt)
+        kept, text = 0, ""
+        for k in sorted({c for c in cuts if 0 < c <= len(messages)}, reverse=True):
+            rendered = self._render(sentinel_msgs[:self._prepared_len(messages, k, tools)], tools, False)
+            if whole.startswith(rendered):
+                kept, text = k, rendered
+                break
+        cut_texts = {}
+        for k in range(kept + 1, len(messages) + 1):
+            rendered = self._render(sentinel_msgs[:self._prepared_len(messages, k, tools)], tools, False)
+            if whole.startswith(rendered) and len(rendered) >= len(text):
+                cut_texts[k] = rendered
+        ids: list[int] = []
+        ends: dict[int, int] = {}
+        for k, rendered in cut_texts.items():  # ascending k: each chunk ends at a message boundary
+            ids += self._tokenize(rendered[len(text):], contents)
+            ends[k], text = len(ids), rendered
+        ids += self._tokenize(whole[len(text):], contents)
+        return kept, ids, ends
+
+    def _prepared_len(self, messages: Sequence[Mapping[str, Any]], k: int, tools: Any) -> int:
+        """How many prepared messages stand for messages[:k] (the fallback may add a system one)."""
+        if self.native_tools or not tools:
+            return k
+        return k + (0 if messages and messages[0].get("role") == "system" else 1)
 
     def generation_prompt_tokens(self) -> list[int]:
         """Ids the template appends to open the assistant turn (e.g. `<|im_start|>assistant\\n`)."""
@@ -186,32 +224,27 @@ class ChatFormat:
     def _token_text(self, token_id: int | None) -> str:
         return (self.tokenizer.id_to_token(token_id) or "") if token_id is not None else ""
 
-    def _split_rendered(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
-                        start: int = 0) -> list[str]:
-        """Rendered text of messages[start:], cut at each message boundary and before the generation prompt."""
-        prefix = self._render(messages[:start], tools, False) if start else ""
-        chunks = []
-        for k in range(start + 1, len(messages) + 1):
-            prefix = self._extend(prefix, self._render(messages[:k], tools, False), chunks)
-        if add_generation_prompt:
-            self._extend(prefix, self._render(messages, tools, True), chunks)
-        return chunks
-
-    @staticmethod
-    def _extend(prefix: str, text: str, chunks: list[str]) -> str:
-        if not text.startswith(prefix):
-            raise _NotPrefixStable()
-        chunks.append(text[len(prefix):])
-        return text
-
     def _tokenize(self, chunk: str, contents: Mapping[int, str]) -> list[int]:
+        """Ids of rendered text: control tokens only where the template wrote them, and the text
+        between them (template text and contents together) tokenized as one piece, as tokenizing
+        the whole rendering would; a content's control-token text stays ordinary text."""
         parts = self._sentinel_re.split(chunk)  # [template, index, template, index, ..., template]
         ids: list[int] = []
+        text: list[str] = []
         for n, part in enumerate(parts):
             if n % 2:
-                ids += self.tokenizer.encode(contents[int(part)], special=False)
-            elif part:
-                ids += self.tokenizer.encode(part, special=True)
+                text.append(contents[int(part)])
+                continue
+            pieces = self._control_re.split(part) if self._control_re else [part]
+            for m, piece in enumerate(pieces):  # [text, control, text, ...]
+                if m % 2:
+                    ids += self.tokenizer.encode("".join(text), special=False) if text else []
+                    ids.append(self.tokenizer.special_tokens[piece])
+                    text = []
+                elif piece:
+                    text.append(piece)
+        if text:
+            ids += self.tokenizer.encode("".join(text), special=False)
         return ids
 
     def _sentinelize(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, str]]:

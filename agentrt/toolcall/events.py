@@ -40,6 +40,8 @@ class ParserState(enum.StrEnum):
     CLOSING_TAG = "closing_tag"  # call JSON done, waiting for </tool_call>
     SKIPPING = "skipping"  # malformed tag content: skipping to </tool_call>
     BETWEEN_CALLS = "between_calls"  # after a call: another call or the stop point follows
+    FENCE_OPEN = "fence_open"  # "```json" at message start: a fenced call may follow (held)
+    FENCE_CLOSE = "fence_close"  # a fenced call's JSON done, waiting for "```"
     STOPPED = "stopped"  # should_stop is set; further input is ignored
     CLOSED = "closed"  # close() was called
 

@@ -11,6 +11,10 @@ Formats (`wrapper`):
           objects separated by whitespace; a message starting with anything else is text
           (tags are not looked for).
   auto    hermes tags anywhere, plus a bare call object at the very start of the message.
+The tags default to <tool_call> / </tool_call>; `open_tag` / `close_tag` take a model family's
+own (`agentrt.toolcall.formats`: e.g. "[TOOL_CALLS]" with no close tag, its content a JSON list).
+`fences=True` (json / auto) also takes a call in a ```json fence at the start of the message (the
+fence is not text; after its closing ``` more fenced or bare calls may follow).
 
 Early stop (`should_stop`, `EarlyStop`), the one documented point per situation:
   * the verdict of call number `max_calls` (parallel_calls=False means max_calls=1): for a
@@ -43,6 +47,7 @@ from agentrt.toolcall.specs import ToolSpec, load_tool_specs
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, match_literal
 
 WRAPPERS = ("hermes", "json", "auto")
+_FENCE = "```"
 _WS_RUN = re.compile(r"[ \t\n\r]+")
 
 
@@ -54,7 +59,8 @@ class ToolCallParser:
     """
 
     def __init__(self, tools: object, *, wrapper: str = "auto", parallel_calls: bool = True,
-                 max_calls: int | None = None, stop_on_invalid: bool = True) -> None:
+                 max_calls: int | None = None, stop_on_invalid: bool = True, open_tag: str = OPEN_TAG,
+                 close_tag: str = CLOSE_TAG, fences: bool = False) -> None:
         if wrapper not in WRAPPERS:
             raise ConfigError(f"wrapper must be one of {', '.join(WRAPPERS)}; got {wrapper!r}")
         for option, value in (("parallel_calls", parallel_calls), ("stop_on_invalid", stop_on_invalid)):
@@ -65,6 +71,11 @@ class ToolCallParser:
             raise ConfigError(f"max_calls must be None or an int >= 1, got {max_calls!r}")
         if not parallel_calls and max_calls not in (None, 1):
             raise ConfigError(f"max_calls={max_calls} needs parallel_calls=True")
+        if not isinstance(open_tag, str) or not open_tag or not isinstance(close_tag, str):
+            raise ConfigError("open_tag must be a non-empty str and close_tag a str")
+        self._open, self._close, self._fences = open_tag, close_tag, bool(fences) and wrapper != "hermes"
+        self._fenced = False  # the current bare call sits in a ```json fence
+        self._fence: list[str] = []  # held fence text while undecided
         self._specs = load_tool_specs(tools)
         self._wrapper = wrapper
         self._max_calls = max_calls if parallel_calls else 1
@@ -88,6 +99,8 @@ class ToolCallParser:
             ParserState.CLOSING_TAG: self._on_closing_tag,
             ParserState.SKIPPING: self._on_skipping,
             ParserState.BETWEEN_CALLS: self._on_between,
+            ParserState.FENCE_OPEN: self._on_fence_open,
+            ParserState.FENCE_CLOSE: self._on_fence_close,
         }
         self._handler = self._handlers[self._state]  # None once stopped or closed
 
@@ -134,9 +147,11 @@ class ToolCallParser:
         """End of stream: flush held text, invalidate an unfinished call. Idempotent."""
         state = self._state
         if state is ParserState.TEXT and self._matched:
-            self._out.text(OPEN_TAG[: self._matched])
+            self._out.text(self._open[: self._matched])
         elif state is ParserState.MESSAGE_START:
             self._out.text("".join(self._held_ws))
+        elif state is ParserState.FENCE_OPEN and self._verdicts == 0:
+            self._out.text("".join(self._held_ws + self._fence))
         elif state is ParserState.IN_CALL:
             self._container.close()
             self._end_container()
@@ -154,6 +169,9 @@ class ToolCallParser:
         if s[i] == "{" or (s[i] == "[" and self._wrapper == "json"):
             self._held_ws = []  # whitespace before bare JSON is not text
             self._open_container(bare=True)
+        elif s[i] == "`" and self._fences:
+            self._fence, self._matched = [], 0
+            self._enter(ParserState.FENCE_OPEN)
         else:
             self._out.text("".join(self._held_ws))
             self._held_ws = []
@@ -162,20 +180,20 @@ class ToolCallParser:
 
     def _on_text(self, s: str, i: int) -> int:
         if self._matched == 0:
-            k = s.find("<", i) if self._detect_tags else -1
+            k = s.find(self._open[0], i) if self._detect_tags else -1
             if k < 0:
                 self._out.text(s[i:])
                 return len(s)
             self._out.text(s[i:k])
             i = k
-        matched, j = match_literal(OPEN_TAG, self._matched, s, i)
-        if matched == len(OPEN_TAG):
+        matched, j = match_literal(self._open, self._matched, s, i)
+        if matched == len(self._open):
             self._matched = 0
             self._open_container(bare=False)
         elif j == len(s):
             self._matched = matched  # held: not text until proven not to be a tag
         else:
-            self._out.text(OPEN_TAG[:matched])  # not a tag after all; s[j] is examined again
+            self._out.text(self._open[:matched])  # not a tag after all; s[j] is examined again
             self._matched = 0
         return j
 
@@ -190,14 +208,17 @@ class ToolCallParser:
             return j
         if container.failed:  # s[j], the offending character, is not consumed
             self._end_container()
-            if self._bare:
+            if self._bare or not self._close:
                 self._stop(container.trigger_end, "malformed bare JSON: no later call can be located")
             else:
                 self._enter(ParserState.SKIPPING)
         elif container.done:
             self._end_container()
             if not self._bare:
-                self._enter(ParserState.CLOSING_TAG)
+                self._enter(ParserState.CLOSING_TAG if self._close else ParserState.BETWEEN_CALLS)
+            elif self._fenced:
+                self._matched = 0
+                self._enter(ParserState.FENCE_CLOSE)
             elif container.is_list:
                 self._stop(container.trigger_end, "the list of tool calls is closed")
             else:
@@ -209,24 +230,24 @@ class ToolCallParser:
             i = self._skip_ws(s, i)
             if i == len(s):
                 return i
-        matched, j = match_literal(CLOSE_TAG, self._matched, s, i)
-        if matched == len(CLOSE_TAG):
+        matched, j = match_literal(self._close, self._matched, s, i)
+        if matched == len(self._close):
             self._matched = 0
             self._enter(ParserState.BETWEEN_CALLS)
         elif j == len(s):
             self._matched = matched
         else:
-            self._stop(j + 1, "unexpected text after the tool call JSON inside <tool_call>")
+            self._stop(j + 1, f"unexpected text after the tool call JSON inside {self._open}")
         return j
 
     def _on_skipping(self, s: str, i: int) -> int:
         if self._matched == 0:
-            k = s.find("<", i)
+            k = s.find(self._close[0], i)
             if k < 0:
                 return len(s)
             i = k
-        matched, j = match_literal(CLOSE_TAG, self._matched, s, i)
-        if matched == len(CLOSE_TAG):
+        matched, j = match_literal(self._close, self._matched, s, i)
+        if matched == len(self._close):
             self._enter(ParserState.BETWEEN_CALLS)
             matched = 0
         elif j < len(s):
@@ -241,18 +262,66 @@ class ToolCallParser:
                 return i
             if self._bare:
                 if s[i] == "{":
+                    self._fenced = False
                     self._open_container(bare=True)
+                elif s[i] == "`" and self._fences:
+                    self._fence = []
+                    self._enter(ParserState.FENCE_OPEN)
                 else:
                     self._stop(i + 1, "text after the tool calls")
                 return i
-        matched, j = match_literal(OPEN_TAG, self._matched, s, i)
-        if matched == len(OPEN_TAG):
+        matched, j = match_literal(self._open, self._matched, s, i)
+        if matched == len(self._open):
             self._matched = 0
             self._open_container(bare=False)
         elif j == len(s):
             self._matched = matched
         else:
             self._stop(j + 1, "text after the tool calls")
+        return j
+
+    def _on_fence_open(self, s: str, i: int) -> int:
+        """```, an optional language word, whitespace, then '{' or '[' opens a fenced call."""
+        ch = s[i]
+        if self._matched < len(_FENCE):
+            matched, j = match_literal(_FENCE, self._matched, s, i)
+            self._fence.append(s[i:j])
+            self._matched = matched
+            return j if matched == len(_FENCE) or j == len(s) else self._not_a_fence(s, j)
+        if ch.isalpha() and not any(c.isspace() for c in self._fence[-1:]):
+            self._fence.append(ch)
+            return i + 1
+        if ch in " \t\r\n":
+            self._fence.append(ch)
+            return i + 1
+        if ch in "{[":
+            self._held_ws, self._fence, self._matched, self._fenced = [], [], 0, True
+            self._open_container(bare=True)
+            return i
+        return self._not_a_fence(s, i)
+
+    def _not_a_fence(self, s: str, i: int) -> int:
+        if self._verdicts:  # after calls: anything else ends the message
+            self._stop(i + 1, "text after the tool calls")
+            return i
+        self._out.text("".join(self._held_ws + self._fence))
+        self._held_ws, self._fence, self._matched = [], [], 0
+        self._enter(ParserState.TEXT)
+        return i  # s[i] is examined again as text
+
+    def _on_fence_close(self, s: str, i: int) -> int:
+        if self._matched == 0:
+            i = self._skip_ws(s, i)
+            if i == len(s):
+                return i
+        matched, j = match_literal(_FENCE, self._matched, s, i)
+        if matched == len(_FENCE):
+            self._matched, self._fenced = 0, False
+            self._enter(ParserState.BETWEEN_CALLS)
+        elif j == len(s):
+            self._matched = matched
+        else:
+            self._stop(j + 1, "text after the fenced tool call")
         return j
 
     # -- helpers -------------------------------------------------------------------------------
