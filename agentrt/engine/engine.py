@@ -57,6 +57,7 @@ class Engine:
         self._portal = self._portal_cm = None
         self._closed = False
         self._grammars = None
+        self._chat = None
 
     # ---- lifecycle ------------------------------------------------------------------
     async def __aenter__(self) -> "Engine":
@@ -238,8 +239,20 @@ class Engine:
 
             if self.tokenizer is None:
                 raise ConfigError("constrained decoding needs a tokenizer: build the engine from load_model(...)")
-            self._grammars = GrammarFactory(self.tokenizer, self.model.cfg.vocab_size)
+            self._grammars = GrammarFactory(self.tokenizer, self.model.cfg.vocab_size,
+                                            tool_format=self.chat_format().tool_format)
         return self._grammars
+
+    def chat_format(self):
+        """The ChatFormat of this engine's tokenizer and chat template (and its tool-call format),
+        created on first use and shared (it is immutable)."""
+        if self._chat is None:
+            from agentrt.session.chat import ChatFormat
+
+            if self.tokenizer is None:
+                raise ConfigError("chat formatting needs a tokenizer: build the engine from load_model(...)")
+            self._chat = ChatFormat(self.tokenizer)
+        return self._chat
 
     def stop(self, request_id: int) -> None:
         """End a live request early (finish_reason "early_stop", e.g. when a tool-call parser

@@ -48,6 +48,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agentrt.errors import ChatTemplateError
 from agentrt.model.tokenizer import Tokenizer
+from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -103,7 +104,7 @@ def _compile(source: str) -> tuple[jinja2.Template, bool]:
 class ChatFormat:
     """Renders and tokenizes conversations for one tokenizer + chat template (immutable, thread-safe)."""
 
-    def __init__(self, tokenizer: Tokenizer, template: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, template: str | None = None, tool_format: ToolFormat | None = None) -> None:
         self.tokenizer = tokenizer
         self.template_source = template or tokenizer.chat_template or CHATML_TEMPLATE
         self._template, self.native_tools = _compile(self.template_source)
@@ -124,6 +125,7 @@ class ChatFormat:
         closed = self._render(self._sentinelize([{"role": "user", "content": "x"},
                                                  {"role": "assistant", "content": "y"}])[0], None, False)
         self._turn_end_ids = tuple(self._tokenize(self._sentinel_re.split(closed)[-1], {}))
+        self.tool_format = tool_format if tool_format is not None else detect_tool_format(self)
 
     # -- public API ---------------------------------------------------------------------------------
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,

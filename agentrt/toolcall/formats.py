@@ -21,16 +21,20 @@ way when unconstrained.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agentrt.errors import ConfigError
-from agentrt.toolcall.grammar_backends import ITEM_SEP, KEY_SEP
+
+# the JSON style the grammar writes (json.dumps' default separators, no other whitespace)
+ITEM_SEP, KEY_SEP = ", ", ": "
 
 _PROBE_TOOL = {"type": "function", "function": {
     "name": "probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {
         "x": {"type": "integer"}}, "required": ["x"]}}}
+_PROBE_USER = "Probe the tool."
 _PROBE_CALL = {"id": "call_probe", "type": "function", "function": {"name": "probe_tool", "arguments": {"x": 7}}}
 
 
@@ -54,6 +58,16 @@ class ToolFormat:
                 raise ConfigError(f"a tool-call tag must not repeat its first character: {tag!r}")
         if self.args_key not in ("arguments", "parameters"):
             raise ConfigError(f"args_key must be 'arguments' or 'parameters', got {self.args_key!r}")
+
+    @property
+    def block_begin(self) -> str:
+        """Text before each call object (list formats: the list's opening is separate)."""
+        return "" if self.list_calls else self.open + self.inner
+
+    @property
+    def block_end(self) -> str:
+        """Text after each call object's closing brace."""
+        return "" if self.list_calls else self.inner + self.close
 
     @property
     def trigger(self) -> str:
@@ -93,21 +107,20 @@ def detect_tool_format(chat) -> ToolFormat:
     """The format `chat` (a ChatFormat) renders tool calls in; HERMES for the fallback."""
     if not chat.native_tools:
         return HERMES
-    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [_PROBE_CALL]}]
+    msgs = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": None, "tool_calls": [_PROBE_CALL]}]
     try:
         text = chat.render(msgs, [_PROBE_TOOL], add_generation_prompt=False)
     except Exception:  # a template that refuses the probe (odd roles, ...): keep the fallback tags
         return HERMES
     special = set(chat.tokenizer.special_tokens)
-    if "[TOOL_CALLS]" in text:
+    call = text[text.rfind(_PROBE_USER):]  # the assistant turn (the tool prompt may quote the tags)
+    if "[TOOL_CALLS]" in call:
         return replace(MISTRAL, bare="[TOOL_CALLS]" not in special)
-    start = text.find("<tool_call>")
-    if start >= 0:
-        body = text[start + len("<tool_call>"):]
-        inner = body[:len(body) - len(body.lstrip(" \n"))]
-        fmt = QWEN if inner else HERMES
-        return replace(fmt, inner=inner, bare="<tool_call>" not in special)
-    if '"parameters"' in text:
+    tagged = re.search(r"<tool_call>([ \n]*)\{", call)
+    if tagged:
+        fmt = QWEN if tagged.group(1) else HERMES
+        return replace(fmt, inner=tagged.group(1), bare="<tool_call>" not in special)
+    if re.search(r'"parameters"\s*:', call):
         return LLAMA3
     return HERMES
 

@@ -4,8 +4,9 @@
     constraint = factory.for_tools(tools, tool_choice)              # per request; None = free
     constraint = factory.for_json_schema(schema)                    # structured output
 
-The language (see grammar_backends.py) is ChatFormat's fallback tool format:
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, calls separated by "\\n", then the
+The language (see grammar_backends.py) is the model family's tool-call format
+(`GrammarFactory(..., tool_format=)`, `formats.py`; default: ChatFormat's fallback
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, calls separated by "\\n"), then the
 end-of-turn token. tool_choice (OpenAI / LangChain values):
   * "none", or no tools            -> None: no constraint, nothing is built (zero cost);
   * "auto" (or None with tools)    -> free text; once the model writes "<tool_call>", a valid call
@@ -47,6 +48,7 @@ from jsonschema.exceptions import SchemaError
 
 from agentrt.errors import ConfigError, GrammarError
 from agentrt.model.tokenizer import Tokenizer
+from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 from agentrt.toolcall.grammar_backends import (
     Backend, CallSpec, GrammarSpec, LLGuidanceBackend, Matcher, XGrammarBackend, bitmask_words, schema_json,
 )
@@ -160,7 +162,7 @@ class GrammarFactory:
     (tools, tool_choice, parallel) and per JSON schema, so each is compiled once. Thread-safe."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None, *,
-                 backend: str = DEFAULT_BACKEND, cache_size: int = 64) -> None:
+                 backend: str = DEFAULT_BACKEND, cache_size: int = 64, tool_format: ToolFormat = HERMES) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         size = tokenizer.vocab_size if vocab_size is None else vocab_size
@@ -168,8 +170,11 @@ class GrammarFactory:
             raise ConfigError(f"vocab_size must be an int >= the tokenizer's {tokenizer.vocab_size}, got {size!r}")
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ConfigError(f"cache_size must be an int >= 1, got {cache_size!r}")
+        if not isinstance(tool_format, ToolFormat):
+            raise ConfigError(f"tool_format must be a ToolFormat, got {tool_format!r}")
         self.vocab_size = size
-        self.backend: Backend = BACKENDS[backend](tokenizer, size)
+        self.tool_format = tool_format
+        self.backend: Backend = BACKENDS[backend](tokenizer, size, keep_token_ids(tool_format, tokenizer))
         self._eos = tokenizer.eos_token_ids
         self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._cache_size = cache_size
@@ -188,9 +193,10 @@ class GrammarFactory:
             if mode == "auto":
                 return None
             raise ConfigError(f"tool_choice {tool_choice!r} needs at least one tool")
-        parallel = parallel_tool_calls and mode != "named"  # a named tool is called once
+        # a named tool is called once; some templates render one call per message
+        parallel = parallel_tool_calls and mode != "named" and self.tool_format.parallel
         key = ("tools", _tools_key(tools), mode, name, parallel)
-        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel))
+        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel, self.tool_format))
 
     def for_json_schema(self, schema: object) -> ToolCallConstraint:
         """The whole output is one JSON value matching `schema`, then end-of-turn."""
@@ -261,13 +267,13 @@ def _tools_key(tools: object) -> str:
     return schema_json(tools)
 
 
-def _calls_spec(tools: object, mode: str, name: str | None, parallel: bool) -> GrammarSpec:
+def _calls_spec(tools: object, mode: str, name: str | None, parallel: bool, fmt: ToolFormat) -> GrammarSpec:
     specs = load_tool_specs(tools)
     if name is not None and name not in specs:
         raise ConfigError(f"tool_choice names {name!r}, which is not among the tools: {', '.join(specs)}")
     chosen = [specs[name]] if name is not None else list(specs.values())
     calls = tuple(CallSpec(s.name, schema_json(s.parameters)) for s in chosen)
-    return GrammarSpec("calls", calls, free_text=mode == "auto", parallel=parallel)
+    return GrammarSpec("calls", calls, free_text=mode == "auto", parallel=parallel, format=fmt)
 
 
 def _json_spec(schema: Mapping[str, Any] | bool, text: str) -> GrammarSpec:

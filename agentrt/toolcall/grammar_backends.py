@@ -1,15 +1,20 @@
 """Grammar backends: compile a `GrammarSpec` for one tokenizer and step a `Matcher` over tokens.
 
 A GrammarSpec describes a language, not a library's grammar: either one JSON value matching a
-schema (kind "json"), or Hermes tool calls (kind "calls"):
+schema (kind "json"), or tool calls in the model family's format (kind "calls", `formats.py`);
+for the Hermes format:
 
     block  =  '<tool_call>{"name": "<tool>", "arguments": ' ARGS '}</tool_call>'
     calls  =  block ('\\n' block)*            (parallel)   |   block    (single)
     output =  calls                           (free_text=False: tool_choice required / named)
            |  TEXT [calls]                    (free_text=True: tool_choice auto)
 
-ARGS is the tool's parameters schema as JSON; TEXT is any text without special tokens and
-without "<tool_call>" (once the model writes that tag, the call grammar takes over). JSON is
+Other formats change the block's text around the call object (Qwen: "\\n" inside the tags;
+Llama 3: a bare object with "parameters"), or wrap the calls in one list (Mistral:
+`[TOOL_CALLS][call, call]`); a bare format in auto is `calls | TEXT` (TEXT never holding
+'{"name"'). ARGS is the tool's parameters schema as JSON; TEXT is any text without special
+tokens and without the format's trigger (once the model writes it, the call grammar takes over).
+A special token that is one of the format's tags ("[TOOL_CALLS]") is offered as its text. JSON is
 written with fixed separators ", " and ": " and no other whitespace: the form json.dumps
 produces and ChatFormat's tool prompt shows, and it keeps a small model from looping on
 whitespace. The name is a literal in front of the arguments so each parameters schema stays a
@@ -35,21 +40,15 @@ import torch
 
 from agentrt.errors import ConfigError, GrammarError
 from agentrt.model.tokenizer import Tokenizer
-from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG
+from agentrt.toolcall.formats import HERMES, ITEM_SEP, KEY_SEP, ToolFormat
 
-ITEM_SEP, KEY_SEP = ", ", ": "
-CALL_SEP = "\n"
+CALL_SEP = HERMES.separator
 
 
 @dataclass(frozen=True)
 class CallSpec:
     name: str
     parameters_json: str  # the parameters schema, canonical JSON (keeps the spec hashable)
-
-    def prefix(self) -> str:
-        """The call object up to its arguments value."""
-        return "{" + json.dumps("name") + KEY_SEP + json.dumps(self.name, ensure_ascii=False) \
-            + ITEM_SEP + json.dumps("arguments") + KEY_SEP
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,7 @@ class GrammarSpec:
     free_text: bool = False
     parallel: bool = True
     schema_json: str = ""  # kind == "json"
+    format: ToolFormat = HERMES
 
 
 class Matcher(Protocol):
@@ -81,8 +81,10 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def vocab_table(tokenizer: Tokenizer, vocab_size: int) -> tuple[list[bytes], frozenset[int]]:
-    """The bytes of every tokenizer id and the special ids. Needs a byte-level tokenizer."""
+def vocab_table(tokenizer: Tokenizer, vocab_size: int,
+                text_tokens: frozenset[int] = frozenset()) -> tuple[list[bytes], frozenset[int]]:
+    """The bytes of every tokenizer id and the special ids (less `text_tokens`, special tokens
+    the grammar may write as their text: a format's tags). Needs a byte-level tokenizer."""
     if not tokenizer.byte_level:
         raise GrammarError("constrained decoding needs a byte-level BPE tokenizer (GPT-2 style); "
                            "this tokenizer has no fixed bytes per token")
@@ -92,7 +94,7 @@ def vocab_table(tokenizer: Tokenizer, vocab_size: int) -> tuple[list[bytes], fro
         raise GrammarError(f"the model's vocabulary ({vocab_size}) is smaller than the "
                            f"tokenizer's ({tokenizer.vocab_size})")
     return ([tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)],
-            frozenset(tokenizer.special_tokens.values()))
+            frozenset(tokenizer.special_tokens.values()) - text_tokens)
 
 
 def _import(module: str) -> Any:
@@ -110,9 +112,9 @@ class XGrammarBackend:
 
     name = "xgrammar"
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, text_tokens: frozenset[int] = frozenset()) -> None:
         self._xgr = xgr = _import("xgrammar")
-        vocab, special = vocab_table(tokenizer, vocab_size)
+        vocab, special = vocab_table(tokenizer, vocab_size, text_tokens)
         # xgrammar treats empty-string tokens as special (never text); stop ids come from us
         encoded = [b"" if i in special else piece for i, piece in enumerate(vocab)]
         info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size,
@@ -132,13 +134,22 @@ class XGrammarBackend:
             raise GrammarError(f"xgrammar cannot compile this schema: {_message(exc)}") from exc
 
     def _structural_tag(self, spec: GrammarSpec) -> dict[str, Any]:
-        tags = [{"type": "tag", "begin": OPEN_TAG + c.prefix(), "content": self._args(c),
-                 "end": "}" + CLOSE_TAG} for c in spec.calls]
-        calls = {"type": "tags_with_separator", "tags": tags, "separator": CALL_SEP,
-                 "at_least_one": not spec.free_text, "stop_after_first": not spec.parallel}
+        f = spec.format
+        tags = [{"type": "tag", "begin": f.block_begin + f.call_prefix(c.name), "content": self._args(c),
+                 "end": "}" + f.block_end} for c in spec.calls]
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": f.separator,
+                 "at_least_one": not (spec.free_text and f.open and not f.list_calls),
+                 "stop_after_first": not spec.parallel}
+        text = {"type": "any_text", "excludes": [f.trigger]}
+        if f.list_calls:  # open "[" calls "]", after optional text in auto
+            listed = {"type": "tag", "begin": f.open + "[", "content": calls, "end": "]"}
+            if not spec.free_text:
+                return {"type": "structural_tag", "format": listed}
+            maybe = {"type": "tags_with_separator", "tags": [listed], "separator": "", "stop_after_first": True}
+            return {"type": "structural_tag", "format": {"type": "sequence", "elements": [text, maybe]}}
         if spec.free_text:
-            text = {"type": "any_text", "excludes": [OPEN_TAG]}
-            calls = {"type": "sequence", "elements": [text, calls]}
+            both = [text, calls] if f.open else [calls, text]
+            calls = {"type": "sequence" if f.open else "or", "elements": both}
         return {"type": "structural_tag", "format": calls}
 
     def _args(self, call: CallSpec) -> dict[str, Any]:
@@ -201,9 +212,9 @@ class LLGuidanceBackend:
 
     name = "llguidance"
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, text_tokens: frozenset[int] = frozenset()) -> None:
         self._llg = llg = _import("llguidance")
-        vocab, special = vocab_table(tokenizer, vocab_size)
+        vocab, special = vocab_table(tokenizer, vocab_size, text_tokens)
         view = _VocabView(tokenizer, vocab, special, vocab_size)
         self._tok = llg.LLTokenizer(llg.TokenizerWrapper(view), n_vocab=vocab_size,
                                     eos_token=list(tokenizer.eos_token_ids))
@@ -223,21 +234,28 @@ class LLGuidanceBackend:
 
     @staticmethod
     def _lark(spec: GrammarSpec) -> str:
+        f = spec.format
+        if spec.free_text and not (f.open and not f.list_calls):
+            raise GrammarError(f"the llguidance backend has no tool_choice auto grammar for the {f.name} "
+                               "format; use the xgrammar backend")
         names = " | ".join(f"call_{i}" for i in range(len(spec.calls)))
-        more = f' ({json.dumps(CALL_SEP)} block)*' if spec.parallel else ""
-        lines = ["%llguidance {}",
-                 f"block: {json.dumps(OPEN_TAG)} ({names}) {json.dumps('}' + CLOSE_TAG)}",
+        end = json.dumps("}" + f.block_end)
+        more = f' ({json.dumps(f.separator)} block)*' if spec.parallel else ""
+        lines = ["%llguidance {}", f"block: {_lit(f.block_begin)} ({names}) {end}",
                  f"calls: block{more}"]
         if spec.free_text:  # text never holding the tag, or text up to the first tag + calls
             lines += ["start: PLAIN | head calls_after",
-                      f"PLAIN: /(?s:.*)/ & ~/(?s:.*){_lark_re(OPEN_TAG)}(?s:.*)/",
-                      f"head[lazy]: /(?s:.*){_lark_re(OPEN_TAG)}/",
-                      f"calls_after: ({names}) {json.dumps('}' + CLOSE_TAG)}{more}"]
+                      f"PLAIN: /(?s:.*)/ & ~/(?s:.*){_lark_re(f.open)}(?s:.*)/",
+                      f"head[lazy]: /(?s:.*){_lark_re(f.open)}/",
+                      f"calls_after: {_lit(f.inner)} ({names}) {end}{more}"]
+        elif f.list_calls:
+            lines.append(f"start: {json.dumps(f.open + '[')} calls \"]\"")
         else:
             lines.append("start: calls")
         for i, call in enumerate(spec.calls):
             schema = {**json.loads(call.parameters_json), "x-guidance": _JSON_OPTIONS}
-            lines.append(f"call_{i}: {json.dumps(call.prefix(), ensure_ascii=False)} %json {json.dumps(schema)}")
+            prefix = f.call_prefix(call.name)
+            lines.append(f"call_{i}: {json.dumps(prefix, ensure_ascii=False)} %json {json.dumps(schema)}")
         return "\n".join(lines) + "\n"
 
     def matcher(self, compiled: Any) -> Matcher:
@@ -247,6 +265,11 @@ class LLGuidanceBackend:
 # \u escapes of any character are valid JSON (json.dumps writes them by default)
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ITEM_SEP, "key_separator": KEY_SEP,
                  "json_allow_general_unicode_escapes": True}
+
+
+def _lit(text: str) -> str:
+    """A lark string literal, or nothing for the empty string."""
+    return json.dumps(text, ensure_ascii=False) if text else ""
 
 
 def _lark_re(text: str) -> str:
