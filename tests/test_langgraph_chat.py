@@ -21,7 +21,7 @@ from agentrt.errors import ConfigError
 from agentrt.integrations.langgraph import ChatAgentrt, SessionPolicy, session_key
 from agentrt.integrations.langgraph.host import EngineHost
 from agentrt.integrations.langgraph.messages import tools_to_openai
-from agentrt.integrations.langgraph.stream import _feed, _Turn
+from agentrt.integrations.langgraph.stream import Chunker
 from agentrt.toolcall import ToolCallParser
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent
@@ -102,7 +102,7 @@ def test_second_call_prefills_only_the_delta_and_matches_the_oracle():
         held = len(model.sessions["s"].session.tokens)  # what the session's KV covers
         msgs = history(1) + [first, HumanMessage("and one more thing")]
         second = await model.ainvoke(msgs, session="s")
-        return first, second, held, list(model.sessions["s"].tokens)
+        return first, second, held, list(model.sessions["s"].conversation.tokens)
     first, second, held, tokens = run(fn)
     u = second.usage_metadata
     assert u["input_token_details"]["cache_read"] == held
@@ -150,10 +150,9 @@ def _stream_text(text: str):
     from agentrt.integrations.langgraph.chat_model import _result
 
     parser = ToolCallParser(tools_to_openai([get_weather]), wrapper="hermes")
-    chunks, turn = [], _Turn()
-    for i in range(0, len(text), 7):
-        chunks += _feed(turn, parser, text[i:i + 7], (), "call_x")
-    chunks += _feed(turn, parser, "", (), "call_x", closing=True)
+    chunks, chunker = [], Chunker("call_x")
+    events = [ev for i in range(0, len(text), 7) for ev in parser.feed(text[i:i + 7])] + parser.close()
+    chunks += [c for c in map(chunker, events) if c is not None]
     return chunks, _result(chunks).generations[0].message
 
 

@@ -153,15 +153,16 @@ class IncrementalDecoder:
     U+FFFD appears mid-character; `flush()` returns whatever is left at the end of the stream.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False, keep: Iterable[int] = ()) -> None:
         self._tok = tokenizer
         self._skip_special = skip_special
+        self._keep = frozenset(keep)  # special ids shown even when skip_special (a format's call tag)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._ids: list[int] = []  # generic path: ids since the last emitted boundary
         self._prefix_len = 0  # generic path: chars of decode(self._ids) already emitted
 
     def push(self, token_id: int) -> str:
-        if self._skip_special and self._tok.is_special(token_id):
+        if self._skip_special and self._tok.is_special(token_id) and token_id not in self._keep:
             return ""
         if self._tok.byte_level:
             return self._utf8.decode(self._tok.token_bytes(token_id))

@@ -1,35 +1,35 @@
 """Agent: an actor behaviour that holds a KV session for its whole life and runs the
 model -> tool-call -> tool -> model loop with direct Python calls.
 
-One turn (`handle` / `stream`):
-  1. the new messages are appended to the conversation as a token delta (ChatFormat);
-  2. the model generates into the agent's own session (only the delta is prefilled), with a
-     grammar constraint for the tools when `constrained` (tool_choice applies to round 0;
-     later rounds are "auto", and the last allowed round is "none");
-  3. the decoded text streams through ToolCallParser: text, call started, argument deltas,
-     call complete / invalid; decode stops early when the parser says no more useful output;
-  4. the generated tokens are appended verbatim (they are what the session's KV holds);
-  5. valid calls run concurrently (sync tools in worker threads); invalid calls and tool
-     errors become tool messages the model can read; results are appended, back to 2;
-  6. a round without tool calls ends the turn with a TurnResult.
+One turn (`handle` / `stream`), on the conversation core (`agentrt/session/conversation.py`):
+  1. the new messages are appended to the Conversation as a token delta;
+  2. `Conversation.round()` generates into the agent's own session (only the delta is
+     prefilled), constrained to the model family's tool-call format when `constrained`
+     (tool_choice applies to round 0; later rounds are "auto", the last allowed round "none"),
+     streams the parser's events and stops early when no useful output can follow;
+  3. a valid call of a `pure` tool starts the moment it validates, while the model still writes
+     the next call (pipelined tool execution); the other calls start when the round ends;
+     invalid calls and tool errors become tool messages the model can read;
+  4. results are appended in call order, back to 2;
+  5. a round without tool calls ends the turn with a TurnResult.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
 from typing import Any
 
+import anyio
+
 from agentrt.errors import ConfigError
-from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
-from agentrt.session.chat import ChatFormat
-from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
-from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_calls
+from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.toolcall import CallComplete
+from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
+from agentrt.tools.dispatch import unknown_tool_result
 
 
 # An agent's generation settings are the engine's SamplingParams (one validated definition).
@@ -56,18 +56,6 @@ def clean_text(text: str) -> str:
     return "\n".join(dict.fromkeys(lines))  # echoed duplicate lines collapse to one
 
 
-class _TextOnly:
-    """The parser's interface for an agent without tools: every piece is text."""
-
-    should_stop = False
-
-    def feed(self, text: str) -> list:
-        return [TextDelta(text)] if text else []
-
-    def close(self) -> list:
-        return []
-
-
 class Agent:
     def __init__(self, name: str, instructions: str = "", tools: Sequence[Tool | Callable] = (), *,
                  engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
@@ -85,8 +73,7 @@ class Agent:
             raise ConfigError(f"stop_at_tools names tools the agent does not have: {sorted(unknown)}")
         self.stop_at_tools = tuple(stop_at_tools)  # e.g. handoffs: the turn ends once one has run
         self.session = None
-        self.messages: list[dict] = []
-        self.tokens: list[int] = []
+        self.conversation: Conversation | None = None
         self._call_ids = itertools.count(1)
 
     def fresh(self) -> "Agent":
@@ -101,8 +88,6 @@ class Agent:
         self.engine = self.engine or ctx.runtime.engine
         if self.engine is None:
             raise ConfigError(f"agent {self.name!r} has no engine: pass engine= or give the Runtime one")
-        self.fmt = ChatFormat(self.engine.tokenizer)
-        self._grammars = ctx.runtime.grammars() if self.constrained and self.tools else None
         self._limiter = ctx.runtime.tool_limiter
         if self.session is None or ctx.reset_state:
             await self._reset()
@@ -120,9 +105,18 @@ class Agent:
         if self.session is not None:
             await self.session.close()
         self.session = await self.engine.open_session(tag=self.name)
-        self.messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        self.tokens = self.fmt.encode(self.messages, tools=self._schemas(), add_generation_prompt=False) \
-            if self.messages else []
+        self.conversation = Conversation(self.engine, tools=self._schemas(), session=self.session)
+        if self.instructions:
+            self.conversation.append([{"role": "system", "content": self.instructions}])
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.conversation.messages
+
+    @property
+    def tokens(self) -> list[int]:
+        """What the agent's session KV holds (or will, once the next round prefills)."""
+        return self.conversation.tokens
 
     def _schemas(self) -> list[dict] | None:
         return [t.openai_schema() for t in self.tools.values()] or None
@@ -135,36 +129,42 @@ class Agent:
         return result
 
     async def stream(self, message: Any, ctx) -> AsyncIterator[Any]:
-        self._append(as_messages(message))
+        self.conversation.append(as_messages(message))
         turn: list[dict] = []
         results: list[ToolResult] = []
         usage, text = [], ""
         for rnd in range(self.max_tool_rounds + 1):
-            choice = self._choice(rnd)
             yield RoundStarted(rnd, len(self.tokens))
-            calls, invalid, text_parts = [], [], []
-            async for ev in self._generate(choice, usage):
-                if isinstance(ev, TextDelta):
-                    text_parts.append(ev.text)
-                elif isinstance(ev, CallComplete):
-                    calls.append(ev)
-                elif isinstance(ev, CallInvalid):
-                    invalid.append(ev)
-                yield ev
-            text = clean_text("".join(text_parts))
-            ids = [f"call_{self.name}_{next(self._call_ids)}" for _ in calls + invalid]
-            turn.append(self._assistant_message(text, calls, invalid, ids))
-            if not calls and not invalid:
+            base = next(self._call_ids)
+            call_id = (lambda b: lambda i: f"call_{self.name}_{b + i}")(base)
+            end, done = None, {}
+            async with anyio.create_task_group() as tg:  # pure calls start mid-round
+                async for ev in self.conversation.round(
+                        self.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.parallel_tool_calls,
+                        constrained=self.constrained, call_id=call_id, content=clean_text):
+                    if isinstance(ev, RoundEnd):
+                        end = ev
+                        self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done)
+                        continue
+                    if isinstance(ev, CallComplete) and self._is_pure(ev.name):
+                        self._start_calls(tg, [ev], call_id, done)
+                    yield ev
+            self._skip_ids(end)
+            if end.usage is not None:
+                usage.append(end.usage)
+            text = end.message["content"]
+            turn.append(end.message)
+            if not end.calls and not end.invalid:
                 yield TurnResult(text, turn, results, usage, rnd + 1)
                 return
-            round_results = await self._run_calls(calls, invalid, ids)
+            round_results = self._gather(end, done, call_id)
             for r in round_results:
                 yield ToolResultEvent(r)
             results += round_results
             tool_msgs = [{"role": "tool", "tool_call_id": r.call_id, "name": r.name, "content": r.content}
                          for r in round_results]
             turn += tool_msgs
-            self._append(tool_msgs)
+            self.conversation.append(tool_msgs)
             stopper = next((r.name for r in round_results if r.name in self.stop_at_tools and not r.is_error), None)
             if stopper is not None:
                 yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper)
@@ -176,54 +176,34 @@ class Agent:
             return "none"
         return self.tool_choice if rnd == 0 else "auto"
 
-    def _append(self, msgs: list[dict]) -> None:
-        """Append messages as a token delta: the past is never re-rendered or re-tokenized."""
-        self.tokens += self.fmt.encode_delta(self.messages, msgs, tools=self._schemas())
-        self.messages += msgs
+    def _is_pure(self, name: str) -> bool:
+        t = self.tools.get(name)
+        return t is not None and t.pure
 
-    async def _generate(self, choice: Any, usage: list) -> AsyncIterator[Any]:
-        constraint = None
-        if self._grammars is not None and choice != "none":
-            constraint = self._grammars.for_tools(self._schemas(), choice,
-                                                  parallel_tool_calls=self.parallel_tool_calls)
-        # tool_choice "none" (and the last allowed round) calls nothing: call-like text stays text
-        parser = ToolCallParser(self._schemas(), wrapper="hermes", parallel_calls=self.parallel_tool_calls) \
-            if self.tools and choice != "none" else _TextOnly()
-        dec = IncrementalDecoder(self.engine.tokenizer, skip_special=True)
-        gen: list[int] = []
-        stream = self.engine.generate(self.tokens, self.settings, session=self.session,
-                                      constraint=constraint)
-        async with aclosing(stream) as s:
-            async for ev in s:
-                for tok in ev.token_ids:
-                    gen.append(tok)
-                    for pe in parser.feed(dec.push(tok)):
-                        yield pe
-                    if parser.should_stop:
-                        break
-                if ev.usage is not None:
-                    usage.append(ev.usage)
-                if parser.should_stop:
-                    break
-        for pe in parser.feed(dec.flush()) + parser.close():
-            yield pe
-        # the session's KV holds exactly these tokens: append them, closed as a finished turn
-        self.tokens += self.fmt.encode_assistant_tokens(gen)
+    def _skip_ids(self, end: RoundEnd) -> None:
+        """Call ids are base + parser index: keep the counter past this round's verdicts."""
+        for _ in range(len(end.calls) + len(end.invalid) - 1):
+            next(self._call_ids)
 
-    def _assistant_message(self, text, calls, invalid, ids) -> dict:
-        msg: dict = {"role": "assistant", "content": text}
-        tc = [{"id": i, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-              for i, c in zip(ids, calls)]
-        if tc:
-            msg["tool_calls"] = tc
-        self.messages.append(msg)
-        return msg
-
-    async def _run_calls(self, calls, invalid, ids) -> list[ToolResult]:
+    def _start_calls(self, tg, calls, call_id: Callable[[int], str], done: dict) -> None:
         ctx = ToolContext(agent=self.name, deps=self.deps)
-        batch = [(self.tools.get(c.name), c.name, c.arguments, i) for c, i in zip(calls, ids)]
-        results = await run_tool_calls(batch, context=ctx, limiter=self._limiter, available=list(self.tools))
-        for c, i in zip(invalid, ids[len(calls):]):
-            results.append(ToolResult(call_id=i, name=c.name or "?", is_error=True, raw=None,
-                                      content=f"invalid tool call: {c.reason}", attempts=0, duration_s=0.0))
-        return results
+        for c in calls:
+            t = self.tools.get(c.name)
+            if t is None:
+                done[c.index] = unknown_tool_result(c.name, call_id(c.index), list(self.tools))
+                continue
+            done[c.index] = None  # started
+
+            async def run(c=c, t=t) -> None:
+                done[c.index] = await run_tool_call(t, c.arguments, call_id=call_id(c.index), context=ctx,
+                                                    limiter=self._limiter)
+            tg.start_soon(run)
+
+    @staticmethod
+    def _gather(end: RoundEnd, done: dict, call_id: Callable[[int], str]) -> list[ToolResult]:
+        """The round's results in call order; invalid calls become error results."""
+        out: dict[int, ToolResult] = dict(done)
+        for c in end.invalid:
+            out[c.index] = ToolResult(call_id=call_id(c.index), name=c.name or "?", is_error=True, raw=None,
+                                      content=f"invalid tool call: {c.reason}", attempts=0, duration_s=0.0)
+        return [out[i] for i in sorted(out)]

@@ -76,9 +76,12 @@ class Tool:
     retries: int = 0
     strict: bool = False
     context_param: str | None = None
+    pure: bool = False  # side-effect free: may run as soon as its call validates, mid-generation
 
     def __post_init__(self) -> None:
         _check_settings(self.name, self.timeout, self.retries)
+        if not isinstance(self.pure, bool):
+            raise ToolDefinitionError(f"pure of tool {self.name!r} must be a bool, got {self.pure!r}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -92,7 +95,7 @@ class Tool:
     @classmethod
     def from_function(cls, fn: Callable[..., Any], *, name: str | None = None,
                       description: str | None = None, timeout: float | None = None, retries: int = 0,
-                      strict: bool = False) -> Tool:
+                      strict: bool = False, pure: bool = False) -> Tool:
         """Build a Tool from a typed function; see the module docstring. strict=True turns off
         pydantic's type coercion ("3" is no longer accepted for an int)."""
         if isinstance(fn, Tool) or not callable(fn):
@@ -104,11 +107,11 @@ class Tool:
         return cls(name=name, description=description if description is not None else doc_description,
                    parameters=_json_schema(model, name), fn=fn, validate=_model_validator(model, fields),
                    is_async=_is_async(fn), timeout=timeout, retries=retries, strict=strict,
-                   context_param=context_param)
+                   context_param=context_param, pure=pure)
 
     @classmethod
     def from_openai(cls, spec: Mapping[str, Any], fn: Callable[..., Any], *, timeout: float | None = None,
-                    retries: int = 0) -> Tool:
+                    retries: int = 0, pure: bool = False) -> Tool:
         """Wrap `fn` under an existing OpenAI tool definition; arguments are checked against
         its JSON schema (no coercion) and passed to `fn` as keyword arguments."""
         if not callable(fn):
@@ -120,23 +123,25 @@ class Tool:
         return cls(name=tool_spec.name, description=tool_spec.description,
                    parameters=copy.deepcopy(dict(tool_spec.parameters)), fn=fn,
                    validate=_schema_validator(tool_spec), is_async=_is_async(fn), timeout=timeout,
-                   retries=retries, context_param=_find_context_param(fn))
+                   retries=retries, context_param=_find_context_param(fn), pure=pure)
 
 
 @overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(*, name: str | None = None, description: str | None = None, timeout: float | None = None,
-         retries: int = 0, strict: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
+         retries: int = 0, strict: bool = False, pure: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
          description: str | None = None, timeout: float | None = None, retries: int = 0,
-         strict: bool = False) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Decorator: `@tool` or `@tool(name=..., description=..., timeout=..., retries=..., strict=...)`."""
+         strict: bool = False, pure: bool = False) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Decorator: `@tool` or `@tool(name=..., description=..., timeout=..., retries=..., strict=...,
+    pure=...)`. pure=True declares the tool side-effect free: an agent may run its call the moment
+    the call validates, while the model still writes the next one (pipelined tool execution)."""
     if isinstance(fn, str):
         raise ToolDefinitionError(f"@tool({fn!r}) is not supported; write @tool(name={fn!r})")
-    options = dict(name=name, description=description, timeout=timeout, retries=retries, strict=strict)
+    options = dict(name=name, description=description, timeout=timeout, retries=retries, strict=strict, pure=pure)
     if fn is None:
         return lambda f: Tool.from_function(f, **options)
     return Tool.from_function(fn, **options)

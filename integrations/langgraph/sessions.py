@@ -7,12 +7,12 @@ session across turns and only the new messages are prefilled. `configurable["age
 overrides the key; a call without a thread id is a transient request (the radix cache still
 shares prefixes).
 
-Each routed session keeps a *ledger*: the fingerprints of the messages its tokens cover and
-the token offsets of the message boundaries it knows. A call's prompt reuses the tokens of
-the longest ledger prefix the new history repeats (the model's own replies stay exactly the
-tokens it generated) and encodes the rest as a delta. A retry, an edited history or time
-travel simply matches less; the engine then keeps the longest common prefix of the KV and
-the prompt and truncates the rest, so the output stays correct.
+Each routed session keeps a *ledger* on top of a `Conversation` (the conversation core agents
+use): the fingerprints of the messages the conversation holds. A call's prompt reuses the tokens
+of the longest ledger prefix the new history repeats (the model's own replies stay exactly the
+tokens it generated) and the conversation encodes the rest as a delta. A retry, an edited
+history or time travel simply matches less; the engine then keeps the longest common prefix of
+the KV and the prompt and truncates the rest, so the output stays correct.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from agentrt.errors import ConfigError, PoolExhausted
+from agentrt.session.conversation import Conversation
 
 from .messages import canonical_json, fingerprint
 
@@ -64,43 +65,32 @@ def session_key(config: Mapping[str, Any] | None) -> str | None:
 
 @dataclass(eq=False)
 class RoutedSession:
-    """One key's KV session and the ledger of what its tokens hold."""
+    """One key's KV session, its conversation and the ledger of what the conversation holds."""
 
     key: str
     session: Any
+    conversation: Conversation
     tools_key: str = ""
-    fps: list[str] = field(default_factory=list)
-    ends: dict[int, int] = field(default_factory=dict)  # messages covered -> token offset
-    tokens: list[int] = field(default_factory=list)
+    fps: list[str] = field(default_factory=list)  # fingerprints of conversation.messages
     last_used: float = field(default_factory=time.monotonic)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
-    def prompt(self, fmt, msgs: Sequence[Mapping[str, Any]], tools) -> tuple[list[int], int]:
-        """(prompt tokens, messages reused from the ledger)."""
-        k = 0
-        if tools_key(tools) == self.tools_key:
-            while k < min(len(self.fps), len(msgs)) and self.fps[k] == fingerprint(msgs[k]):
-                k += 1
-            while k and k not in self.ends:
-                k -= 1
-        if k == 0:
-            return fmt.encode(msgs, tools=tools), 0
-        base = self.tokens[:self.ends[k]]
-        if k == len(msgs):
-            return base + fmt.generation_prompt_tokens(), k
-        return base + fmt.encode_delta(msgs[:k], msgs[k:], tools=tools), k
+    def sync(self, msgs: Sequence[Mapping[str, Any]], tools) -> int:
+        """Make the conversation hold `msgs` (ready to generate); returns messages reused."""
+        conv, k = self.conversation, 0
+        if tools_key(tools) != self.tools_key:
+            conv.rewind(0)
+            conv.tools, self.fps, self.tools_key = (list(tools) if tools else None), [], tools_key(tools)
+        while k < min(len(self.fps), len(msgs)) and self.fps[k] == fingerprint(msgs[k]):
+            k += 1
+        k = conv.rewind(k)
+        conv.append(msgs[k:])
+        self.fps = self.fps[:k] + [fingerprint(m) for m in msgs[k:]]
+        return k
 
-    def record(self, fmt, msgs, tools, reused: int, prompt: list[int], generated: list[int],
-               assistant: Mapping[str, Any]) -> None:
-        """After a call: the session's tokens are prompt + generated (closed as a turn)."""
-        gen_prompt = fmt.generation_prompt_tokens()
-        self.ends = {k: v for k, v in self.ends.items() if k <= reused}
-        if prompt[len(prompt) - len(gen_prompt):] == gen_prompt:
-            self.ends[len(msgs)] = len(prompt) - len(gen_prompt)
-        self.tokens = prompt + fmt.encode_assistant_tokens(generated)
-        self.fps = [fingerprint(m) for m in msgs] + [fingerprint(assistant)]
-        self.ends[len(msgs) + 1] = len(self.tokens)
-        self.tools_key = tools_key(tools)
+    def record(self, assistant: Mapping[str, Any]) -> None:
+        """After a round: the conversation appended the assistant message."""
+        self.fps.append(fingerprint(assistant))
 
 
 def tools_key(tools) -> str:
@@ -124,7 +114,7 @@ class SessionRouter:
             session = await self._open(key)
             if session is None:
                 return None
-            rs = self.sessions[key] = RoutedSession(key, session)
+            rs = self.sessions[key] = RoutedSession(key, session, Conversation(self.engine, session=session))
         if rs.lock.locked():
             return None
         rs.last_used = time.monotonic()

@@ -1,5 +1,5 @@
-"""One ChatAgentrt call on the engine's loop: prompt, constrained generation, the streaming
-validator, and LangChain chunks.
+"""One ChatAgentrt call on the engine's loop: a `Conversation.round()` (the conversation core
+the agents use too) turned into LangChain chunks.
 
 Chunks: assistant text streams as it is decoded. A tool call is emitted as one
 `tool_call_chunk` when the validator's verdict arrives (a call is tens of tokens; ToolNode cannot
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import AIMessageChunk
@@ -24,9 +24,9 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 
 from agentrt.engine.prefix import fnv1a
-from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
-from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta, ToolCallParser
+from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
 
 _REJECTED = "(rejected: "
 
@@ -47,122 +47,68 @@ class CallSpec:
     model_name: str
 
 
-@dataclass
-class _Turn:
-    text: list[str] = field(default_factory=list)
-    args: dict[int, list[str]] = field(default_factory=dict)
-    generated: list[int] = field(default_factory=list)
-    calls: list[dict] = field(default_factory=list)  # verdicts, for the ledger
-    stopped: bool = False
-
-
 async def run_call(spec: CallSpec, engine, fmt, grammars, router) -> AsyncIterator[ChatGenerationChunk]:
-    """Generate one assistant message for spec, yielding LangChain chunks (engine loop only)."""
+    """Generate one assistant message for spec, yielding LangChain chunks (engine loop only).
+    (`grammars` is the engine's factory; the conversation core asks the engine for it.)"""
     rs = await router.acquire(spec.key) if spec.key is not None else None
-    if rs is None:
-        async for chunk in _generate(spec, engine, fmt, grammars, None):
+    if rs is None:  # a transient request: the radix cache still shares prefixes
+        conv = Conversation(engine, tools=spec.tools, chat=fmt)
+        conv.append(spec.messages)
+        async for chunk in _generate(spec, conv, None):
             yield chunk
         return
     async with rs.lock:
-        async for chunk in _generate(spec, engine, fmt, grammars, rs):
+        rs.sync(spec.messages, spec.tools)
+        async for chunk in _generate(spec, rs.conversation, rs):
             yield chunk
 
 
-async def _generate(spec: CallSpec, engine, fmt, grammars, rs) -> AsyncIterator[ChatGenerationChunk]:
-    if rs is not None:
-        prompt, reused = rs.prompt(fmt, spec.messages, spec.tools)
-    else:
-        prompt, reused = fmt.encode(spec.messages, tools=spec.tools), 0
-    call_prefix = f"call_{fnv1a(prompt) & 0xFFFFFFFFFFFF:012x}"
-    parser = ToolCallParser(spec.tools, wrapper="hermes", parallel_calls=spec.parallel_tool_calls) \
-        if spec.tools and spec.tool_choice != "none" else None
-    dec = IncrementalDecoder(engine.tokenizer, skip_special=True)
-    turn, usage, finish = _Turn(), None, None
-    stream = engine.generate(prompt, spec.params, session=rs and rs.session,
-                             constraint=_constraint(spec, grammars))
-    async with aclosing(stream) as events:
+async def _generate(spec: CallSpec, conv: Conversation, rs) -> AsyncIterator[ChatGenerationChunk]:
+    chunker = Chunker(f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}")
+    end = None
+    rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
+                        constrained=spec.constrained, json_schema=spec.json_schema, stop=spec.stop,
+                        call_id=chunker.call_id)
+    async with aclosing(rounds) as events:
         async for ev in events:
-            turn.generated.extend(ev.token_ids)
-            for tok in ev.token_ids:
-                if not turn.stopped:
-                    for chunk in _feed(turn, parser, dec.push(tok), spec.stop, call_prefix):
-                        yield chunk
-                    if turn.stopped or (parser is not None and parser.should_stop):
-                        turn.stopped = True
-                        engine.stop(ev.request_id)
-            if ev.finish_reason is not None:
-                usage, finish = ev.usage, ev.finish_reason
-    if not turn.stopped:
-        for chunk in _feed(turn, parser, dec.flush(), spec.stop, call_prefix, closing=True):
-            yield chunk
+            if isinstance(ev, RoundEnd):
+                end = ev
+            elif (chunk := chunker(ev)) is not None:
+                yield chunk
     if rs is not None:
-        rs.record(fmt, spec.messages, spec.tools, reused, prompt, turn.generated, _assistant_dict(turn))
-    yield _last_chunk(spec, usage, finish, turn)
+        rs.record(end.message)
+    yield _last_chunk(spec, end)
 
 
-def _constraint(spec: CallSpec, grammars):
-    if spec.json_schema is not None:
-        return grammars.for_json_schema(spec.json_schema)
-    if spec.constrained and spec.tools:
-        return grammars.for_tools(spec.tools, spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls)
-    return None
+class Chunker:
+    """Parser events -> LangChain chunks (text as it decodes, one chunk per call verdict)."""
 
+    def __init__(self, call_prefix: str) -> None:
+        self.call_prefix = call_prefix
+        self._args: dict[int, list[str]] = {}
 
-def _feed(turn: _Turn, parser, text: str, stop: Sequence[str], call_prefix: str,
-          closing: bool = False) -> list[ChatGenerationChunk]:
-    if parser is None:
-        events = [TextDelta(text)] if text else []
-    else:
-        events = parser.feed(text) + (parser.close() if closing else [])
-    out = []
-    for ev in events:
+    def call_id(self, index: int) -> str:
+        return f"{self.call_prefix}_{index}"
+
+    def __call__(self, ev: Any) -> ChatGenerationChunk | None:
         if isinstance(ev, TextDelta):
-            piece = _cut_at_stop(turn, ev.text, stop)
-            if piece:
-                turn.text.append(piece)
-                out.append(ChatGenerationChunk(message=AIMessageChunk(content=piece)))
-            if turn.stopped:
-                break
-        elif isinstance(ev, ArgumentsDelta):
-            turn.args.setdefault(ev.index, []).append(ev.text)
-        elif isinstance(ev, (CallComplete, CallInvalid)):
-            out.append(_call_chunk(turn, ev, f"{call_prefix}_{ev.index}"))
-    return out
+            return ChatGenerationChunk(message=AIMessageChunk(content=ev.text))
+        if isinstance(ev, ArgumentsDelta):
+            self._args.setdefault(ev.index, []).append(ev.text)
+            return None
+        if isinstance(ev, CallComplete):
+            args = "".join(self._args.get(ev.index, ())) or "{}"
+        elif isinstance(ev, CallInvalid):
+            args = f"{_REJECTED}{json.dumps(ev.reason)}) {ev.raw}"
+        else:
+            return None
+        tc = tool_call_chunk(name=ev.name, args=args, id=self.call_id(ev.index), index=ev.index)
+        return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[tc]))
 
 
-def _cut_at_stop(turn: _Turn, piece: str, stop: Sequence[str]) -> str:
-    """piece, cut before the first stop string completed by it (then turn.stopped)."""
-    if not stop:
-        return piece
-    before = "".join(turn.text)
-    joined = before + piece
-    hits = [i for s in stop if (i := joined.find(s, max(0, len(before) - len(s) + 1))) >= 0]
-    if not hits:
-        return piece
-    turn.stopped = True
-    return joined[len(before):min(hits)] if min(hits) >= len(before) else ""
-
-
-def _call_chunk(turn: _Turn, ev, call_id: str) -> ChatGenerationChunk:
-    if isinstance(ev, CallComplete):
-        args = "".join(turn.args.get(ev.index, ())) or "{}"
-        turn.calls.append({"id": call_id, "type": "function", "function": {"name": ev.name, "arguments": args}})
-    else:
-        args = f"{_REJECTED}{json.dumps(ev.reason)}) {ev.raw}"
-    tc = tool_call_chunk(name=ev.name, args=args, id=call_id, index=ev.index)
-    return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[tc]))
-
-
-def _assistant_dict(turn: _Turn) -> dict:
-    """The assistant message as LangGraph will send it back (for the ledger's fingerprint)."""
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(turn.text)}
-    if turn.calls:
-        msg["tool_calls"] = turn.calls
-    return msg
-
-
-def _last_chunk(spec: CallSpec, usage, finish: str | None, turn: _Turn) -> ChatGenerationChunk:
-    meta: dict[str, Any] = {"finish_reason": _finish_reason(finish, turn), "model_name": spec.model_name}
+def _last_chunk(spec: CallSpec, end: RoundEnd) -> ChatGenerationChunk:
+    usage = end.usage
+    meta: dict[str, Any] = {"finish_reason": _finish_reason(end), "model_name": spec.model_name}
     if spec.key is not None:
         meta["agentrt_session"] = spec.key
     usage_md = None
@@ -175,10 +121,10 @@ def _last_chunk(spec: CallSpec, usage, finish: str | None, turn: _Turn) -> ChatG
     return ChatGenerationChunk(message=msg, generation_info={"finish_reason": meta["finish_reason"]})
 
 
-def _finish_reason(finish: str | None, turn: _Turn) -> str:
-    if turn.calls:
-        return "tool_calls"
-    return {"length": "length", None: "stop"}.get(finish, "stop")
+def _finish_reason(end: RoundEnd) -> str:
+    if end.finish_reason == "length":
+        return "length"
+    return "tool_calls" if end.calls else "stop"
 
 
 def split_rejected(args: str) -> tuple[str, str | None]:

@@ -1,0 +1,206 @@
+"""Conversation: the one conversation core under `Agent` and `ChatAgentrt`.
+
+It holds the messages, the token ids the engine session's KV holds for them (`tokens`), the
+token offset of every message boundary it knows (`ends`), and the engine session itself. Two
+operations:
+
+  * `append(messages)`: encode the new messages after the history (`ChatFormat.extend`). When
+    the template renders earlier messages differently once the new ones follow (Qwen2.5 merges
+    consecutive tool results into one turn), the tokens fall back to the last boundary that is
+    still a prefix and only that suffix is re-encoded; the engine's longest-common-prefix
+    rollback recomputes only it. `tokens` then ends with the generation prompt.
+  * `round(params, ...)`: one generation. It builds the constraint (the tool grammar in the
+    model family's format, or a JSON schema), the streaming parser and the incremental decoder,
+    streams the parser's events, stops the request early when the parser (or a stop string) says
+    no useful output can follow (`engine.stop`: the usage is kept), and closes the turn: the
+    generated ids are kept verbatim (they are what the KV holds), closed as a finished turn, and
+    the assistant message is appended. The last event is a `RoundEnd`.
+
+A consumer that abandons a round (cancellation) leaves the conversation at its prompt: nothing is
+appended, and the next round's rollback drops whatever the KV holds beyond it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrt.errors import ConfigError
+from agentrt.model.tokenizer import IncrementalDecoder
+from agentrt.sampling import SamplingParams
+from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
+from agentrt.toolcall.formats import keep_token_ids
+
+
+@dataclass
+class RoundEnd:
+    """The last event of `Conversation.round()`."""
+
+    text: str  # assistant text outside tool calls (cut before a stop string)
+    calls: list[CallComplete]
+    invalid: list[CallInvalid]
+    generated: list[int]  # every id the model generated (the KV holds them)
+    usage: Any  # engine Usage of the request (None if the stream ended without one)
+    finish_reason: str | None  # the engine's: stop / length / early_stop / ...
+    stopped: bool  # the parser or a stop string ended the round early
+    message: dict = field(default_factory=dict)  # the assistant message appended
+
+
+class _TextOnly:
+    """The parser's interface where no tool call can be made: every piece is text."""
+
+    should_stop = False
+
+    def feed(self, text: str) -> list:
+        return [TextDelta(text)] if text else []
+
+    def close(self) -> list:
+        return []
+
+
+class Conversation:
+    """Messages + the tokens the session's KV holds + the engine session (None: transient)."""
+
+    def __init__(self, engine: Any, *, tools: Sequence[Mapping[str, Any]] | None = None, session: Any = None,
+                 chat: Any = None) -> None:
+        self.engine, self.session = engine, session
+        self.chat = chat if chat is not None else engine.chat_format()
+        self.tools = list(tools) if tools else None
+        self.messages: list[dict] = []
+        self.tokens: list[int] = []
+        self.ends: dict[int, int] = {0: 0}  # messages covered -> token offset (no generation prompt)
+        self._open = False  # tokens end with the generation prompt
+
+    # -- history -------------------------------------------------------------------------------
+    def append(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Encode `messages` after the history; `tokens` then ends with the generation prompt."""
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+            raise ConfigError("append() takes a list of message dicts")
+        history = [*self.messages, *(dict(m) for m in messages)]
+        kept, ids, ends = self.chat.extend(history, tuple(self.ends), self.tools, add_generation_prompt=True)
+        base = self.ends[kept]
+        self.tokens = self.tokens[:base] + ids
+        self.ends = {k: v for k, v in self.ends.items() if k <= kept} | {k: base + v for k, v in ends.items()}
+        self.messages = history
+        self._open = True
+
+    def rewind(self, count: int) -> int:
+        """Forget messages after the first `count` (at most; down to a known boundary); returns
+        how many are kept."""
+        keep = max(k for k in self.ends if k <= count)
+        self.messages = self.messages[:keep]
+        self.tokens = self.tokens[:self.ends[keep]]
+        self.ends = {k: v for k, v in self.ends.items() if k <= keep}
+        self._open = False
+        return keep
+
+    def set_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> None:
+        """Change the tools the prompt shows; the history is re-encoded from the start."""
+        messages = self.messages
+        self.tools = list(tools) if tools else None
+        self.rewind(0)
+        if messages:
+            self.append(messages)
+
+    # -- one generation ------------------------------------------------------------------------
+    async def round(self, params: SamplingParams, *, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
+                    constrained: bool = True, json_schema: Any = None, stop: Sequence[str] = (),
+                    call_id: Callable[[int], str] = lambda i: f"call_{i}",
+                    content: Callable[[str], str] = lambda text: text) -> AsyncIterator[Any]:
+        """Generate the next assistant message: parser events, then one RoundEnd (see the module
+        docstring). `call_id(index)` names the message's calls; `content(text)` gives its text."""
+        if not self._open:
+            self.append([])  # (re)open the assistant turn
+        engine = self.engine
+        tools = self.tools if tool_choice != "none" and json_schema is None else None
+        constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema)
+        parser = ToolCallParser(tools, parallel_calls=parallel_tool_calls,
+                                **self.chat.tool_format.parser_options()) if tools else _TextOnly()
+        dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
+                                 keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
+        state = _Round(parser, tuple(stop))
+        async with aclosing(engine.generate(self.tokens, params, session=self.session,
+                                            constraint=constraint)) as events:
+            async for ev in events:
+                state.generated.extend(ev.token_ids)
+                for tok in ev.token_ids if not state.stopped else ():
+                    for pe in state.feed(dec.push(tok)):
+                        yield pe
+                    if state.stopped:
+                        engine.stop(ev.request_id)
+                        break
+                if ev.finish_reason is not None:
+                    state.usage, state.finish = ev.usage, ev.finish_reason
+        if not state.stopped:
+            for pe in state.feed(dec.flush(), closing=True):
+                yield pe
+        yield self._close(state, call_id, content)
+
+    def _constraint(self, tools, tool_choice, parallel, constrained, json_schema):
+        if json_schema is not None:
+            return self.engine.grammars().for_json_schema(json_schema)
+        if tools and constrained:
+            return self.engine.grammars().for_tools(tools, tool_choice, parallel_tool_calls=parallel)
+        return None
+
+    def _close(self, state: "_Round", call_id: Callable[[int], str], content: Callable[[str], str]) -> RoundEnd:
+        text = "".join(state.text)
+        message: dict[str, Any] = {"role": "assistant", "content": content(text)}
+        if state.calls:
+            message["tool_calls"] = [
+                {"id": call_id(c.index), "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                for c in state.calls]
+        self.tokens += self.chat.encode_assistant_tokens(state.generated)
+        self.messages.append(message)
+        self.ends[len(self.messages)] = len(self.tokens)
+        self._open = False
+        return RoundEnd(text, state.calls, state.invalid, state.generated, state.usage, state.finish,
+                        state.stopped, message)
+
+
+class _Round:
+    """Mutable state of one round: parser, stop strings, what was seen."""
+
+    def __init__(self, parser: Any, stop: tuple[str, ...]) -> None:
+        self.parser, self.stop = parser, stop
+        self.text: list[str] = []
+        self.calls: list[CallComplete] = []
+        self.invalid: list[CallInvalid] = []
+        self.generated: list[int] = []
+        self.usage, self.finish, self.stopped = None, None, False
+
+    def feed(self, piece: str, closing: bool = False) -> list:
+        events = self.parser.feed(piece) + (self.parser.close() if closing else [])
+        out = []
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                ev = TextDelta(self._cut_at_stop(ev.text))
+                if ev.text:
+                    self.text.append(ev.text)
+                    out.append(ev)
+                if self.stopped:
+                    break
+                continue
+            if isinstance(ev, CallComplete):
+                self.calls.append(ev)
+            elif isinstance(ev, CallInvalid):
+                self.invalid.append(ev)
+            out.append(ev)
+        self.stopped = self.stopped or self.parser.should_stop
+        return out
+
+    def _cut_at_stop(self, piece: str) -> str:
+        """piece, cut before the first stop string it completes (then stopped)."""
+        if not self.stop:
+            return piece
+        before = "".join(self.text)
+        joined = before + piece
+        hits = [i for s in self.stop if (i := joined.find(s, max(0, len(before) - len(s) + 1))) >= 0]
+        if not hits:
+            return piece
+        self.stopped = True
+        return joined[len(before):min(hits)] if min(hits) >= len(before) else ""
