@@ -21,6 +21,9 @@ from agentrt.runtime.events import TurnResult
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.supervision import Supervision
 from agentrt.sampling import SamplingParams
+from agentrt.session.chat import ChatFormat
+from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 from agentrt.toolcall import ToolCallParser
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, tool
 
@@ -51,6 +54,11 @@ __all__ = [
     "LoadedModel",
     "ModelConfig",
     "SamplingParams",
+    "ChatFormat",
+    "Conversation",
+    "RoundEnd",
+    "ToolFormat",
+    "detect_tool_format",
     "Session",
     "TokenEvent",
     "Usage",

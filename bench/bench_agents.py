@@ -179,10 +179,19 @@ def main() -> None:
         for case, systems in plan:
             out[case.key] = run_case(case, factory, systems, reps, bar, args.run_timeout)
     factory.close()
+    if args.tool_latency > 0:
+        from bench.pipelined_case import run_pipelined
+
+        out_pipe = run_pipelined(lm, args.tool_latency, reps=1 if args.quick else 3)
+        print(f"pipelined tools: {out_pipe['calls_in_round']} calls of {args.tool_latency:g}s, turn "
+              f"{out_pipe['turn_s_sequential']:.2f}s -> {out_pipe['turn_s_pipelined']:.2f}s "
+              f"(saved {out_pipe['saved_s']:.2f}s)")
+    else:
+        out_pipe = None
     for key, case in out.items():
         print_case(key, case)
     keys, reasons = headline(out)
-    res = {**keys, "reasons": reasons, "cases": out, "machine": machine(), "quick": args.quick, "reps": reps,
+    res = {**keys, "reasons": reasons, "cases": out, "pipelined_tools": out_pipe, "machine": machine(), "quick": args.quick, "reps": reps,
            "quantize": args.quant, "tool_latency_s": args.tool_latency, "llama_cpp_threads": args.threads,
            "shared_prompts": not args.distinct_prompts, "bench_wall_s": time.perf_counter() - t0,
            "notes": ["ratios are peer / agentrt per repetition, then median (p90 in cases.*.ratios); "

@@ -1,0 +1,85 @@
+"""Pipelined tool execution: a call of a `pure` tool starts the moment it validates, while the
+model still writes the next call; other tools start when the round ends; results come back in
+call order. The model's output is scripted (a stand-in engine streams fixed text token by token
+through the real tokenizer, chat format and parser); the real-model figure is measured by
+`bench/bench_agents.py --tool-latency`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import anyio
+
+from agentrt import Agent, Runtime, tool
+from agentrt.engine.request import TokenEvent, Usage
+from agentrt.session.chat import ChatFormat
+from agentrt.toolcall.formats import HERMES
+from tests.conftest import smol_tokenizer
+
+
+class ScriptedEngine:
+    """The engine interface an Agent uses, answering each round with the next scripted text."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.tokenizer = smol_tokenizer()
+        self._chat = ChatFormat(self.tokenizer)
+        self.replies = list(replies)
+        self.stopped: list[int] = []
+        self._thread = "running"  # (Runtime checks the engine was entered)
+
+    def chat_format(self) -> ChatFormat:
+        return self._chat
+
+    async def open_session(self, tag=None):
+        return _Session()
+
+    def stop(self, request_id: int) -> None:
+        self.stopped.append(request_id)
+
+    async def generate(self, prompt, params, session=None, constraint=None):
+        ids = self.tokenizer.encode(self.replies.pop(0)) + [self.tokenizer.eos_token_ids[0]]
+        for tok in ids:
+            await anyio.sleep(0.001)  # a decode step: other tasks run
+            yield TokenEvent(1, (tok,))
+        yield TokenEvent(1, (), "stop", Usage(len(prompt), 0, len(prompt), len(ids)))
+
+
+class _Session:
+    async def close(self) -> None:
+        pass
+
+
+def test_pure_calls_start_before_the_round_ends():
+    seen: dict[str, str] = {}
+    holder: dict = {}
+
+    def round_state() -> str:
+        return holder["agent"].conversation.messages[-1]["role"]  # "assistant" once the round closed
+
+    @tool(pure=True)
+    async def lookup(key: Literal["alpha", "beta"]) -> str:
+        seen[f"lookup {key}"] = round_state()
+        await anyio.sleep(0.01)
+        return f"{key}=1"
+
+    @tool
+    async def write(key: Literal["alpha", "beta"]) -> str:
+        seen[f"write {key}"] = round_state()
+        return "written"
+
+    calls = [("lookup", {"key": "alpha"}), ("write", {"key": "beta"}), ("lookup", {"key": "beta"})]
+    engine = ScriptedEngine([HERMES.render_calls(calls), "Done."])
+    agent = holder["agent"] = Agent("a", "Use tools.", [lookup, write], engine=engine, constrained=False)
+
+    async def main():
+        async with Runtime(engine) as rt:
+            ref = await rt.spawn(agent, name="a")
+            return await ref.ask("go")
+
+    result = anyio.run(main)
+    # the pure calls ran while the model was still writing; the other one after the round closed
+    assert seen == {"lookup alpha": "user", "lookup beta": "user", "write beta": "assistant"}
+    assert [r.content for r in result.tool_results] == ["alpha=1", "written", "beta=1"]  # call order
+    tool_msgs = [m for m in result.messages if m["role"] == "tool"]
+    ids = [c["id"] for c in result.messages[0]["tool_calls"]]
+    assert [m["tool_call_id"] for m in tool_msgs] == ids and result.text == "Done."
