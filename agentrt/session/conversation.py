@@ -33,6 +33,7 @@ from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
 from agentrt.toolcall.formats import keep_token_ids
+from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 
 
 @dataclass
@@ -47,6 +48,7 @@ class RoundEnd:
     finish_reason: str | None  # the engine's: stop / length / early_stop / ...
     stopped: bool  # the parser or a stop string ended the round early
     message: dict = field(default_factory=dict)  # the assistant message appended
+    reasoning: str = ""  # a leading <think> block (kept out of text, calls and message content)
 
 
 class _TextOnly:
@@ -109,9 +111,10 @@ class Conversation:
     async def round(self, params: SamplingParams, *, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                     constrained: bool = True, json_schema: Any = None, stop: Sequence[str] = (),
                     call_id: Callable[[int], str] = lambda i: f"call_{i}",
-                    content: Callable[[str], str] = lambda text: text) -> AsyncIterator[Any]:
+                    content: Callable[[str], str] = lambda text: text, reasoning: bool = False) -> AsyncIterator[Any]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
-        docstring). `call_id(index)` names the message's calls; `content(text)` gives its text."""
+        docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
+        reasoning=True also streams a leading <think> block as ReasoningDelta events."""
         if not self._open:
             self.append([])  # (re)open the assistant turn
         engine = self.engine
@@ -121,7 +124,7 @@ class Conversation:
                                 **self.chat.tool_format.parser_options()) if tools else _TextOnly()
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = _Round(parser, tuple(stop))
+        state = _Round(parser, tuple(stop), reasoning)
         async with aclosing(engine.generate(self.tokens, params, session=self.session,
                                             constraint=constraint)) as events:
             async for ev in events:
@@ -159,14 +162,16 @@ class Conversation:
         self.ends[len(self.messages)] = len(self.tokens)
         self._open = False
         return RoundEnd(text, state.calls, state.invalid, state.generated, state.usage, state.finish,
-                        state.stopped, message)
+                        state.stopped, message, "".join(state.thoughts))
 
 
 class _Round:
     """Mutable state of one round: parser, stop strings, what was seen."""
 
-    def __init__(self, parser: Any, stop: tuple[str, ...]) -> None:
-        self.parser, self.stop = parser, stop
+    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool) -> None:
+        self.parser, self.stop, self.reasoning = parser, stop, reasoning
+        self.think = ThinkSplitter()
+        self.thoughts: list[str] = []
         self.text: list[str] = []
         self.calls: list[CallComplete] = []
         self.invalid: list[CallInvalid] = []
@@ -174,8 +179,15 @@ class _Round:
         self.usage, self.finish, self.stopped = None, None, False
 
     def feed(self, piece: str, closing: bool = False) -> list:
-        events = self.parser.feed(piece) + (self.parser.close() if closing else [])
-        out = []
+        out: list = []
+        events = []
+        for kind, text in self.think.feed(piece) + (self.think.close() if closing else []):
+            if kind == "reasoning":
+                self.thoughts.append(text)
+                out += [ReasoningDelta(text)] if self.reasoning else []
+            else:
+                events += self.parser.feed(text)
+        events += self.parser.close() if closing else []
         for ev in events:
             if isinstance(ev, TextDelta):
                 ev = TextDelta(self._cut_at_stop(ev.text))
