@@ -47,6 +47,11 @@ class EngineConfig:
     # the model's forward: "auto" (the model's own default, fused kernels where available),
     # "fused" or "eager" (the torch reference path)
     forward_path: str = "auto"
+    # the tool-call format (agentrt/toolcall/formats.py): "auto" = detected from the chat template,
+    # or "hermes" | "qwen" | "llama3" | "mistral"; bare_tool_calls: in tool_choice auto, also take a
+    # bare call object / ```json fence at the start of a message (None: the format's default)
+    tool_format: str = "auto"
+    bare_tool_calls: bool | None = None
 
     def __post_init__(self) -> None:
         positive = ("kv_cache_tokens", "page_size", "max_transient_seqs", "n_batch",
@@ -68,6 +73,11 @@ class EngineConfig:
             raise ConfigError("max_session_seqs must be >= 0")
         if self.forward_path not in ("auto", "fused", "eager"):
             raise ConfigError(f"EngineConfig.forward_path must be 'auto', 'fused' or 'eager', got {self.forward_path!r}")
+        if self.tool_format not in ("auto", "hermes", "qwen", "llama3", "mistral"):
+            raise ConfigError("EngineConfig.tool_format must be 'auto', 'hermes', 'qwen', 'llama3' or 'mistral', "
+                              f"got {self.tool_format!r}")
+        if self.bare_tool_calls not in (None, True, False):
+            raise ConfigError(f"EngineConfig.bare_tool_calls must be None or a bool, got {self.bare_tool_calls!r}")
         if self.eviction_policy not in POLICY_NAMES:
             raise ConfigError(f"EngineConfig.eviction_policy must be one of {POLICY_NAMES}, "
                               f"got {self.eviction_policy!r}")

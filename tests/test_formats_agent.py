@@ -161,3 +161,17 @@ def test_round_after_merged_tool_results_reuses_the_kv(tmp_path_factory):
     turn_end = len(lm.tokenizer.encode("<|im_end|>\n", special=True))
     assert end.usage.cached_tokens == held - turn_end - 1
     assert end.usage.computed_prompt_tokens == end.usage.prompt_tokens - end.usage.cached_tokens
+
+
+def test_the_format_can_be_chosen_in_the_config():
+    import pytest as _pytest
+
+    from agentrt.errors import ConfigError
+
+    lm = _model("hermes", "")
+    eng = Engine(lm, EngineConfig(tool_format="mistral", bare_tool_calls=True))
+    fmt = eng.chat_format().tool_format
+    assert fmt.name == "mistral" and fmt.bare and eng.grammars().tool_format == fmt
+    assert Engine(lm, EngineConfig(bare_tool_calls=False)).chat_format().tool_format.bare is False
+    with _pytest.raises(ConfigError, match="tool_format"):
+        EngineConfig(tool_format="chatml")

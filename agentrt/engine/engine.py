@@ -10,6 +10,8 @@ loop in one batch through an anyio BlockingPortal (one cross-thread hop per step
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import queue
 import threading
@@ -249,9 +251,14 @@ class Engine:
         if self._chat is None:
             from agentrt.session.chat import ChatFormat
 
+            from agentrt.toolcall.formats import FORMATS
+
             if self.tokenizer is None:
                 raise ConfigError("chat formatting needs a tokenizer: build the engine from load_model(...)")
-            self._chat = ChatFormat(self.tokenizer)
+            chat = ChatFormat(self.tokenizer, tool_format=FORMATS.get(self.config.tool_format))
+            if self.config.bare_tool_calls is not None:
+                chat = chat.with_tool_format(dataclasses.replace(chat.tool_format, bare=self.config.bare_tool_calls))
+            self._chat = chat
         return self._chat
 
     def stop(self, request_id: int) -> None:

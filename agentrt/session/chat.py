@@ -34,6 +34,7 @@ history after a generated turn, and later turns are appended with `encode_delta`
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
@@ -126,6 +127,14 @@ class ChatFormat:
                                                  {"role": "assistant", "content": "y"}])[0], None, False)
         self._turn_end_ids = tuple(self._tokenize(self._sentinel_re.split(closed)[-1], {}))
         self.tool_format = tool_format if tool_format is not None else detect_tool_format(self)
+
+    def with_tool_format(self, tool_format: ToolFormat) -> "ChatFormat":
+        """A copy that writes and reads tool calls in `tool_format`."""
+        if not isinstance(tool_format, ToolFormat):
+            raise ChatTemplateError(f"tool_format must be a ToolFormat, got {tool_format!r}")
+        other = copy.copy(self)
+        other.tool_format = tool_format
+        return other
 
     # -- public API ---------------------------------------------------------------------------------
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
