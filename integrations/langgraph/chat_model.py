@@ -2,9 +2,9 @@
 thread and node.
 
     async with Engine(load_model("smollm2-135m")) as engine:
-        model = ChatAgentrt(engine=engine).bind_tools([get_weather])
-        graph = create_react_agent(model, [get_weather], checkpointer=InMemorySaver())
-        await graph.ainvoke({"messages": [...]}, {"configurable": {"thread_id": "t1"}})
+        model = ChatAgentrt(engine=engine)
+        agent = create_agent(model, [get_weather], checkpointer=InMemorySaver())  # langchain.agents
+        await agent.ainvoke({"messages": [...]}, {"configurable": {"thread_id": "t1"}})
 
 or `ChatAgentrt.from_model("smollm2-135m")`, which runs its own engine on a private event loop
 (then the sync `invoke`/`stream` work from any thread). Every path is built on `_astream`:
@@ -13,7 +13,7 @@ or `ChatAgentrt.from_model("smollm2-135m")`, which runs its own engine on a priv
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -76,6 +76,8 @@ class ChatAgentrt(BaseChatModel):
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k)  # validates
         self._shared = _Shared(host or EngineHost(engine), self.session_policy)
+        if self.profile is None:
+            self.profile = _profile(self._shared.host.engine, self.max_tokens)
 
     @classmethod
     def from_model(cls, source: str = "smollm2-135m", *, config=None, quantize: str = "auto",
@@ -143,7 +145,7 @@ class ChatAgentrt(BaseChatModel):
         return CallSpec(
             messages=to_openai(messages), tools=tools, tool_choice=choice,
             parallel_tool_calls=kwargs.get("parallel_tool_calls", self.parallel_tool_calls),
-            constrained=self.constrained, json_schema=kwargs.get("response_format"), params=params,
+            constrained=self.constrained, json_schema=_response_schema(kwargs.get("response_format")), params=params,
             stop=tuple(stop or ()), key=_key(kwargs.get("session")), model_name=self.model_name)
 
     # ---- binding -------------------------------------------------------------------------
@@ -194,6 +196,28 @@ class ChatAgentrt(BaseChatModel):
     def sessions(self) -> dict[str, Any]:
         """Routed session keys -> their RoutedSession (read-only view, for inspection)."""
         return dict(self._shared.router.sessions)
+
+
+def _response_schema(fmt: Any) -> Any:
+    """The JSON schema of a `response_format` call argument: as given (with_structured_output
+    binds the schema itself), or unwrapped from OpenAI's `{"type": "json_schema", "json_schema":
+    {"name", "schema", ...}}`, the form LangChain's `ProviderStrategy` (create_agent) binds."""
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and "json_schema" in fmt:
+        schema = fmt["json_schema"].get("schema") if isinstance(fmt["json_schema"], Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise ConfigError(f"response_format {fmt!r} has no json_schema.schema")
+        return dict(schema)
+    return fmt
+
+
+def _profile(engine, max_tokens: int) -> dict[str, Any]:
+    """The LangChain model profile (what create_agent and its middleware read: context size for
+    SummarizationMiddleware's fractional triggers; structured output is left to ToolStrategy,
+    which keeps tools callable, instead of a JSON-only grammar)."""
+    context = min(engine.model.cfg.max_position_embeddings, engine.config.kv_cache_tokens)
+    return {"max_input_tokens": context, "max_output_tokens": max_tokens, "text_inputs": True,
+            "image_inputs": False, "audio_inputs": False, "video_inputs": False, "tool_calling": True,
+            "tool_choice": True, "structured_output": False}
 
 
 def _key(session: Any) -> str | None:
