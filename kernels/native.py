@@ -39,7 +39,7 @@ SIGNATURES = {
     "agrt_qgemm": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _I32, _P, _I32], None),
     "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _P], None),
     "agrt_rmsnorm": ([_P, _I64, _I64, _I64, _P, _F32, _P], None),
-    "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _P], None),
+    "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _F32, _P, _P, _P], None),
     "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P], None),
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64], None),
@@ -57,7 +57,7 @@ class Linear(ctypes.Structure):  # AgrtLinear
 
 class Layer(ctypes.Structure):  # AgrtLayer
     _fields_ = [("attn_norm", _P), ("mlp_norm", _P), ("qkv", Linear), ("o", Linear),
-                ("gate_up", Linear), ("down", Linear)]
+                ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P)]
 
 
 class Dims(ctypes.Structure):  # AgrtDims

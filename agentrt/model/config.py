@@ -7,30 +7,35 @@ from dataclasses import dataclass
 
 from agentrt.errors import ConfigError, UnsupportedModel
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
+# llama: Llama 1-3, SmolLM2; mistral: Llama's layers (full attention only); qwen2: qkv bias;
+# qwen3: per-head RMSNorm on q and k before RoPE, head_dim set explicitly
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Decoder-only Llama-family hyperparameters.
 
-    Weight names everywhere in agentrt follow Hugging Face's Llama/Qwen2 naming
+    Weight names everywhere in agentrt follow Hugging Face's Llama/Qwen naming
     (`model.layers.{i}.self_attn.q_proj.weight`, ...); loaders translate to it.
     """
 
-    arch: str  # "llama" (Llama, SmolLM2, Mistral-style) or "qwen2"
+    arch: str  # one of SUPPORTED_ARCHS
     vocab_size: int
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # may differ from hidden_size // num_heads (Qwen3)
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # qkv bias (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each q/k head before RoPE (Qwen3), weights [head_dim]
+    # RoPE scaling as one divisor per rotary frequency ([head_dim / 2]; None = unscaled): see rope.py
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -41,6 +46,11 @@ class ModelConfig:
             raise ConfigError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise ConfigError(f"rope_freq_factors has {len(self.rope_freq_factors)} values; "
+                              f"it needs head_dim / 2 = {self.head_dim // 2}")
 
     @property
     def group_size(self) -> int:
@@ -48,3 +58,15 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+def check_sliding_window(window: int | None, context: int, source: str, context_key: str) -> None:
+    """Sliding-window attention is not implemented: a window that covers the whole context is
+    plain causal attention (accepted); a smaller one is a ConfigError saying what to do."""
+    if window is None or int(window) <= 0 or int(window) >= context:
+        return
+    raise ConfigError(
+        f"{source}: sliding-window attention (window {window} < context {context}) is not supported; "
+        f"set {context_key} to at most {window} to run the model exactly (no attention then reaches "
+        "past the window), or use a checkpoint without a sliding window"
+    )

@@ -145,6 +145,9 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (h, config.intermediate_size),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         }
+        if config.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (config.head_dim,),
+                       p + "self_attn.k_norm.weight": (config.head_dim,)}
         if config.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                        p + "self_attn.v_proj.bias": (kv,)}

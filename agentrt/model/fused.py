@@ -1,10 +1,11 @@
 """The fused forward: each layer is nine calls into the compiled CPU kernels (kernels/csrc).
 
-Per layer: rmsnorm -> qkv GEMM -> rope + KV store -> paged attention -> o GEMM added into the
-residual -> rmsnorm -> gate_up GEMM -> silu*up -> down GEMM added into the residual. When every
-layer is quantized and no sequence brings more than KERNEL_ATTENTION_MAX_Q tokens (decode and
-verify steps), all layers run in one native call (`agrt_decoder_layers`, same kernels, same
-order); otherwise layer by layer from Python. The eager torch forward
+Per layer: rmsnorm -> qkv GEMM -> rope + KV store (Qwen3: each q/k head RMS-normalised first, in
+the same call) -> paged attention -> o GEMM added into the residual -> rmsnorm -> gate_up GEMM ->
+silu*up -> down GEMM added into the residual. When every layer is quantized and no sequence
+brings more than KERNEL_ATTENTION_MAX_Q tokens (decode and verify steps), all layers run in one
+native call (`agrt_decoder_layers`, same kernels, same order); otherwise layer by layer from
+Python. The eager torch forward
 (`LlamaModel.forward_eager`) issues ~40 small ops per layer; on a 2-core CPU their dispatch
 cost exceeded the decode step's own work.
 
@@ -79,12 +80,13 @@ class _Step:
                               self.cfg.rms_norm_eps, out.data_ptr())
         return out
 
-    def attention(self, layer: int, kv, scale: float, qkv: torch.Tensor) -> torch.Tensor:
-        k, v, t = kv.k[layer], kv.v[layer], self.q.shape[0]
+    def attention(self, layer: int, kv, attn, qkv: torch.Tensor) -> torch.Tensor:
+        k, v, t, scale = kv.k[layer], kv.v[layer], self.q.shape[0], attn.scale
         lib = self.lib
         lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
                             self.positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
-                            self.slots.data_ptr(), k.data_ptr(), v.data_ptr(), self.q.data_ptr())
+                            self.slots.data_ptr(), _ptr(attn.q_norm), _ptr(attn.k_norm),
+                            self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr())
         if self.short.numel():
             lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), self.table.data_ptr(),
                                self.table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
@@ -97,6 +99,10 @@ class _Step:
                 a, e = self.meta.cu_q[b], self.meta.cu_q[b + 1]
                 self.attn[a:e] = res[a:e].reshape(e - a, -1)
         return self.attn
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> None:
@@ -132,7 +138,7 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
     st.buffers()
     for i, blk in enumerate(model.blocks):
         h = st.rmsnorm(x, blk.attn_norm, st.hbuf)
-        a = st.attention(i, kv, blk.attn.scale, linear(blk.attn.qkv, h).contiguous())
+        a = st.attention(i, kv, blk.attn, linear(blk.attn.qkv, h).contiguous())
         linear(blk.attn.o, a, x, accumulate=True)
         h = st.rmsnorm(x, blk.mlp_norm, st.hbuf)
         gu = linear(blk.mlp.gate_up, h)
@@ -177,6 +183,7 @@ def _describe(model, lins):
     arr = (native.Layer * len(lins))()
     for i, (blk, group) in enumerate(zip(model.blocks, lins)):
         arr[i].attn_norm, arr[i].mlp_norm = blk.attn_norm.data_ptr(), blk.mlp_norm.data_ptr()
+        arr[i].q_norm, arr[i].k_norm = _ptr(blk.attn.q_norm), _ptr(blk.attn.k_norm)
         for name, lin in zip(("qkv", "o", "gate_up", "down"), group):
             _fill_linear(getattr(arr[i], name), lin)
     dims = native.Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,

@@ -3,7 +3,13 @@
 Shapes: GGUF lists dimensions fastest-moving first ([in, out] for a linear weight); torch wants
 [out, in], so every shape is reversed. llama-architecture files store attn_q/attn_k rows permuted
 for llama.cpp's interleaved RoPE; we undo that so the weights match the HF (half-split) RoPE.
-Qwen2 files are written without the permutation.
+Qwen2/Qwen3 files are written without the permutation (llama.cpp runs them with NeoX RoPE).
+
+Mistral: llama.cpp converts MistralForCausalLM to architecture "llama" (loaded as Llama: the
+same computation). A file whose architecture is "mistral" (which llama.cpp does not write, and
+transformers cannot load back) is read with the llama layout, Q/K rows permuted. Llama 3 RoPE
+scaling arrives as the `rope_freqs.weight` tensor (see rope.py); a sliding window smaller than
+the context (`{arch}.attention.sliding_window`) is a ConfigError.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ import torch
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model import gguf_quant
-from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig
+from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, check_sliding_window
 from agentrt.model.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.rope import factors_from_gguf
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
 
 _MAGIC = b"GGUF"
@@ -34,7 +41,10 @@ _BLOCK_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
+_ROPE_FREQS = "rope_freqs.weight"  # RoPE scaling factors, not a weight (rope.py)
+_PERMUTED_ARCHS = ("llama", "mistral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -45,7 +55,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, native: bool
     path = Path(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors})
+    config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors}, _rope_freqs(reader))
     weights = _load_weights(reader, config, dtype, native)
     check_weights(config, weights, str(path))
     tokenizer = tokenizer_from_gguf(meta) if "tokenizer.ggml.model" in meta else None
@@ -77,8 +87,10 @@ def read_metadata(reader: GGUFFile) -> dict[str, Any]:
     return dict(reader.fields)
 
 
-def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
-    """ModelConfig from `{arch}.*` keys; `shapes` (GGUF name -> torch shape) fills gaps and tying."""
+def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                         rope_freqs: list[float] | None = None) -> ModelConfig:
+    """ModelConfig from `{arch}.*` keys; `shapes` (GGUF name -> torch shape) fills gaps and
+    tying; `rope_freqs`: the values of rope_freqs.weight, if the file has it."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
@@ -89,13 +101,12 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         return meta[f"{arch}.{key}"]
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    kv_heads = meta.get(f"{arch}.attention.head_count_kv", heads)
-    if isinstance(kv_heads, list):  # per-layer list: only uniform values are supported
-        if len(set(kv_heads)) != 1:
-            raise UnsupportedModel(f"per-layer KV head counts {sorted(set(kv_heads))} are not supported")
-        kv_heads = kv_heads[0]
     tokens = meta.get("tokenizer.ggml.tokens") or ()
     vocab = meta.get(f"{arch}.vocab_size") or shapes.get("token_embd.weight", (len(tokens),))[0]
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    context = int(meta.get(f"{arch}.context_length", 2048))
+    check_sliding_window(meta.get(f"{arch}.attention.sliding_window"), context, "GGUF metadata",
+                         f"{arch}.context_length")
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -103,14 +114,24 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         intermediate_size=int(need("feed_forward_length")),
         num_layers=int(need("block_count")),
         num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
+        num_kv_heads=_kv_heads(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
         rope_theta=_decimal(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=_decimal(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in shapes,
         attention_bias=any(name.endswith("attn_q.bias") for name in shapes),
+        qk_norm=arch == "qwen3",  # (attn_q_norm/attn_k_norm in another architecture: unexpected tensors)
+        rope_freq_factors=factors_from_gguf(meta, arch, head_dim, rope_freqs),
     )
+
+
+def _kv_heads(value: int | list[int]) -> int:
+    if isinstance(value, list):  # per-layer list: only uniform values are supported
+        if len(set(value)) != 1:
+            raise UnsupportedModel(f"per-layer KV head counts {sorted(set(value))} are not supported")
+        value = value[0]
+    return int(value)
 
 
 def _decimal(value: float) -> float:
@@ -125,10 +146,7 @@ def hf_name(gguf_name: str) -> str:
         return _GLOBAL_NAMES[gguf_name]
     match = _BLOCK_RE.fullmatch(gguf_name)
     if match is None or match.group(2) not in _BLOCK_NAMES:
-        raise UnsupportedModel(
-            f"GGUF tensor {gguf_name!r} is not part of the supported Llama/Qwen2 layout "
-            "(e.g. rope_freqs means RoPE scaling, which is not implemented)"
-        )
+        raise UnsupportedModel(f"GGUF tensor {gguf_name!r} is not part of the supported Llama/Mistral/Qwen layout")
     layer, part, kind = match.groups()
     return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
 
@@ -153,17 +171,24 @@ def _torch_shape(tensor: Any) -> tuple[int, ...]:
 
 def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
                   native: bool) -> dict[str, torch.Tensor | QuantMatrix]:
-    names = [hf_name(t.name) for t in reader.tensors]  # validate names before the slow part
+    tensors = [t for t in reader.tensors if t.name != _ROPE_FREQS]
+    names = [hf_name(t.name) for t in tensors]  # validate names before the slow part
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
     weights = {name: _unpack(t) if native and _keeps_quant(t) else _dequantize(t, dtype)
-               for name, t in zip(names, reader.tensors)}
-    if config.arch == "llama":
+               for name, t in zip(names, tensors)}
+    if config.arch in _PERMUTED_ARCHS:
         for name in list(weights):
             if ".q_proj." in name:
                 weights[name] = unpermute_rope_rows(weights[name], config.num_heads)
             elif ".k_proj." in name:
                 weights[name] = unpermute_rope_rows(weights[name], config.num_kv_heads)
     return weights
+
+
+def _rope_freqs(reader: GGUFFile) -> list[float] | None:
+    """The values of rope_freqs.weight (llama.cpp's per-frequency RoPE divisors), or None."""
+    found = [t for t in reader.tensors if t.name == _ROPE_FREQS]
+    return _dequantize(found[0], torch.float32).flatten().tolist() if found else None
 
 
 def _keeps_quant(tensor: Any) -> bool:

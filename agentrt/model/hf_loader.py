@@ -15,16 +15,18 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from agentrt.errors import CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
-from agentrt.model.config import ModelConfig
+from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
+from agentrt.model.config import ModelConfig, check_sliding_window
 from agentrt.model.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.rope import factors_from_hf
 from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "mistral": "MistralForCausalLM"}
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
-    """Read a Llama/Qwen2 checkpoint directory; tokenizer is None when it has no tokenizer.json."""
+    """Read a Llama/Mistral/Qwen2/Qwen3 checkpoint directory; tokenizer is None when it has no tokenizer.json."""
     check_dtype(dtype)
     path = Path(path)
     if not path.is_dir():
@@ -40,23 +42,15 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFi
 
 def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a transformers config.json dict (v4 or v5 layout)."""
-    model_type = raw.get("model_type")
-    if model_type not in _ARCHITECTURES:
-        raise UnsupportedModel(
-            f"model_type {model_type!r} is not supported; supported: {', '.join(_ARCHITECTURES)}"
-        )
-    archs = raw.get("architectures") or [_ARCHITECTURES[model_type]]
-    if _ARCHITECTURES[model_type] not in archs:
-        raise UnsupportedModel(f"architectures {archs} are not supported; expected {_ARCHITECTURES[model_type]}")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise UnsupportedModel(f"RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not implemented")
-    if model_type == "llama" and (raw.get("attention_bias") or raw.get("mlp_bias")):
-        raise UnsupportedModel("Llama checkpoints with attention/MLP biases are not supported")
-    if raw.get("use_sliding_window"):
-        raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not implemented")
+    model_type = _check_architecture(raw)
+    _check_unsupported(raw, model_type)
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        max_pos = int(raw.get("max_position_embeddings", 2048))
+        check_sliding_window(_sliding_window(raw, model_type), max_pos, "config.json", "max_position_embeddings")
         return ModelConfig(
             arch=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -65,15 +59,53 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             num_layers=int(raw["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            head_dim=head_dim,
+            rope_theta=theta,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
+            rope_freq_factors=factors_from_hf(rope, head_dim, theta),
         )
     except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):  # (a ValueError too: the sliding-window check)
+            raise
         raise CorruptModelFile(f"config.json is missing or has a bad value for {exc}; re-save the model") from exc
+
+
+def _check_architecture(raw: dict[str, Any]) -> str:
+    model_type = raw.get("model_type")
+    if model_type not in _ARCHITECTURES:
+        raise UnsupportedModel(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(_ARCHITECTURES)}"
+        )
+    archs = raw.get("architectures") or [_ARCHITECTURES[model_type]]
+    if _ARCHITECTURES[model_type] not in archs:
+        raise UnsupportedModel(f"architectures {archs} are not supported; expected {_ARCHITECTURES[model_type]}")
+    return model_type
+
+
+def _check_unsupported(raw: dict[str, Any], model_type: str) -> None:
+    if model_type in ("llama", "mistral") and (raw.get("attention_bias") or raw.get("mlp_bias")):
+        raise UnsupportedModel(f"{model_type} checkpoints with attention/MLP biases are not supported")
+    if model_type == "qwen3" and raw.get("attention_bias"):
+        raise UnsupportedModel("Qwen3 checkpoints with attention biases (q/k/v/o) are not supported")
+
+
+def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
+    """The window some layer attends through, or None. Mistral applies `sliding_window` to
+    every layer; Qwen2/3 only with use_sliding_window, from layer max_window_layers on (v5
+    lists it per layer in layer_types)."""
+    window = raw.get("sliding_window")
+    if model_type == "mistral" or window is None:
+        return window
+    if raw.get("layer_types"):
+        uses = "sliding_attention" in raw["layer_types"]
+    else:  # (v4: the layers from max_window_layers on)
+        first = int(raw.get("max_window_layers") or 0)
+        uses = raw.get("use_sliding_window") and first < int(raw["num_hidden_layers"])
+    return window if uses else None
 
 
 def _load_weights(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, SmolLM2, Qwen2) over a paged KV cache.
+"""A Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 One forward runs a flattened varlen batch: many sequences, each with some new tokens (a
 prefill chunk or one decode token, or decode + draft tokens), mixed in one call. Weights use
@@ -18,18 +18,7 @@ from agentrt.model import fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
 from agentrt.model.quant import QEmbedding, QLinear, linear_from
-
-
-class RopeTable(nn.Module):
-    """cos/sin tables [max_pos, D] in fp32 (HF rotate-half layout)."""
-
-    def __init__(self, head_dim: int, max_pos: int, theta: float):
-        super().__init__()
-        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+from agentrt.model.rope import RopeTable
 
 
 class Dense(nn.Module):
@@ -65,12 +54,19 @@ class Attention(nn.Module):
         self.qkv = Dense(cfg.hidden_size, out, cfg.attention_bias, dtype)
         self.o = Dense(self.h * self.d, cfg.hidden_size, False, dtype)
         self.scale = self.d ** -0.5
+        self.eps = cfg.rms_norm_eps
+        # per-head RMSNorm weights of q and k (Qwen3), applied before RoPE; None elsewhere
+        self.q_norm = nn.Parameter(torch.ones(self.d, dtype=dtype)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(self.d, dtype=dtype)) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin, layer: int, kv: KVStore, meta: AttentionMeta, ops):
         t = x.shape[0]
         q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
-        q = ops.rope(q.view(t, self.h, self.d), cos, sin)  # [T, H, D]
-        k = ops.rope(k.view(t, self.hkv, self.d), cos, sin)  # [T, Hkv, D]
+        q, k = q.view(t, self.h, self.d), k.view(t, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
+        q = ops.rope(q, cos, sin)  # [T, H, D]
+        k = ops.rope(k, cos, sin)  # [T, Hkv, D]
         ops.store_kv(kv.k[layer], kv.v[layer], k, v.view(t, self.hkv, self.d), meta.slot_mapping)
         a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale)
         return self.o(a.reshape(t, self.h * self.d))
@@ -117,7 +113,7 @@ class LlamaModel(nn.Module):
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         # tied embeddings: the head keeps its own [in, out] copy (faster layout, see Dense)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)
-        self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_freq_factors)
         self.forward_path = "fused"  # "fused" runs only where the compiled kernels are available
 
     @torch.inference_mode()
@@ -167,6 +163,9 @@ class LlamaModel(nn.Module):
             att = p + "self_attn."
             blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
             blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
+            if self.cfg.qk_norm:
+                blk.attn.q_norm.copy_(w[att + "q_norm.weight"])
+                blk.attn.k_norm.copy_(w[att + "k_norm.weight"])
             bias = torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]) if self.cfg.attention_bias else None
             self._set_linear(blk.attn, "qkv", [w[att + f"{n}_proj.weight"] for n in "qkv"], bias)
             self._set_linear(blk.attn, "o", [w[att + "o_proj.weight"]])

@@ -12,8 +12,8 @@ void agrt_qrows(const uint8_t* q, const void* s, const void* m, int32_t half, in
 void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const float* w, float eps,
                   float* out);
 void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D, const int64_t* pos,
-                     const float* cos_t, const float* sin_t, const int64_t* slot, float* k_cache,
-                     float* v_cache, float* q_out);
+                     const float* cos_t, const float* sin_t, const int64_t* slot, const float* q_norm,
+                     const float* k_norm, float eps, float* k_cache, float* v_cache, float* q_out);
 void agrt_attention(const float* q, const float* k_cache, const float* v_cache, const int64_t* page_table,
                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens, const int64_t* seqs,
                     int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out);
@@ -30,6 +30,7 @@ struct AgrtLinear {
 };
 struct AgrtLayer {
   const float* attn_norm; const float* mlp_norm; AgrtLinear qkv, o, gate_up, down;
+  const float* q_norm; const float* k_norm;  // per-head q/k RMSNorm weights [head_dim] (Qwen3), or null
 };
 struct AgrtDims {
   int32_t hidden, inter, heads, kv_heads, head_dim, page_size; float eps, scale;

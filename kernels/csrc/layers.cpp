@@ -38,8 +38,8 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
     const AgrtLayer& L = layers[i];
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h);
     linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
-    agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots,
-                    k_caches[i], v_caches[i], q);
+    agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots, L.q_norm,
+                    L.k_norm, d->eps, k_caches[i], v_caches[i], q);
     agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
                    nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att);
     linear(L.o, att, T, hd, x, d->hidden, true);

@@ -75,10 +75,26 @@ inline void axpy(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-inline void rope_row(const float* x, const float* c, const float* s, int D, float* out) {
+// out[0..D) <- one head of x, RMS-normalised with weight w first when w is set (Qwen3's q/k
+// norm: same formula as agrt_rmsnorm), then rotated in place (rotate-half layout).
+inline void norm_rope_row(const float* x, const float* w, float eps, const float* c, const float* s,
+                          int D, float* out) {
+  if (w != nullptr) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < D; ++i) ss += x[i] * x[i];
+    const float r = 1.f / std::sqrt(ss / (float)D + eps);
+    for (int i = 0; i < D; ++i) out[i] = x[i] * r * w[i];
+  } else {
+    std::memcpy(out, x, sizeof(float) * D);
+  }
   const int half = D / 2;
-  for (int i = 0; i < half; ++i) out[i] = x[i] * c[i] - x[i + half] * s[i];
-  for (int i = half; i < D; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
+#pragma omp simd
+  for (int i = 0; i < half; ++i) {
+    const float a = out[i], b = out[i + half];
+    out[i] = a * c[i] - b * s[i];
+    out[i + half] = b * c[i + half] + a * s[i + half];
+  }
 }
 
 // The keys 0..n-1 of one sequence and KV head: slot j lives in page pt[j / S] at row j % S.
@@ -174,20 +190,22 @@ void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const floa
 }
 
 // qkv [T, (H + 2 Hkv) * D] -> q_out [T, H, D] rotated; rotated k and v stored in the paged
-// caches [P, S, Hkv, D] at flat slots slot[T]. cos/sin: [max_pos, D] tables.
+// caches [P, S, Hkv, D] at flat slots slot[T]. cos/sin: [max_pos, D] tables. q_norm/k_norm
+// ([D] or null): each q/k head is RMS-normalised (eps) before its rotation.
 void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D,
                      const int64_t* pos, const float* cos_t, const float* sin_t,
-                     const int64_t* slot, float* k_cache, float* v_cache, float* q_out) {
+                     const int64_t* slot, const float* q_norm, const float* k_norm, float eps,
+                     float* k_cache, float* v_cache, float* q_out) {
   const int64_t ld = (int64_t)(H + 2 * Hkv) * D;
 #pragma omp parallel for schedule(static) if (T > 16)
   for (int64_t t = 0; t < T; ++t) {
     const float* row = qkv + t * ld;
     const float* c = cos_t + pos[t] * D;
     const float* s = sin_t + pos[t] * D;
-    for (int h = 0; h < H; ++h) rope_row(row + h * D, c, s, D, q_out + (t * H + h) * D);
+    for (int h = 0; h < H; ++h) norm_rope_row(row + h * D, q_norm, eps, c, s, D, q_out + (t * H + h) * D);
     float* kd = k_cache + slot[t] * Hkv * D;
     float* vd = v_cache + slot[t] * Hkv * D;
-    for (int h = 0; h < Hkv; ++h) rope_row(row + (H + h) * D, c, s, D, kd + h * D);
+    for (int h = 0; h < Hkv; ++h) norm_rope_row(row + (H + h) * D, k_norm, eps, c, s, D, kd + h * D);
     std::memcpy(vd, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
   }
 }
