@@ -189,8 +189,9 @@ def test_unsupported_architecture(tmp_path):
 
 def test_unknown_or_unexpected_tensors(tmp_path):
     config, weights = _tiny("llama", True)
-    _write_gguf(tmp_path / "rope.gguf", config, weights, extra={"rope_freqs.weight": np.ones(4, np.float32)})
-    with pytest.raises(UnsupportedModel, match="rope_freqs"):
+    # rope_freqs (Llama 3 scaling) loads now; one of the wrong length is a corrupt file
+    _write_gguf(tmp_path / "rope.gguf", config, weights, extra={"rope_freqs.weight": np.ones(3, np.float32)})
+    with pytest.raises(CorruptModelFile, match="rope_freqs"):
         load_gguf(tmp_path / "rope.gguf")
     weights["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(32)  # a known name the config does not use
     _write_gguf(tmp_path / "extra.gguf", config, weights)

@@ -83,3 +83,23 @@ def test_pure_calls_start_before_the_round_ends():
     tool_msgs = [m for m in result.messages if m["role"] == "tool"]
     ids = [c["id"] for c in result.messages[0]["tool_calls"]]
     assert [m["tool_call_id"] for m in tool_msgs] == ids and result.text == "Done."
+
+
+def test_an_early_stop_keeps_the_reply_up_to_the_stop_and_closes_the_tag():
+    """parallel_tool_calls=False: the parser stops at the call's last '}'; what the engine sent after
+    it is dropped (the reply never depends on timing) and the open tag is closed."""
+    @tool
+    def lookup(key: Literal["alpha", "beta"]) -> str:
+        return "1"
+
+    engine = ScriptedEngine([HERMES.render_calls([("lookup", {"key": "alpha"})]) + "\ntrailing junk", "Done."])
+    agent = Agent("a", "", [lookup], engine=engine, constrained=False, parallel_tool_calls=False)
+
+    async def main():
+        async with Runtime(engine) as rt:
+            ref = await rt.spawn(agent, name="a")
+            await ref.ask("go")
+
+    anyio.run(main)
+    text = engine.tokenizer.decode(agent.tokens)
+    assert '{"key": "alpha"}}</tool_call><|im_end|>' in text and "junk" not in text and engine.stopped

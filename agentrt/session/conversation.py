@@ -13,8 +13,10 @@ operations:
     model family's format, or a JSON schema), the streaming parser and the incremental decoder,
     streams the parser's events, stops the request early when the parser (or a stop string) says
     no useful output can follow (`engine.stop`: the usage is kept), and closes the turn: the
-    generated ids are kept verbatim (they are what the KV holds), closed as a finished turn, and
-    the assistant message is appended. The last event is a `RoundEnd`.
+    generated ids up to the one that stopped it are kept verbatim (the KV holds them; ids of the
+    step in flight are dropped, so the reply does not depend on timing), a call tag left open by
+    the stop is closed with the format's text, the turn is closed as a finished one, and the
+    assistant message is appended. The last event is a `RoundEnd`.
 
 A consumer that abandons a round (cancellation) leaves the conversation at its prompt: nothing is
 appended, and the next round's rollback drops whatever the KV holds beyond it.
@@ -43,7 +45,7 @@ class RoundEnd:
     text: str  # assistant text outside tool calls (cut before a stop string)
     calls: list[CallComplete]
     invalid: list[CallInvalid]
-    generated: list[int]  # every id the model generated (the KV holds them)
+    generated: list[int]  # the ids kept for the reply (up to the token that stopped the round)
     usage: Any  # engine Usage of the request (None if the stream ended without one)
     finish_reason: str | None  # the engine's: stop / length / early_stop / ...
     stopped: bool  # the parser or a stop string ended the round early
@@ -128,8 +130,8 @@ class Conversation:
         async with aclosing(engine.generate(self.tokens, params, session=self.session,
                                             constraint=constraint)) as events:
             async for ev in events:
-                state.generated.extend(ev.token_ids)
                 for tok in ev.token_ids if not state.stopped else ():
+                    state.generated.append(tok)
                     for pe in state.feed(dec.push(tok)):
                         yield pe
                     if state.stopped:
@@ -157,12 +159,20 @@ class Conversation:
                 {"id": call_id(c.index), "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                 for c in state.calls]
-        self.tokens += self.chat.encode_assistant_tokens(state.generated)
+        self.tokens += self.chat.encode_assistant_tokens(state.generated + self._closing_ids(state))
         self.messages.append(message)
         self.ends[len(self.messages)] = len(self.tokens)
         self._open = False
         return RoundEnd(text, state.calls, state.invalid, state.generated, state.usage, state.finish,
                         state.stopped, message, "".join(state.thoughts))
+
+
+    def _closing_ids(self, state: "_Round") -> list[int]:
+        """Ids of the format's closing text when an early stop left a call tag open."""
+        fmt, raw = self.chat.tool_format, "".join(state.raw).rstrip()
+        if not (state.stopped and fmt.close and raw.endswith("}") and raw.count(fmt.open) > raw.count(fmt.close)):
+            return []
+        return self.chat.tokenizer.encode(fmt.inner + fmt.close, special=True)
 
 
 class _Round:
@@ -172,6 +182,7 @@ class _Round:
         self.parser, self.stop, self.reasoning = parser, stop, reasoning
         self.think = ThinkSplitter()
         self.thoughts: list[str] = []
+        self.raw: list[str] = []  # every decoded piece fed
         self.text: list[str] = []
         self.calls: list[CallComplete] = []
         self.invalid: list[CallInvalid] = []
@@ -181,6 +192,7 @@ class _Round:
     def feed(self, piece: str, closing: bool = False) -> list:
         out: list = []
         events = []
+        self.raw.append(piece)
         for kind, text in self.think.feed(piece) + (self.think.close() if closing else []):
             if kind == "reasoning":
                 self.thoughts.append(text)

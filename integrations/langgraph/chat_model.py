@@ -42,13 +42,11 @@ class _Shared:
     """State shared by a model and its bound copies: chat format, grammars, session router."""
 
     def __init__(self, host: EngineHost, policy: SessionPolicy):
-        from agentrt.session.chat import ChatFormat
-
         engine = host.engine
         if engine.tokenizer is None:
             raise ConfigError("the engine has no tokenizer: build it from load_model(...)")
         self.host = host
-        self.fmt = ChatFormat(engine.tokenizer)
+        self.fmt = engine.chat_format()  # the engine's template and tool-call format
         self.grammars = engine.grammars()
         self.router = SessionRouter(engine, policy)
 
