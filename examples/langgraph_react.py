@@ -3,8 +3,12 @@ checkpointer, on the embedded SmolLM2-135M.
 
 The 135M model rarely decides to call a tool on its own, so the model node asks for a call
 (`tool_choice="required"`, enforced by the grammar) when a user message arrives and for an
-answer (`"none"`) after tool results. With a larger model, `--prebuilt` runs LangGraph's own
-`create_react_agent` (tool_choice "auto") on the same tools.
+answer (`"none"`) after tool results. What makes it pick the right tool: names that differ from
+their first token (`weather` / `local_time`; with `get_weather` / `get_local_time` it calls
+`get_local_time` for every question). It does not phrase an answer either: it repeats the tool's
+result, so the tools return a short sentence. `--prebuilt` runs LangGraph's own
+`create_react_agent` (tool_choice "auto") on the same tools: that needs a bigger model
+(`--model path/to/model.gguf`); the 135M answers without calling a tool.
 
 Each thread keeps one KV session in agentrt: LangGraph resends the whole history every call,
 and only the new messages are prefilled (`cache_read` in each answer's usage shows it).
@@ -14,7 +18,7 @@ Tool calls are constrained by a grammar and validated while they stream.
 
 from __future__ import annotations
 
-import json
+import re
 import time
 
 import anyio
@@ -26,42 +30,56 @@ from agentrt.integrations.langgraph import ChatAgentrt
 
 
 @tool
-def get_weather(city: str) -> str:
+def weather(city: str) -> str:
     """Current weather for a city.
 
     Args:
         city: the city, e.g. "Paris"
     """
-    table = {"paris": (18, "cloudy"), "tokyo": (24, "sunny"), "oslo": (3, "snow")}
-    temp, sky = table.get(city.lower(), (20, "clear"))
-    return json.dumps({"city": city, "temperature_c": temp, "sky": sky})
+    table = {"paris": (18, "cloudy"), "tokyo": (24, "sunny"), "oslo": (-3, "snowing")}
+    if city.strip().lower() not in table:
+        return f"No weather data for {city}."
+    temp, sky = table[city.strip().lower()]
+    return f"In {city} it is {temp} °C and {sky}."
 
 
 @tool
-def get_local_time(city: str) -> str:
+def local_time(city: str) -> str:
     """Local time in a city (24h clock).
 
     Args:
         city: the city
     """
-    return {"paris": "14:05", "tokyo": "21:05", "oslo": "14:05"}.get(city.lower(), "12:00")
+    clock = {"paris": "14:05", "tokyo": "21:05", "oslo": "14:05"}.get(city.strip().lower())
+    return f"It is {clock} in {city}." if clock else f"No time zone data for {city}."
 
 
 PROMPT = ("You are a travel assistant. Look facts up with the tools before you answer; "
           "then answer in one short sentence.")
+# ChatAgentrt keeps the tool-format tags a small model echoes (`<tool_response>`) in the answer's
+# content (agentrt's Agent strips them); they are removed for display only
+_ECHO = re.compile(r"</?tool_(?:response|call)>")
+
+
+def answer_text(content: str) -> str:
+    return " ".join(_ECHO.sub(" ", content).split())
 
 
 def show(messages, t0: float) -> None:
+    looked_up = False
     for m in messages:
         if isinstance(m, AIMessage) and m.tool_calls:
+            looked_up = True
             print(f"  [{time.perf_counter() - t0:5.1f}s] call   {m.tool_calls[0]['name']}({m.tool_calls[0]['args']})")
         elif isinstance(m, ToolMessage):
             print(f"  [{time.perf_counter() - t0:5.1f}s] result {m.content}")
         elif isinstance(m, AIMessage):
             u = m.usage_metadata or {}
             read = (u.get("input_token_details") or {}).get("cache_read", 0)
-            print(f"  [{time.perf_counter() - t0:5.1f}s] answer {m.content.strip()!r}  "
+            print(f"  [{time.perf_counter() - t0:5.1f}s] answer {answer_text(m.content)!r}  "
                   f"(prompt {u.get('input_tokens')} tokens, {read} from KV already held)")
+            if not looked_up:
+                print("           (no tool was called: the model made this answer up)")
 
 
 def react_graph(model, tools):
@@ -87,8 +105,11 @@ def react_graph(model, tools):
 
 
 async def main(prebuilt: bool, source: str) -> None:
-    tools = [get_weather, get_local_time]
+    tools = [weather, local_time]
     lm = load_model(source)
+    if prebuilt and source == "smollm2-135m":
+        print("note: --prebuilt lets the model decide whether to call a tool (tool_choice auto); the "
+              "embedded 135M model does not, and makes answers up. Pass --model with a bigger GGUF.")
     async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as engine:
         model = ChatAgentrt(engine=engine, max_tokens=64, parallel_tool_calls=False)
         if prebuilt:

@@ -1,59 +1,81 @@
-"""Multi-agent demo on the embedded SmolLM2-135M: a planner delegates to three specialists.
+"""Multi-agent demo on the embedded SmolLM2-135M: a router hands each question to one of three
+specialist agents, and the specialist calls its Python tool.
 
-Each agent is an actor with its own KV session and its own Python tools. The planner's tools
-are the specialists themselves (`ask_weather`, `ask_math`, `ask_travel`): calling one sends the
-question to that agent's mailbox and returns its answer. Tool calls are constrained by a
-grammar, validated while they stream, and run as plain Python functions. Everything prints as
-it happens.   python examples/multi_agent_tools.py
+    python examples/multi_agent_tools.py            (= make demo)
+
+Every agent is an actor with its own KV session on one shared engine. Each conversation (a
+"thread": a question and its follow-ups) gets its own router and specialists, activated on first
+use with `Runtime.actor(kind, thread, factory)`; agents of the same kind share their prompt
+prefix (instructions, tool schemas, examples), which the engine's radix cache serves, and a
+follow-up in a thread prefills only its new tokens from the agent's session.
+
+How it is built so that a 135M model gets it right:
+  * the router makes exactly one call, `route(topic, specialist)` (a named tool choice); the
+    specialist is an enum whose values are words of the questions ("weather", "calculator",
+    "train"), `topic` (a few words, at most 30 characters) lets the model copy what the question
+    is about just before it chooses, and three worked examples open each router conversation as
+    real chat turns. The program, not the model, then sends the question to that specialist;
+  * each specialist has one tool and must call it (a named tool choice); arguments are small
+    (a city, two numbers and an operator from an enum, two cities);
+  * a turn ends when its tool has run (`stop_at_tools`): the final answer is the tool's result,
+    printed as is. A model this small cannot reliably phrase an answer from a tool result.
+Tool calls are constrained by a grammar, so every call is well formed.
+
+For each question it prints the route, the tool call with its arguments, the answer, and where
+the time went per agent turn: prompt tokens prefilled vs reused from KV already held (the agent's
+session or the radix cache) and tokens decoded (the engine's usage of each model call, in the
+turn's TurnResult), the tool's time and the turn's wall time. Decoded tokens include the few the
+engine generated after the call was complete, before the agent's stop reached it: that count,
+and the next turn's prefill by as much, vary by a few tokens from run to run; the calls do not.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 import anyio
+from pydantic import Field
 
-from agentrt import Engine, EngineConfig, load_model
-from agentrt.runtime.agent import Agent, GenerationSettings
-from agentrt.runtime.events import CallComplete, CallInvalid, TextDelta, ToolResultEvent, TurnResult
-from agentrt.runtime.runtime import Runtime
-from agentrt.tools import ToolContext, tool
+from agentrt import Agent, Engine, EngineConfig, GenerationSettings, Runtime, load_model, tool
 
-# ---- the specialists' tools: plain Python ------------------------------------------------
+# ---- the specialists' tools: plain Python, with small demo tables -----------------------------
+
+WEATHER = {"paris": (18, "cloudy"), "tokyo": (24, "sunny"), "oslo": (-3, "snowing"),
+           "london": (12, "raining"), "madrid": (31, "sunny")}
+TRAINS = {frozenset({"paris", "lyon"}): "2 h", frozenset({"berlin", "munich"}): "4 h",
+          frozenset({"rome", "milan"}): "3 h", frozenset({"oslo", "bergen"}): "7 h"}
 
 
 @tool
-def get_weather(city: str) -> dict:
-    """Current weather for a city.
+def get_weather(city: str) -> str:
+    """Current weather in a city.
 
     Args:
         city: the city, e.g. "Paris"
     """
-    table = {"paris": (18, "cloudy"), "tokyo": (24, "sunny"), "oslo": (3, "snow")}
-    temp, sky = table.get(city.lower(), (20, "clear"))
-    return {"city": city, "temperature_c": temp, "sky": sky}
+    if city.strip().lower() not in WEATHER:
+        return f"no weather data for {city}"
+    temp, sky = WEATHER[city.strip().lower()]
+    return f"{city}: {temp} °C, {sky}"
 
 
 @tool
-def multiply(a: float, b: float) -> float:
-    """Multiply two numbers.
+def calculate(a: float, op: Literal["+", "-", "*", "/"], b: float) -> str:
+    """Compute `a op b`.
 
     Args:
-        a: first factor
-        b: second factor
+        a: the first number
+        op: the operation: + plus, - minus, * times, / divided by
+        b: the second number
     """
-    return a * b
-
-
-@tool
-def add(a: float, b: float) -> float:
-    """Add two numbers.
-
-    Args:
-        a: first term
-        b: second term
-    """
-    return a + b
+    if op == "/" and b == 0:
+        return f"{a:g} / 0: division by zero"
+    value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[op]
+    return f"{a:g} {op} {b:g} = {value:g}"
 
 
 @tool
@@ -61,106 +83,203 @@ def train_time(origin: str, destination: str) -> str:
     """Travel time by train between two cities.
 
     Args:
-        origin: departure city
-        destination: arrival city
+        origin: the departure city
+        destination: the arrival city
     """
-    return f"{origin} -> {destination}: about {2 + (len(origin) + len(destination)) % 5} h by train"
+    hours = TRAINS.get(frozenset({origin.strip().lower(), destination.strip().lower()}))
+    return f"{origin} -> {destination}: {hours} by train" if hours else \
+        f"no train data for {origin} -> {destination}"
 
 
-# ---- the planner's tools: delegation to the specialists ----------------------------------
+# ---- the router: one constrained choice ------------------------------------------------------
 
-
-async def _delegate(ctx: ToolContext, agent: str, question: str) -> str:
-    print(f"    -> {agent}: {question}")
-    result = await ctx.deps[agent].ask(question, timeout=300)
-    for m in result.messages:
-        for call in m.get("tool_calls", []):
-            print(f"       {agent} called {call['function']['name']}({call['function']['arguments']})")
-        if m["role"] == "tool":
-            print(f"       {agent} tool result: {m['content']}")
-    print(f"    <- {agent}: {result.text}")
-    return result.text or "(no answer)"
+Specialist = Literal["weather", "calculator", "train"]
 
 
 @tool
-async def ask_weather(question: str, ctx: ToolContext) -> str:
-    """Ask the weather specialist.
+def route(topic: Annotated[str, Field(max_length=30)], specialist: Specialist) -> str:
+    """Send the question to a specialist.
 
     Args:
-        question: the question about weather
+        topic: what the question is about, in two or three words
+        specialist: weather (weather in a city), calculator (arithmetic), train (trains between cities)
     """
-    return await _delegate(ctx, "weather", question)
+    return specialist
 
 
-@tool
-async def ask_math(question: str, ctx: ToolContext) -> str:
-    """Ask the math specialist to compute something.
-
-    Args:
-        question: the computation, in words or numbers
-    """
-    return await _delegate(ctx, "math", question)
+ROUTER_INSTRUCTIONS = "You route each question to the right specialist."
+# worked examples, as real chat turns at the start of each router conversation
+ROUTER_EXAMPLES = [("Is it sunny in Rome?", "sun in Rome", "weather"),
+                   ("What is 3 plus 4?", "3 plus 4", "calculator"),
+                   ("How long is the train from Oslo to Bergen?", "train Oslo to Bergen", "train")]
 
 
-@tool
-async def ask_travel(question: str, ctx: ToolContext) -> str:
-    """Ask the travel specialist about trains between cities.
-
-    Args:
-        question: the travel question
-    """
-    return await _delegate(ctx, "travel", question)
-
-
-TASKS = ["What is the weather in Tokyo?", "How long is the train from Paris to Lyon?",
-         "What is 12 times 7?"]
+def router_examples() -> list[dict]:
+    msgs: list[dict] = []
+    for i, (question, topic, specialist) in enumerate(ROUTER_EXAMPLES):
+        call = {"id": f"example_{i}", "type": "function", "function": {
+            "name": "route", "arguments": json.dumps({"topic": topic, "specialist": specialist})}}
+        msgs += [{"role": "user", "content": question},
+                 {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": call["id"], "name": "route", "content": specialist}]
+    return msgs
 
 
-async def main() -> None:
+def one_call(tool_name: str) -> dict:
+    """Agent options: exactly one call of `tool_name`, and the turn ends when it has run."""
+    return dict(tool_choice=tool_name, stop_at_tools=[tool_name], max_tool_rounds=1,
+                parallel_tool_calls=False, settings=GenerationSettings(max_tokens=128))
+
+
+AGENTS = {
+    "router": lambda: Agent("router", ROUTER_INSTRUCTIONS, [route], **one_call("route")),
+    "weather": lambda: Agent("weather", "You report the weather with get_weather.", [get_weather],
+                             **one_call("get_weather")),
+    "calculator": lambda: Agent("calculator", "You compute with calculate.", [calculate],
+                                **one_call("calculate")),
+    "train": lambda: Agent("train", "You answer train questions with train_time.", [train_time],
+                           **one_call("train_time")),
+}
+
+# the demo's conversations: thread -> questions (a later question is a follow-up in that thread)
+THREADS = {
+    "alice": ["What is the weather in Tokyo?", "And in Oslo?"],
+    "bob": ["How long is the train from Paris to Lyon?"],
+    "carol": ["What is 12 times 7?", "What is 345 plus 678?"],
+    "dave": ["Will it rain in London today?"],
+}
+# what each question should produce: (specialist, tool, arguments)
+EXPECTED = {
+    "What is the weather in Tokyo?": ("weather", "get_weather", {"city": "Tokyo"}),
+    "And in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
+    "How long is the train from Paris to Lyon?": ("train", "train_time", {"origin": "Paris", "destination": "Lyon"}),
+    "What is 12 times 7?": ("calculator", "calculate", {"a": 12, "op": "*", "b": 7}),
+    "What is 345 plus 678?": ("calculator", "calculate", {"a": 345, "op": "+", "b": 678}),
+    "Will it rain in London today?": ("weather", "get_weather", {"city": "London"}),
+}
+
+
+# ---- running one question --------------------------------------------------------------------
+
+@dataclass
+class Step:
+    """One agent's turn: its tool call, the result, and the work it cost."""
+
+    agent: str
+    call: str = ""
+    arguments: dict = field(default_factory=dict)
+    result: Any = None
+    error: str | None = None
+    computed: int = 0  # prompt tokens prefilled
+    reused: int = 0  # prompt tokens served from KV already held (session or radix cache)
+    decoded: int = 0
+    tool_s: float = 0.0
+    wall_s: float = 0.0
+
+    def line(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
+        what = f"{self.call}({args})" if self.call else "(no tool call)"
+        out = f"error: {self.error}" if self.error else repr(self.result)
+        return (f"  {self.agent:<10} {what} -> {out}\n"
+                f"  {'':<10} prefill {self.computed} tokens computed + {self.reused} reused from KV, "
+                f"{self.decoded} decoded, tool {self.tool_s * 1e3:.2f} ms, {self.wall_s:.2f} s")
+
+
+@dataclass
+class Answer:
+    question: str
+    route: Step
+    specialist: Step | None
+    wall_s: float
+
+    @property
+    def text(self) -> str:
+        s = self.specialist
+        if s is None or s.error or s.result is None:
+            return "(no answer: the tool call failed)"
+        return str(s.result)
+
+
+async def ask(agent, message) -> Step:
+    """One turn of `agent`; the work it cost comes from the engine's usage of each model call."""
     t0 = time.perf_counter()
-    lm = load_model("smollm2-135m")
-    print(f"loaded {lm.source.split('/')[-1]} in {time.perf_counter() - t0:.1f}s")
-    settings = GenerationSettings(max_tokens=80)
-    one = {"settings": settings, "max_tool_rounds": 1, "tool_choice": "required",
-           "parallel_tool_calls": False}  # a 135M model repeats calls when allowed several
-    async with Engine(lm, EngineConfig(kv_cache_tokens=32768)) as engine:
-        async with Runtime(engine) as rt:
-            refs = {
-                "weather": await rt.spawn(Agent("weather", "You report the weather. Use get_weather.",
-                                                [get_weather], **one)),
-                "math": await rt.spawn(Agent("math", "You compute with the tools.", [multiply, add], **one)),
-                "travel": await rt.spawn(Agent("travel", "You answer train questions. Use train_time.",
-                                               [train_time], **one)),
-            }
-            planner = await rt.spawn(Agent(
-                "planner", "You are a planner. Delegate each question to the right specialist tool.",
-                [ask_weather, ask_math, ask_travel], deps=refs, **one))
-            for task in TASKS:
-                await run_task(planner, task)
+    result = await agent.ask(message, timeout=300)
+    step = Step(agent.name.split("/")[0], wall_s=time.perf_counter() - t0,
+                computed=sum(u.computed_prompt_tokens for u in result.usage),
+                reused=sum(u.cached_tokens for u in result.usage),
+                decoded=sum(u.completion_tokens for u in result.usage))
+    for m in result.messages:
+        for call in m.get("tool_calls", [])[:1]:
+            step.call, step.arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+    for r in result.tool_results[:1]:
+        step.tool_s = r.duration_s
+        if r.is_error:
+            step.error = r.content
+        else:
+            step.result = r.raw
+    return step
+
+
+async def answer(rt, thread: str, question: str, first: bool) -> Answer:
+    t0 = time.perf_counter()
+    router = await rt.actor("router", thread, lambda _: AGENTS["router"]())
+    message = router_examples() + [{"role": "user", "content": question}] if first else question
+    r = await ask(router, message)
+    spec = None
+    if r.result in AGENTS:
+        agent = await rt.actor(r.result, thread, lambda _: AGENTS[r.result]())
+        spec = await ask(agent, question)
+    return Answer(question, r, spec, time.perf_counter() - t0)
+
+
+def check(a: Answer) -> bool:
+    """Whether the answer took the expected route, tool and arguments (EXPECTED)."""
+    want = EXPECTED.get(a.question)
+    s = a.specialist
+    return want is not None and s is not None and (a.route.result, s.call, s.arguments) == want
+
+
+def show(thread: str, a: Answer) -> None:
+    print(f"\n[{thread}] {a.question}")
+    print(a.route.line())
+    if a.specialist is not None:
+        print(a.specialist.line())
+    mark = "" if a.question not in EXPECTED else "   (as expected)" if check(a) else "   (NOT as expected)"
+    print(f"  answer: {a.text}   [{a.wall_s:.2f} s]{mark}")
+
+
+async def run_demo(lm, threads: dict[str, list[str]] = THREADS, verbose: bool = True) -> list[Answer]:
+    answers = []
+    async with Engine(lm, EngineConfig(kv_cache_tokens=32768)) as engine, Runtime(engine) as rt:
+        # conversations interleave: each thread's first question, then the follow-ups
+        order = [(t, i, q) for t, qs in threads.items() for i, q in enumerate(qs)]
+        for thread, i, q in sorted(order, key=lambda x: x[1]):
+            answers.append(await answer(rt, thread, q, first=i == 0))
+            if verbose:
+                show(thread, answers[-1])
+        if verbose:
             st = engine.stats()
-            print(f"\nengine: {st.steps} steps, prompt tokens {st.prompt_submitted} submitted, "
-                  f"{st.prompt_computed} computed (KV hit rate {st.hit_rate:.0%}), "
-                  f"{st.decode_tokens} decoded, speculation acceptance {st.spec_acceptance:.0%}")
-            await rt.stop_all()
-    print(f"done in {time.perf_counter() - t0:.1f}s")
+            print(f"\nengine: {st.steps} steps; prompt tokens: {st.prompt_submitted} submitted, "
+                  f"{st.prompt_computed} computed, {st.prompt_cached} reused from KV "
+                  f"(hit rate {st.hit_rate:.0%}); {st.decode_tokens} decoded; "
+                  f"speculation acceptance {st.spec_acceptance:.0%}")
+        await rt.stop_all()
+    return answers
 
 
-async def run_task(planner, task: str) -> None:
-    print(f"\nuser -> planner: {task}")
-    t = time.perf_counter()
-    async for ev in planner.ask_stream(task):
-        if isinstance(ev, CallComplete):
-            print(f"  planner calls {ev.name}({ev.arguments})")
-        elif isinstance(ev, CallInvalid):
-            print(f"  planner made an invalid call: {ev.reason}")
-        elif isinstance(ev, ToolResultEvent) and ev.result.is_error:
-            print(f"  tool error: {ev.result.content}")
-        elif isinstance(ev, TurnResult):
-            print(f"planner: {ev.text}   [{time.perf_counter() - t:.1f}s, "
-                  f"{sum(u.cached_tokens for u in ev.usage)} prompt tokens reused from KV]")
-        elif isinstance(ev, TextDelta):
-            pass
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="a GGUF file, an HF directory or an embedded name")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    lm = load_model(args.model)
+    print(f"loaded {lm.source.split('/')[-1]} in {time.perf_counter() - t0:.1f} s; "
+          "answers are the tools' results (the model routes and calls, it does not phrase them)")
+    answers = anyio.run(run_demo, lm)
+    ok = sum(check(a) for a in answers)
+    print(f"{ok}/{len(answers)} questions took the expected route, tool and arguments; "
+          f"done in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()
