@@ -64,18 +64,19 @@ def get_weather(city: str) -> str:
 
 
 @tool
-def calculate(a: float, op: Literal["+", "-", "*", "/"], b: float) -> str:
+def calculate(a: float, op: Literal["plus", "minus", "times", "divided by"], b: float) -> str:
     """Compute `a op b`.
 
     Args:
         a: the first number
-        op: the operation: + plus, - minus, * times, / divided by
+        op: the operation, in the question's own word
         b: the second number
     """
-    if op == "/" and b == 0:
+    symbol = {"plus": "+", "minus": "-", "times": "*", "divided by": "/"}[op]
+    if symbol == "/" and b == 0:
         return f"{a:g} / 0: division by zero"
-    value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[op]
-    return f"{a:g} {op} {b:g} = {value:g}"
+    value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[symbol]
+    return f"{a:g} {symbol} {b:g} = {value:g}"
 
 
 @tool
@@ -153,8 +154,8 @@ EXPECTED = {
     "What is the weather in Tokyo?": ("weather", "get_weather", {"city": "Tokyo"}),
     "And in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
     "How long is the train from Paris to Lyon?": ("train", "train_time", {"origin": "Paris", "destination": "Lyon"}),
-    "What is 12 times 7?": ("calculator", "calculate", {"a": 12, "op": "*", "b": 7}),
-    "What is 345 plus 678?": ("calculator", "calculate", {"a": 345, "op": "+", "b": 678}),
+    "What is 12 times 7?": ("calculator", "calculate", {"a": 12, "op": "times", "b": 7}),
+    "What is 345 plus 678?": ("calculator", "calculate", {"a": 345, "op": "plus", "b": 678}),
     "Will it rain in London today?": ("weather", "get_weather", {"city": "London"}),
 }
 

@@ -69,10 +69,11 @@ def test_required_tool_call_runs_and_second_round_prefills_only_its_delta(lm):
     tool_msg = result.messages[1]
     assert tool_msg["role"] == "tool" and not result.tool_results[0].is_error
     assert result.rounds == 2 and result.messages[-1]["role"] == "assistant"
-    # round 2 reused the session: the prompt tokens it computed are exactly the new ones
+    # round 2 reused the session: all of round 1's prompt, and the call's ids up to where the
+    # tokenizer's own spelling of the grammar-shaped call differs (that part is recomputed)
     rounds = [ev for ev in events if isinstance(ev, RoundStarted)]
     u1, u2 = result.usage
     assert u2.prompt_tokens == rounds[1].prompt_tokens
-    assert u2.cached_tokens == u1.prompt_tokens + u1.completion_tokens - 1
+    assert u1.prompt_tokens <= u2.cached_tokens <= u1.prompt_tokens + u1.completion_tokens - 1
     assert u2.computed_prompt_tokens == u2.prompt_tokens - u2.cached_tokens
     assert u2.computed_prompt_tokens < 0.35 * u2.prompt_tokens

@@ -38,8 +38,8 @@ def demo_model(request):
 
 def test_demo_tools():
     d = example("multi_agent_tools")
-    assert d.calculate(a=12, op="*", b=7) == "12 * 7 = 84"
-    assert d.calculate(a=1, op="/", b=0) == "1 / 0: division by zero"
+    assert d.calculate(a=12, op="times", b=7) == "12 * 7 = 84"
+    assert d.calculate(a=1, op="divided by", b=0) == "1 / 0: division by zero"
     assert d.get_weather(city="tokyo") == "tokyo: 24 °C, sunny"
     assert d.get_weather(city="Atlantis") == "no weather data for Atlantis"
     assert d.train_time(origin="Lyon", destination="Paris") == "Lyon -> Paris: 2 h by train"

@@ -191,7 +191,9 @@ def test_agent_binds_tools_passes_tool_choice_and_reuses_the_thread_session(choi
         assert result.content == tool.invoke(call["args"])
         assert isinstance(answer, AIMessage) and not answer.tool_calls and answer.content
         assert answer.response_metadata["agentrt_session"] == "t/model"
-        assert cache_read(answer) >= held_after(ai)  # the answer's prompt: the whole call already held
+        # the answer's prompt: the call's prompt already held (a grammar-shaped call is re-tokenized
+        # the tokenizer's way, so its ids from the first odd split on are recomputed)
+        assert cache_read(answer) >= ai.usage_metadata["input_tokens"]
     assert cache_read(second[1]) >= held_after(first[3])  # turn 2 starts from all of turn 1
 
 

@@ -204,6 +204,11 @@ class ChatFormat:
             return k
         return k + (0 if messages and messages[0].get("role") == "system" else 1)
 
+    def tokenize_text(self, text: str) -> list[int]:
+        """Ids of text the model wrote: its control tokens stay control tokens, the rest is
+        tokenized as one piece between them (as the whole rendering is)."""
+        return self._tokenize(text, {})
+
     def generation_prompt_tokens(self) -> list[int]:
         """Ids the template appends to open the assistant turn (e.g. `<|im_start|>assistant\\n`)."""
         return list(self._gen_prompt_ids)

@@ -13,10 +13,11 @@ operations:
     model family's format, or a JSON schema), the streaming parser and the incremental decoder,
     streams the parser's events, stops the request early when the parser (or a stop string) says
     no useful output can follow (`engine.stop`: the usage is kept), and closes the turn: the
-    generated ids up to the one that stopped it are kept verbatim (the KV holds them; ids of the
-    step in flight are dropped, so the reply does not depend on timing), a call tag left open by
-    the stop is closed with the format's text, the turn is closed as a finished one, and the
-    assistant message is appended. The last event is a `RoundEnd`.
+    generated ids up to the one that stopped it are kept (ids of the step in flight are dropped,
+    so the reply does not depend on timing), a call tag left open by the stop is closed with the
+    format's text, a reply shaped by a grammar is tokenized the tokenizer's way (`_canonical`: the
+    KV's ids from the first odd split on are recomputed next round; free text keeps the model's
+    ids), the turn is closed as a finished one, and the assistant message is appended. The last event is a `RoundEnd`.
 
 A consumer that abandons a round (cancellation) leaves the conversation at its prompt: nothing is
 appended, and the next round's rollback drops whatever the KV holds beyond it.
@@ -127,6 +128,7 @@ class Conversation:
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = _Round(parser, tuple(stop), reasoning)
+        state.constrained = constraint is not None
         async with aclosing(engine.generate(self.tokens, params, session=self.session,
                                             constraint=constraint)) as events:
             async for ev in events:
@@ -159,13 +161,34 @@ class Conversation:
                 {"id": call_id(c.index), "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                 for c in state.calls]
-        self.tokens += self.chat.encode_assistant_tokens(state.generated + self._closing_ids(state))
+        reply = state.generated + self._closing_ids(state)
+        reply = self._canonical(reply) if state.constrained else reply
+        self.tokens += self.chat.encode_assistant_tokens(reply)
         self.messages.append(message)
         self.ends[len(self.messages)] = len(self.tokens)
         self._open = False
         return RoundEnd(text, state.calls, state.invalid, state.generated, state.usage, state.finish,
                         state.stopped, message, "".join(state.thoughts))
 
+
+    def _canonical(self, ids: list[int]) -> list[int]:
+        """The reply's text tokenized as the tokenizer would (the KV keeps the generated ids).
+
+        Constrained decoding often spells fixed text in odd pieces (`<`,`t`,`oo`,`l`,... for
+        `<tool_call>`: the grammar allows every prefix and a small model may prefer one); kept
+        in the history, such ids pull later rounds off the distribution the model was trained
+        on (measured on SmolLM2-135M: a garbled answer after an oddly split call, the right one
+        with the same text tokenized normally). The next round's rollback recomputes the reply
+        from its first differing id: tens of tokens.
+        """
+        eos = ids[-1:] if ids and ids[-1] in self.chat.tokenizer.eos_token_ids else []
+        body = ids[:len(ids) - len(eos)]
+        if not self.chat.tokenizer.byte_level or not body:
+            return ids
+        text = b"".join(self.chat.tokenizer.token_bytes(i) for i in body).decode("utf-8", errors="replace")
+        if "\ufffd" in text:  # not valid UTF-8 on its own: keep the ids
+            return ids
+        return self.chat.tokenize_text(text) + eos
 
     def _closing_ids(self, state: "_Round") -> list[int]:
         """Ids of the format's closing text when an early stop left a call tag open."""
@@ -181,6 +204,7 @@ class _Round:
     def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool) -> None:
         self.parser, self.stop, self.reasoning = parser, stop, reasoning
         self.think = ThinkSplitter()
+        self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
         self.thoughts: list[str] = []
         self.raw: list[str] = []  # every decoded piece fed
         self.text: list[str] = []
