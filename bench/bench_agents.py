@@ -182,10 +182,11 @@ def main() -> None:
     if args.tool_latency > 0:
         from bench.pipelined_case import run_pipelined
 
-        out_pipe = run_pipelined(lm, args.tool_latency, reps=1 if args.quick else 3)
-        print(f"pipelined tools: {out_pipe['calls_in_round']} calls of {args.tool_latency:g}s, turn "
-              f"{out_pipe['turn_s_sequential']:.2f}s -> {out_pipe['turn_s_pipelined']:.2f}s "
-              f"(saved {out_pipe['saved_s']:.2f}s)")
+        out_pipe = run_pipelined(lm, args.tool_latency, reps=2 if args.quick else 5)
+        for name in ("equal", "first_slowest"):
+            p = out_pipe[name]
+            print(f"pipelined tools ({name}, {len(p['calls'])} calls, up to {args.tool_latency:g}s): turn "
+                  f"{p['turn_s_sequential']:.2f}s -> {p['turn_s_pipelined']:.2f}s (saved {p['saved_s']:.2f}s)")
     else:
         out_pipe = None
     for key, case in out.items():
