@@ -18,18 +18,21 @@ applied by rewriting messages before the model's template runs:
     (one turn per result, never merged, so appending messages never changes earlier turns).
 
 Token-level contract. Every message's content (after the rewrite above) is data: it is rendered
-as a random sentinel, the rendered text is split at sentinels, template text is tokenized with
-special-token parsing ON and content with it OFF -- a tool result holding `<|im_start|>` can never
-produce the control token. Text is also split at every message boundary and before the generation
-prompt, so `encode(prev, add_generation_prompt=False) + encode_delta(prev, new)` equals
-`encode(prev + new)` by construction, and encode_delta tokenizes only the new messages.
-Consequence: ids can differ from tokenizing the whole rendered string when a content starts or ends
-with whitespace that BPE would merge across the template boundary (rare; the model copes).
-Templates that `| trim` content are detected and handled; templates that otherwise rewrite content,
-or re-render earlier turns once later ones exist, are refused (init) / not extendable (encode_delta).
+as a random sentinel, so control tokens are taken only where the template text has them; the text
+between two control tokens (template text and contents together) is tokenized as one piece with
+special-token parsing off -- as tokenizing the whole rendering would, except that a tool result
+holding `<|im_start|>` can never produce the control token. Text is also cut at every message
+boundary that is a prefix of the whole rendering and before the generation prompt, so
+`encode(prev, add_generation_prompt=False) + encode_delta(prev, new)` equals `encode(prev + new)`
+by construction. Templates that `| trim` content are detected and handled; templates that
+otherwise rewrite content are refused. A template that re-renders earlier turns once later ones
+exist (Qwen2.5 merges consecutive tool results; Mistral moves the tool list to the last user turn)
+is not extendable by a pure delta: `extend()` then re-encodes from the last boundary that still
+holds (what `Conversation.append` does); `encode_delta` raises.
 
-Model output is kept verbatim: `encode(prev) + encode_assistant_tokens(generated_ids)` is the token
-history after a generated turn, and later turns are appended with `encode_delta`.
+Model output: `encode(prev) + encode_assistant_tokens(generated_ids)` is the token history after a
+generated turn (`Conversation` keeps free text as generated, and re-tokenizes grammar-shaped
+replies with `tokenize_text`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ shares prefixes).
 
 Each routed session keeps a *ledger* on top of a `Conversation` (the conversation core agents
 use): the fingerprints of the messages the conversation holds. A call's prompt reuses the tokens
-of the longest ledger prefix the new history repeats (the model's own replies stay exactly the
-tokens it generated) and the conversation encodes the rest as a delta. A retry, an edited
+of the longest ledger prefix the new history repeats (the model's own replies stay the tokens the
+conversation kept for them) and the conversation encodes the rest as a delta. A retry, an edited
 history or time travel simply matches less; the engine then keeps the longest common prefix of
 the KV and the prompt and truncates the rest, so the output stays correct.
 """
