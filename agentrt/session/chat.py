@@ -52,21 +52,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agentrt.errors import ChatTemplateError
 from agentrt.model.tokenizer import Tokenizer
+from agentrt.session.messages import as_list, check_tool, fallback, normalize
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
-
-ROLES = ("system", "user", "assistant", "tool")
 
 # Used when neither the caller nor the tokenizer provides a template.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-TOOLS_INSTRUCTION = (
-    "You can call the tools listed below. To call one, answer with a block of the form\n"
-    '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
-    "(one block per call). Tool results come back inside <tool_response></tool_response>.\n"
-)
-
 
 class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` (used by some HF templates) renders its body unchanged."""
@@ -295,12 +288,12 @@ class ChatFormat:
 
     # -- message preparation --------------------------------------------------------------------------
     def _prepare(self, messages: Sequence[Mapping[str, Any]], tools: Any) -> list[dict[str, Any]]:
-        msgs = [_normalize(i, m) for i, m in enumerate(_as_list(messages, "messages"))]
-        tool_list = [_check_tool(t) for t in _as_list(tools, "tools")] if tools is not None else []
+        msgs = [normalize(i, m) for i, m in enumerate(as_list(messages, "messages"))]
+        tool_list = [check_tool(t) for t in as_list(tools, "tools")] if tools is not None else []
         if self.native_tools:
             self._reject_control_text(msgs, tool_list)
             return msgs
-        return _fallback(msgs, tool_list)
+        return fallback(msgs, tool_list)
 
     def _reject_control_text(self, msgs: list[dict[str, Any]], tools: list[Mapping[str, Any]]) -> None:
         # Native templates put tool calls / schemas in template text (special parsing on): refuse forgeries.
@@ -309,87 +302,3 @@ class ChatFormat:
         for token in self._control:
             if token in outside:
                 raise ChatTemplateError(f"control token {token!r} found in tool calls or tool schemas; remove it")
-
-
-def _as_list(value: Any, what: str) -> list[Any]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ChatTemplateError(f"{what} must be a list, got {type(value).__name__}")
-    return list(value)
-
-
-def _text(i: int, role: str, content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise ChatTemplateError(f"message {i} ({role}): content must be a string or a list of text parts")
-
-
-def _normalize(i: int, msg: Any) -> dict[str, Any]:
-    """A validated plain-dict copy of one OpenAI-style message."""
-    if not isinstance(msg, Mapping):
-        raise ChatTemplateError(f"message {i} must be a dict, got {type(msg).__name__}")
-    role = msg.get("role")
-    if role not in ROLES:
-        raise ChatTemplateError(f"message {i} has role {role!r}; use one of {', '.join(ROLES)}")
-    out: dict[str, Any] = {"role": role, "content": _text(i, role, msg.get("content"))}
-    calls = msg.get("tool_calls") if role == "assistant" else None
-    if calls:
-        out["tool_calls"] = [_normalize_call(i, n, c) for n, c in enumerate(_as_list(calls, "tool_calls"))]
-    if out["content"] is None and not calls:
-        raise ChatTemplateError(f"message {i} ({role}) has no content")
-    if role == "tool":
-        if not isinstance(msg.get("tool_call_id"), str) or not msg["tool_call_id"]:
-            raise ChatTemplateError(f"message {i} (tool) needs a tool_call_id naming the call it answers")
-        out["tool_call_id"] = msg["tool_call_id"]
-        if isinstance(msg.get("name"), str):
-            out["name"] = msg["name"]
-    return out
-
-
-def _normalize_call(i: int, n: int, call: Any) -> dict[str, Any]:
-    fn = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-        raise ChatTemplateError(f"message {i}: tool_calls[{n}] needs function.name (OpenAI format)")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):  # templates expect a dict; keep the string if it is not a JSON object
-        try:
-            parsed = json.loads(args)
-            args = parsed if isinstance(parsed, dict) else args
-        except json.JSONDecodeError:
-            pass
-    elif not isinstance(args, Mapping):
-        raise ChatTemplateError(f"message {i}: tool_calls[{n}].function.arguments must be a str or dict")
-    return {"id": str(call.get("id", f"call_{i}_{n}")), "type": "function",
-            "function": {"name": fn["name"], "arguments": dict(args) if isinstance(args, Mapping) else args}}
-
-
-def _check_tool(tool: Any) -> Mapping[str, Any]:
-    fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
-    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-        raise ChatTemplateError("each tool must be an OpenAI function tool: {'type': 'function', 'function': {'name': ...}}")
-    return tool
-
-
-def _fallback(msgs: list[dict[str, Any]], tools: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Rewrite tool-related messages as plain system/user/assistant turns (see module docstring)."""
-    out = []
-    for msg in msgs:
-        if msg["role"] == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{msg['content']}\n</tool_response>"})
-        elif msg.get("tool_calls"):
-            calls = "\n".join(
-                "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                           ensure_ascii=False) + "</tool_call>"
-                for c in msg["tool_calls"])
-            out.append({"role": "assistant", "content": f"{msg['content']}\n{calls}" if msg["content"] else calls})
-        else:
-            out.append(dict(msg))
-    if tools:
-        block = TOOLS_INSTRUCTION + "<tools>\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + "\n</tools>"
-        if out and out[0]["role"] == "system":
-            out[0]["content"] = f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block
-        else:
-            out.insert(0, {"role": "system", "content": block})
-    return out

@@ -44,14 +44,14 @@ from agentrt.errors import ConfigError
 from agentrt.toolcall.calls import CallContainer
 from agentrt.toolcall.events import CallInvalid, EarlyStop, Event, EventSink, ParserState, Verdict
 from agentrt.toolcall.specs import ToolSpec, load_tool_specs
+from agentrt.toolcall.fences import FenceStates
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, match_literal
 
 WRAPPERS = ("hermes", "json", "auto")
-_FENCE = "```"
 _WS_RUN = re.compile(r"[ \t\n\r]+")
 
 
-class ToolCallParser:
+class ToolCallParser(FenceStates):
     """Streaming tool-call parser and validator. See the module docstring for the formats.
 
     feed(text) -> events;  close() -> events (flushes held text, invalidates an unfinished
@@ -278,50 +278,6 @@ class ToolCallParser:
             self._matched = matched
         else:
             self._stop(j + 1, "text after the tool calls")
-        return j
-
-    def _on_fence_open(self, s: str, i: int) -> int:
-        """```, an optional language word, whitespace, then '{' or '[' opens a fenced call."""
-        ch = s[i]
-        if self._matched < len(_FENCE):
-            matched, j = match_literal(_FENCE, self._matched, s, i)
-            self._fence.append(s[i:j])
-            self._matched = matched
-            return j if matched == len(_FENCE) or j == len(s) else self._not_a_fence(s, j)
-        if ch.isalpha() and not any(c.isspace() for c in self._fence[-1:]):
-            self._fence.append(ch)
-            return i + 1
-        if ch in " \t\r\n":
-            self._fence.append(ch)
-            return i + 1
-        if ch in "{[":
-            self._held_ws, self._fence, self._matched, self._fenced = [], [], 0, True
-            self._open_container(bare=True)
-            return i
-        return self._not_a_fence(s, i)
-
-    def _not_a_fence(self, s: str, i: int) -> int:
-        if self._verdicts:  # after calls: anything else ends the message
-            self._stop(i + 1, "text after the tool calls")
-            return i
-        self._out.text("".join(self._held_ws + self._fence))
-        self._held_ws, self._fence, self._matched = [], [], 0
-        self._enter(ParserState.TEXT)
-        return i  # s[i] is examined again as text
-
-    def _on_fence_close(self, s: str, i: int) -> int:
-        if self._matched == 0:
-            i = self._skip_ws(s, i)
-            if i == len(s):
-                return i
-        matched, j = match_literal(_FENCE, self._matched, s, i)
-        if matched == len(_FENCE):
-            self._matched, self._fenced = 0, False
-            self._enter(ParserState.BETWEEN_CALLS)
-        elif j == len(s):
-            self._matched = matched
-        else:
-            self._stop(j + 1, "text after the fenced tool call")
         return j
 
     # -- helpers -------------------------------------------------------------------------------
