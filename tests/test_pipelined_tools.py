@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 import anyio
+import pytest
 
 from agentrt import Agent, Runtime, tool
 from agentrt.engine.request import TokenEvent, Usage
@@ -103,3 +104,27 @@ def test_an_early_stop_keeps_the_reply_up_to_the_stop_and_closes_the_tag():
     anyio.run(main)
     text = engine.tokenizer.decode(agent.tokens)
     assert '{"key": "alpha"}}</tool_call><|im_end|>' in text and "junk" not in text and engine.stopped
+
+
+def test_an_engine_error_reaches_the_caller_unwrapped():
+    from agentrt.errors import EngineClosed
+
+    class Closed(ScriptedEngine):
+        async def generate(self, *args, **kwargs):
+            raise EngineClosed("the engine is closed")
+            yield  # pragma: no cover
+
+    @tool(pure=True)
+    def lookup(key: Literal["alpha"]) -> str:
+        return "1"
+
+    engine = Closed([])
+    agent = Agent("a", "", [lookup], engine=engine, constrained=False)
+
+    async def main():
+        async with Runtime(engine) as rt:
+            ref = await rt.spawn(agent, name="a")
+            with pytest.raises(EngineClosed):  # not an ExceptionGroup from the round's task group
+                await ref.ask("go")
+
+    anyio.run(main)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -30,6 +31,19 @@ from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.toolcall import CallComplete
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
+
+
+@asynccontextmanager
+async def _call_group():
+    """A task group for a round's tool calls that re-raises the round's own error unwrapped (tool
+    calls never raise; a group of one is the engine's typed error, e.g. EngineClosed)."""
+    try:
+        async with anyio.create_task_group() as tg:
+            yield tg
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 # An agent's generation settings are the engine's SamplingParams (one validated definition).
@@ -138,7 +152,7 @@ class Agent:
             base = next(self._call_ids)
             call_id = (lambda b: lambda i: f"call_{self.name}_{b + i}")(base)
             end, done = None, {}
-            async with anyio.create_task_group() as tg:  # pure calls start mid-round
+            async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(
                         self.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.parallel_tool_calls,
                         constrained=self.constrained, call_id=call_id, content=clean_text):
