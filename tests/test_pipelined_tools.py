@@ -128,3 +128,24 @@ def test_an_engine_error_reaches_the_caller_unwrapped():
                 await ref.ask("go")
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("reply", ['{"name": "lookup", "arguments": {"key": "alpha"}}',
+                                   'Sure.\n<tool_call>{"name": "lookup", "arguments": {"key": "alpha"}}</tool_call>',
+                                   '```json\n{"name": "lookup", "arguments": {"key": "alpha"}}\n```'])
+def test_auto_runs_bare_tagged_and_fenced_calls(reply):
+    """tool_choice auto, unconstrained: the way small instruct models write calls all run the tool."""
+    @tool
+    def lookup(key: Literal["alpha", "beta"]) -> str:
+        return f"{key}=1"
+
+    engine = ScriptedEngine([reply, "alpha is 1."])
+    agent = Agent("a", "", [lookup], engine=engine, constrained=False)
+
+    async def main():
+        async with Runtime(engine) as rt:
+            ref = await rt.spawn(agent, name="a")
+            return await ref.ask("What is alpha?")
+
+    result = anyio.run(main)
+    assert [r.content for r in result.tool_results] == ["alpha=1"] and result.text == "alpha is 1."
