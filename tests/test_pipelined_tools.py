@@ -21,8 +21,8 @@ from tests.conftest import smol_tokenizer
 class ScriptedEngine:
     """The engine interface an Agent uses, answering each round with the next scripted text."""
 
-    def __init__(self, replies: list[str]) -> None:
-        self.tokenizer = smol_tokenizer()
+    def __init__(self, replies: list[str], tokenizer=None) -> None:
+        self.tokenizer = tokenizer or smol_tokenizer()
         self._chat = ChatFormat(self.tokenizer)
         self.replies = list(replies)
         self.stopped: list[int] = []
@@ -149,3 +149,35 @@ def test_auto_runs_bare_tagged_and_fenced_calls(reply):
 
     result = anyio.run(main)
     assert [r.content for r in result.tool_results] == ["alpha=1"] and result.text == "alpha is 1."
+
+
+def test_two_calls_in_one_round_on_the_qwen_template(tmp_path):
+    """Qwen2.5 merges the two results into one user turn: the turn goes on (it used to raise
+    ChatTemplateError) and the next round's prompt is the template's rendering."""
+    from tests.qwen_fixture import qwen_tokenizer
+    from agentrt.toolcall.formats import QWEN
+
+    @tool
+    def lookup(key: Literal["alpha", "beta"]) -> str:
+        return f"{key}=1"
+
+    engine = ScriptedEngine([QWEN.render_calls([("lookup", {"key": "alpha"}), ("lookup", {"key": "beta"})]),
+                             "Both are 1."], tokenizer=qwen_tokenizer(tmp_path))
+    agent = Agent("a", "Use tools.", [lookup], engine=engine, constrained=False)
+    prompts = []
+
+    async def main():
+        async with Runtime(engine) as rt:
+            ref = await rt.spawn(agent, name="a")
+            async for ev in ref.ask_stream("alpha and beta?"):
+                if type(ev).__name__ == "RoundStarted":
+                    prompts.append((list(agent.tokens), [dict(m) for m in agent.messages]))
+                result = ev
+            return result
+
+    result = anyio.run(main)
+    assert [r.content for r in result.tool_results] == ["alpha=1", "beta=1"] and result.text == "Both are 1."
+    tokens, messages = prompts[1]
+    assert engine.chat_format().tool_format.name == "qwen"
+    rendered = engine.chat_format().render(messages, [lookup.openai_schema()])
+    assert engine.tokenizer.decode(tokens) == rendered and rendered.count("<tool_response>") == 2
