@@ -13,6 +13,7 @@
     │   ├── PoolExhausted           no sequence slot free before the timeout
     │   └── OutOfKVMemory           a request can never fit in the KV pool
     ├── EngineClosed                the engine was shut down
+    │   └── EngineFailed            the engine's step thread stopped on an internal error
     ├── RequestCancelled            a request was cancelled before it finished
     ├── ToolError                   tool definition or dispatch problems
     │   ├── ToolDefinitionError     a function that cannot become a tool
@@ -77,6 +78,11 @@ class OutOfKVMemory(ResourceError):
 
 class EngineClosed(AgentrtError, RuntimeError):
     """The engine was closed; create a new one."""
+
+
+class EngineFailed(EngineClosed):
+    """The engine's step thread stopped on an internal error (a bug, not one request's fault):
+    every pending and later call gets this at once. The log has the cause; create a new Engine."""
 
 
 class RequestCancelled(AgentrtError):
