@@ -82,6 +82,26 @@ class Engine:
         # outside the shield: the portal's task group must exit from its own cancel scope
         await self._portal_cm.__aexit__(None, None, None)
 
+    @property
+    def started(self) -> bool:
+        """True once the engine was entered (`async with`), whether closed since or not."""
+        return self._thread is not None
+
+    @property
+    def portal(self):
+        """The blocking portal onto the engine's event loop (None before `async with`): how
+        callers on other threads run coroutines there."""
+        return self._portal
+
+    def session_tokens(self, es) -> list[int]:
+        """A copy of the token ids whose KV an engine session holds (read under the step lock)."""
+        with self._lock:
+            return list(es.seq.tokens)
+
+    async def close_session(self, es) -> None:
+        """Release an engine session's sequence (a no-op once the engine is closed)."""
+        await self._close_session(es)
+
     def _check_open(self) -> None:
         if self._thread is None:
             raise ConfigError("use the engine inside `async with Engine(...) as engine:`")

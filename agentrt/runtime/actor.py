@@ -134,9 +134,13 @@ class ActorRef:
         if self._scope is not None:
             self._scope.cancel()
 
+    def close(self) -> None:
+        """Close the mailbox without waiting: the actor finishes queued messages, then stops."""
+        self._send.close()
+
     async def stop(self) -> None:
         """Close the mailbox; the actor finishes queued messages, then stops."""
-        self._send.close()
+        self.close()
         await self._stopped.wait()
 
     async def join(self) -> None:
@@ -180,8 +184,12 @@ class ActorRef:
             return False
         finally:
             if hasattr(self.behavior, "stop"):
-                with anyio.CancelScope(shield=True):
+                # shielded (a cancelled actor still releases what it holds), but bounded
+                bound = getattr(ctx.runtime, "shutdown_timeout", math.inf)
+                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + bound) as scope:
                     await self.behavior.stop(ctx, restarting=crashed)
+                if scope.cancelled_caught:
+                    log.warning("actor stop did not finish within shutdown_timeout", actor=self.name)
 
     async def _handle(self, env: Envelope, ctx: ActorContext) -> bool:
         with anyio.CancelScope() as scope:
@@ -201,6 +209,10 @@ class ActorRef:
                 log.exception("actor handler failed", actor=self.name)
                 env.fail(e)
                 return False
+            except BaseException:  # cancelled from outside (runtime shutdown): the asker must not hang
+                if not scope.cancel_called:  # (cancel() of this message is answered below)
+                    env.fail(ActorStopped(f"actor {self.name!r} was stopped while handling the message"))
+                raise
             finally:
                 self._scope = None
         if scope.cancelled_caught:

@@ -3,31 +3,63 @@
     async with Runtime(engine) as rt:
         ref = await rt.spawn(MyBehavior(), name="a")
         answer = await ref.ask("hello", timeout=5)
+
+Leaving the block closes every mailbox and lets the actors finish what they hold, for at most
+`shutdown_timeout` seconds; then whatever still runs (a tool without a timeout, a long
+generation) is cancelled: its asker gets ActorStopped, and sync tools' worker threads are
+abandoned (a thread cannot be killed; it runs on until its function returns).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+
 import anyio
+import structlog
 
 from agentrt.errors import ActorError, ConfigError
 from agentrt.runtime.actor import ActorContext, ActorRef, Behavior
 from agentrt.runtime.supervision import Supervision
 
+log = structlog.get_logger("agentrt.runtime")
+
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _timeout(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ConfigError(f"{name} must be a number of seconds >= 0 (math.inf: wait for ever), got {value!r}")
+    return float(value)
+
 
 class Runtime:
+    """`shutdown_timeout`: seconds that leaving `async with` waits for running messages (tools
+    included) before cancelling them; also bounds each behaviour's `stop`."""
+
     def __init__(self, engine=None, *, default_mailbox: int = 64,
-                 default_supervision: Supervision | None = None, tool_threads: int = 8):
+                 default_supervision: Supervision | None = None, tool_threads: int = 8,
+                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT):
+        if default_supervision is not None and not isinstance(default_supervision, Supervision):
+            raise ConfigError(f"default_supervision must be a Supervision, got {type(default_supervision).__name__}")
         self.engine = engine
-        self.default_mailbox = default_mailbox
+        self.default_mailbox = _positive_int("default_mailbox", default_mailbox)
         self.default_supervision = default_supervision or Supervision()
-        self.tool_limiter = anyio.CapacityLimiter(tool_threads)  # sync tools' worker threads
+        self.shutdown_timeout = _timeout("shutdown_timeout", shutdown_timeout)
+        # sync tools' worker threads
+        self.tool_limiter = anyio.CapacityLimiter(_positive_int("tool_threads", tool_threads))
         self._actors: dict[str, ActorRef] = {}
         self._tg = None
         self._owns_engine = False
 
     async def __aenter__(self) -> "Runtime":
-        if self.engine is not None and self.engine._thread is None:
+        if self.engine is not None and not self.engine.started:
             await self.engine.__aenter__()
             self._owns_engine = True
         self._tg = anyio.create_task_group()
@@ -35,13 +67,27 @@ class Runtime:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for ref in list(self._actors.values()):
-            ref._send.close()  # drain and stop
         try:
-            await self._tg.__aexit__(*exc)
+            for ref in list(self._actors.values()):
+                ref.close()  # finish what is queued, then stop
+            if exc[1] is None:  # (on an error the task group cancels everything anyway)
+                await self._wait_for_actors()
         finally:
-            if self._owns_engine:
-                await self.engine.aclose()
+            self._tg.cancel_scope.cancel()  # whatever still runs past the bound
+            try:
+                await self._tg.__aexit__(*exc)
+            finally:
+                if self._owns_engine:
+                    await self.engine.aclose()
+
+    async def _wait_for_actors(self) -> None:
+        with anyio.move_on_after(self.shutdown_timeout):
+            for ref in list(self._actors.values()):
+                await ref.join()
+        stuck = sorted(name for name, ref in self._actors.items() if not ref.stopped)
+        if stuck:
+            log.warning("runtime shutdown: cancelling actors still running after shutdown_timeout",
+                        actors=stuck, shutdown_timeout=self.shutdown_timeout)
 
     def _check(self) -> None:
         if self._tg is None:
