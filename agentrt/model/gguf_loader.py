@@ -56,7 +56,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, native: bool
     reader = open_gguf(path)
     meta = read_metadata(reader)
     config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors}, _rope_freqs(reader))
-    weights = _load_weights(reader, config, dtype, native)
+    try:
+        weights = _load_weights(reader, config, dtype, native)
+    except CorruptModelFile as exc:
+        raise CorruptModelFile(f"{path}: {exc}") from None
     check_weights(config, weights, str(path))
     tokenizer = tokenizer_from_gguf(meta) if "tokenizer.ggml.model" in meta else None
     return ModelFiles(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
@@ -197,12 +200,35 @@ def _keeps_quant(tensor: Any) -> bool:
 
 def _unpack(tensor: Any) -> QuantMatrix:
     rows, cols = _torch_shape(tensor)
-    return gguf_quant.unpack_gguf(tensor.data, tensor.tensor_type, rows, cols)
+    qm = gguf_quant.unpack_gguf(tensor.data, tensor.tensor_type, rows, cols)
+    # the integers cannot be wrong in a way we can see; the blocks' fp16 scales (d, dmin) can
+    check_finite(tensor, qm.s.numpy(), "block scales")
+    if qm.m is not None:
+        check_finite(tensor, qm.m.numpy(), "block minimums")
+    return qm
+
+
+def check_finite(tensor: Any, values: np.ndarray, what: str = "values") -> None:
+    """CorruptModelFile naming the tensor unless every value is finite: damaged bytes of the right
+    size (a bad download or disk) decode as NaN/Inf in a weight or a block scale. One sum in the
+    array's dtype (NaN/Inf propagate through it) is the fast path; only a non-finite sum, which an
+    overflow of finite values could also give, is checked element by element."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        if values.size == 0 or np.isfinite(values.sum()):
+            return
+    bad = ~np.isfinite(values)
+    n_bad = int(bad.sum())
+    if n_bad:
+        first = np.unravel_index(int(np.argmax(bad)), values.shape)
+        raise CorruptModelFile(
+            f"tensor {tensor.name} ({tensor.tensor_type.name}) has {n_bad} NaN/Inf {what} (first at index "
+            f"{tuple(int(i) for i in first)}): the file is damaged; re-download it")
 
 
 def _dequantize(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
     try:
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        with np.errstate(invalid="ignore", over="ignore"):  # (damage is reported below)
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as exc:
         raise UnsupportedModel(
             f"tensor {tensor.name} uses GGML type {tensor.tensor_type.name}, which gguf cannot dequantize; "
@@ -210,4 +236,5 @@ def _dequantize(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
         ) from exc
     # own the memory (F32 tensors come back as read-only views of the memory map)
     array = np.array(array, dtype=np.float32, copy=True).reshape(_torch_shape(tensor))
+    check_finite(tensor, array, "weights")
     return torch.from_numpy(array).to(dtype)
