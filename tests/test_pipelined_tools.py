@@ -27,6 +27,8 @@ class ScriptedEngine:
         self.replies = list(replies)
         self.stopped: list[int] = []
         self._thread = "running"  # (Runtime checks the engine was entered)
+        self.max_context_tokens = 1 << 20
+        self.started = True
 
     def chat_format(self) -> ChatFormat:
         return self._chat

@@ -21,6 +21,11 @@ operations:
 
 A consumer that abandons a round (cancellation) leaves the conversation at its prompt: nothing is
 appended, and the next round's rollback drops whatever the KV holds beyond it.
+
+Context overflow (`overflow.py`, `ContextPolicy`): oversized tool results are cut when appended,
+and a round that would not fit the engine's context first drops old tool rounds / exchanges (or
+raises). `originals` keeps each message as given (before any cut), for callers that match
+histories by content (the LangGraph ledger).
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
+from agentrt.session.overflow import ContextPolicy, droppable, too_long
 from agentrt.toolcall.formats import keep_token_ids
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 
@@ -70,8 +78,13 @@ class Conversation:
     """Messages + the tokens the session's KV holds + the engine session (None: transient)."""
 
     def __init__(self, engine: Any, *, tools: Sequence[Mapping[str, Any]] | None = None, session: Any = None,
-                 chat: Any = None) -> None:
+                 chat: Any = None, policy: ContextPolicy | None = None) -> None:
+        if policy is not None and not isinstance(policy, ContextPolicy):
+            raise ConfigError(f"policy must be a ContextPolicy, got {type(policy).__name__}")
         self.engine, self.session = engine, session
+        self.policy = policy or ContextPolicy()
+        self.originals: list[dict] = []  # messages as given (before tool results were cut)
+        self.dropped = 0  # messages dropped to fit the context so far
         self.chat = chat if chat is not None else engine.chat_format()
         self.tools = list(tools) if tools else None
         self.messages: list[dict] = []
@@ -82,9 +95,28 @@ class Conversation:
     # -- history -------------------------------------------------------------------------------
     def append(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """Encode `messages` after the history; `tokens` then ends with the generation prompt."""
-        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence) \
+                or not all(isinstance(m, Mapping) for m in messages):
             raise ConfigError("append() takes a list of message dicts")
-        history = [*self.messages, *(dict(m) for m in messages)]
+        given = [dict(m) for m in messages]
+        self._encode([*self.messages, *(self._cut(m) for m in given)])
+        self.originals += given
+
+    async def add(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """append(), in a worker thread when the messages are big (the event loop stays free)."""
+        size = sum(len(m.get("content") or "") for m in messages if isinstance(m, Mapping)
+                   and isinstance(m.get("content"), str)) if isinstance(messages, Sequence) else 0
+        if size > 65536:
+            await anyio.to_thread.run_sync(self.append, messages)
+        else:
+            self.append(messages)
+
+    def _cut(self, message: dict) -> dict:
+        if message.get("role") == "tool" and isinstance(message.get("content"), str):
+            return {**message, "content": self.policy.cut_tool_result(self.chat.tokenizer, message["content"])}
+        return message
+
+    def _encode(self, history: list[dict]) -> None:
         kept, ids, ends = self.chat.extend(history, tuple(self.ends), self.tools, add_generation_prompt=True)
         base = self.ends[kept]
         self.tokens = self.tokens[:base] + ids
@@ -96,11 +128,29 @@ class Conversation:
         """Forget messages after the first `count` (at most; down to a known boundary); returns
         how many are kept."""
         keep = max(k for k in self.ends if k <= count)
-        self.messages = self.messages[:keep]
+        self.messages, self.originals = self.messages[:keep], self.originals[:keep]
         self.tokens = self.tokens[:self.ends[keep]]
         self.ends = {k: v for k, v in self.ends.items() if k <= keep}
         self._open = False
         return keep
+
+    def fit(self, reply_tokens: int) -> None:
+        """Make the prompt + reply_tokens fit the engine's limit (see overflow.py), or raise."""
+        limit = self.engine.max_context_tokens
+        while len(self.tokens) + reply_tokens > limit:
+            groups = droppable(self.messages) if self.policy.mode == "trim" else []
+            if not groups:
+                raise too_long(len(self.tokens) + reply_tokens, limit)
+            drop = set(groups[0])
+            first = min(drop)
+            keep = [i for i in range(len(self.messages)) if i not in drop]
+            messages, originals = [self.messages[i] for i in keep], [self.originals[i] for i in keep]
+            self.rewind(first)
+            start = len(self.messages)
+            self._encode(messages)
+            self.originals = originals
+            self.dropped += len(drop)
+            assert len(self.originals) == len(self.messages) >= start
 
     def set_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> None:
         """Change the tools the prompt shows; the history is re-encoded from the start."""
@@ -120,6 +170,7 @@ class Conversation:
         reasoning=True also streams a leading <think> block as ReasoningDelta events."""
         if not self._open:
             self.append([])  # (re)open the assistant turn
+        self.fit(params.max_tokens)
         engine = self.engine
         tools = self.tools if tool_choice != "none" and json_schema is None else None
         constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema)
@@ -165,6 +216,7 @@ class Conversation:
         reply = self._canonical(reply) if state.constrained else reply
         self.tokens += self.chat.encode_assistant_tokens(reply)
         self.messages.append(message)
+        self.originals.append(message)
         self.ends[len(self.messages)] = len(self.tokens)
         self._open = False
         return RoundEnd(text, state.calls, state.invalid, state.generated, state.usage, state.finish,

@@ -71,26 +71,22 @@ class RoutedSession:
     session: Any
     conversation: Conversation
     tools_key: str = ""
-    fps: list[str] = field(default_factory=list)  # fingerprints of conversation.messages
     last_used: float = field(default_factory=time.monotonic)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def sync(self, msgs: Sequence[Mapping[str, Any]], tools) -> int:
-        """Make the conversation hold `msgs` (ready to generate); returns messages reused."""
+        """Make the conversation hold `msgs` (ready to generate); returns messages reused. The ledger
+        is the fingerprints of the messages the conversation holds, as they were given."""
         conv, k = self.conversation, 0
         if tools_key(tools) != self.tools_key:
             conv.rewind(0)
-            conv.tools, self.fps, self.tools_key = (list(tools) if tools else None), [], tools_key(tools)
-        while k < min(len(self.fps), len(msgs)) and self.fps[k] == fingerprint(msgs[k]):
+            conv.tools, self.tools_key = (list(tools) if tools else None), tools_key(tools)
+        held = conv.originals
+        while k < min(len(held), len(msgs)) and fingerprint(held[k]) == fingerprint(msgs[k]):
             k += 1
         k = conv.rewind(k)
         conv.append(msgs[k:])
-        self.fps = self.fps[:k] + [fingerprint(m) for m in msgs[k:]]
         return k
-
-    def record(self, assistant: Mapping[str, Any]) -> None:
-        """After a round: the conversation appended the assistant message."""
-        self.fps.append(fingerprint(assistant))
 
 
 def tools_key(tools) -> str:

@@ -54,16 +54,16 @@ async def run_call(spec: CallSpec, engine, fmt, grammars, router) -> AsyncIterat
     if rs is None:  # a transient request: the radix cache still shares prefixes
         conv = Conversation(engine, tools=spec.tools, chat=fmt)
         conv.append(spec.messages)
-        async for chunk in _generate(spec, conv, None):
+        async for chunk in _generate(spec, conv):
             yield chunk
         return
     async with rs.lock:
         rs.sync(spec.messages, spec.tools)
-        async for chunk in _generate(spec, rs.conversation, rs):
+        async for chunk in _generate(spec, rs.conversation):
             yield chunk
 
 
-async def _generate(spec: CallSpec, conv: Conversation, rs) -> AsyncIterator[ChatGenerationChunk]:
+async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGenerationChunk]:
     chunker = Chunker(f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}")
     end = None
     rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
@@ -75,8 +75,6 @@ async def _generate(spec: CallSpec, conv: Conversation, rs) -> AsyncIterator[Cha
                 end = ev
             elif (chunk := chunker(ev)) is not None:
                 yield chunk
-    if rs is not None:
-        rs.record(end.message)
     yield _last_chunk(spec, end)
 
 
