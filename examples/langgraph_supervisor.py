@@ -29,7 +29,7 @@ import anyio
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from pydantic import Field
 
-from agentrt import Agent, Engine, EngineConfig, GenerationSettings, Runtime, load_model, tool
+from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, load_model, tool
 from agentrt.integrations.langgraph import agent_node
 
 WORKERS = {"weather": "Ask the weather agent: weather, temperature, rain or snow in a city.",
@@ -103,7 +103,7 @@ HANDOFF_ROUTER = ("You route each question to one agent. Examples:\n"
 def one_call(tool_name: str | None) -> dict:
     """Exactly one call (of `tool_name`, or of any tool when None); the turn ends when it has run."""
     return dict(tool_choice=tool_name or "required", stop_at_tools=[tool_name] if tool_name else [],
-                settings=GenerationSettings(max_tokens=64), max_tool_rounds=1, parallel_tool_calls=False)
+                settings=SamplingParams(max_tokens=64), max_tool_rounds=1, parallel_tool_calls=False)
 
 
 def agents(handoffs: bool) -> dict[str, Agent]:

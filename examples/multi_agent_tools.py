@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 import anyio
 from pydantic import Field
 
-from agentrt import Agent, Engine, EngineConfig, GenerationSettings, Runtime, load_model, tool
+from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, load_model, tool
 
 # ---- the specialists' tools: plain Python, with small demo tables -----------------------------
 
@@ -129,7 +129,7 @@ def router_examples() -> list[dict]:
 def one_call(tool_name: str) -> dict:
     """Agent options: exactly one call of `tool_name`, and the turn ends when it has run."""
     return dict(tool_choice=tool_name, stop_at_tools=[tool_name], max_tool_rounds=1,
-                parallel_tool_calls=False, settings=GenerationSettings(max_tokens=128))
+                parallel_tool_calls=False, settings=SamplingParams(max_tokens=128))
 
 
 AGENTS = {

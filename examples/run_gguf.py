@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 import anyio
 from pydantic import Field
 
-from agentrt import Agent, Engine, EngineConfig, GenerationSettings, Runtime, load_model, tool
+from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, load_model, tool
 from agentrt.runtime.events import CallComplete, CallInvalid, ToolResultEvent, TurnResult
 
 WEATHER = {"paris": (18, "cloudy"), "tokyo": (24, "sunny"), "oslo": (-3, "snowing"), "london": (12, "raining")}
@@ -117,7 +117,7 @@ async def run_question(rt, question: str, index: int, max_tokens: int, verbose: 
     print(f"\nuser: {question}")
     agent = await rt.spawn(Agent(
         "assistant", INSTRUCTIONS, [get_weather, calculate], tool_choice="required", max_tool_rounds=1,
-        parallel_tool_calls=False, settings=GenerationSettings(max_tokens=max_tokens)), name=f"assistant-{index}")
+        parallel_tool_calls=False, settings=SamplingParams(max_tokens=max_tokens)), name=f"assistant-{index}")
     t0, calls, results, final = time.perf_counter(), [], [], None
     try:
         async for ev in agent.ask_stream(question):

@@ -16,7 +16,8 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import tool as lc_tool
 from typing_extensions import TypedDict
 
-from agentrt import Engine, EngineConfig, SamplingParams, generate
+from agentrt import Engine, EngineConfig, SamplingParams
+from agentrt.model.generate import generate
 from agentrt.errors import ConfigError
 from agentrt.integrations.langgraph import ChatAgentrt, SessionPolicy, session_key
 from agentrt.integrations.langgraph.host import EngineHost
@@ -266,12 +267,12 @@ def test_agent_task_in_the_functional_api_keeps_one_session_per_thread():
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.func import entrypoint
 
-    from agentrt import Agent, GenerationSettings, Runtime
+    from agentrt import Agent, Runtime
     from agentrt.integrations.langgraph import agent_task
 
     async def fn(model, eng):
         async with Runtime(eng) as rt:
-            helper = agent_task(Agent("helper", "You help.", settings=GenerationSettings(max_tokens=4)), rt)
+            helper = agent_task(Agent("helper", "You help.", settings=SamplingParams(max_tokens=4)), rt)
 
             @entrypoint(checkpointer=InMemorySaver())
             async def workflow(question: str, *, previous: list | None = None):

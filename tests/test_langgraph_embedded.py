@@ -11,7 +11,7 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool as lc_tool
 
-from agentrt import Agent, Engine, EngineConfig, GenerationSettings, Runtime, tool
+from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool
 from agentrt.integrations.langgraph import ChatAgentrt, agent_node
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
@@ -151,9 +151,9 @@ def test_agent_nodes_hand_off_and_keep_their_sessions(embedded):
     async def main():
         async with Engine(embedded, EngineConfig(kv_cache_tokens=16384)) as eng, Runtime(eng) as rt:
             desk = Agent("desk", "You are the front desk. Hand every question to the math agent.",
-                         tool_choice="required", settings=GenerationSettings(max_tokens=48), max_tool_rounds=1)
+                         tool_choice="required", settings=SamplingParams(max_tokens=48), max_tool_rounds=1)
             math = Agent("math", "You are a calculator. Use the add tool, then state the result.", [add],
-                         tool_choice="required", settings=GenerationSettings(max_tokens=48), max_tool_rounds=1)
+                         tool_choice="required", settings=SamplingParams(max_tokens=48), max_tool_rounds=1)
             desk_node = agent_node(desk, rt, handoffs=["math"])
             math_node = agent_node(math, rt)
             g = StateGraph(MessagesState)

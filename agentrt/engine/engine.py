@@ -65,6 +65,7 @@ class Engine:
     async def __aenter__(self) -> "Engine":
         self._portal_cm = anyio.from_thread.BlockingPortal()
         self._portal = await self._portal_cm.__aenter__()
+        self._loop_thread_id = threading.get_ident()  # (the thread running this event loop)
         self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
         self._thread.start()
         return self
@@ -92,6 +93,11 @@ class Engine:
         """The blocking portal onto the engine's event loop (None before `async with`): how
         callers on other threads run coroutines there."""
         return self._portal
+
+    @property
+    def loop_thread_id(self) -> int | None:
+        """The id of the thread whose event loop the engine was entered in (None before)."""
+        return getattr(self, "_loop_thread_id", None)
 
     def session_tokens(self, es) -> list[int]:
         """A copy of the token ids whose KV an engine session holds (read under the step lock)."""

@@ -14,15 +14,14 @@ class Session:
     @property
     def tokens(self) -> list[int]:
         """Token ids whose KV the session holds now (a copy)."""
-        with self._engine._lock:
-            return list(self._es.seq.tokens)
+        return self._engine.session_tokens(self._es)
 
     @property
     def closed(self) -> bool:
         return self._es.closed
 
     async def close(self) -> None:
-        await self._engine._close_session(self._es)
+        await self._engine.close_session(self._es)
 
     async def __aenter__(self) -> "Session":
         return self

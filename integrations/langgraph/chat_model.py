@@ -186,7 +186,7 @@ class ChatAgentrt(BaseChatModel):
     def close(self) -> None:
         """Release every session; stop the engine if from_model started it."""
         host = self._shared.host
-        if host._portal_cm is not None:
+        if host.owns_engine:
             list(host.stream(lambda: _one(self._shared.router.release_prefix(""))))
             host.close()
 

@@ -27,9 +27,11 @@ _END, _ITEM, _ERROR = "end", "item", "error"
 class EngineHost:
     """Owns or borrows an `Engine` and the portal into its loop."""
 
-    def __init__(self, engine, portal_cm=None):
+    def __init__(self, engine, portal_cm=None, *, outer=None, served=None, stop=None):
         self.engine = engine
         self._portal_cm = portal_cm  # set when this host started the loop (from_model)
+        # (start() only: the private loop's portal, the engine task's future, its stop event)
+        self._outer, self._served, self._stop = outer, served, stop
 
     @classmethod
     def start(cls, make_engine: Callable[[], Any]) -> "EngineHost":
@@ -42,13 +44,16 @@ class EngineHost:
         except BaseException:
             cm.__exit__(None, None, None)
             raise
-        host = cls(engine, cm)
-        host._outer, host._served, host._stop = portal, served, stop
-        return host
+        return cls(engine, cm, outer=portal, served=served, stop=stop)
+
+    @property
+    def owns_engine(self) -> bool:
+        """True while this host runs an engine it started (from_model) and has not closed."""
+        return self._portal_cm is not None
 
     @property
     def portal(self):
-        p = self.engine._portal
+        p = self.engine.portal
         if p is None:
             raise ConfigError("the engine is not started: use it inside `async with Engine(...)` or "
                               "create the model with ChatAgentrt.from_model(...)")
@@ -92,8 +97,8 @@ class EngineHost:
             fut.cancel()
 
     def _on_engine_thread(self) -> bool:
-        # anyio keeps the portal's loop thread here; there is no public accessor
-        return getattr(self.portal, "_event_loop_thread_id", None) == threading.get_ident()
+        # (self.portal: ConfigError when the engine is not started)
+        return self.portal is not None and self.engine.loop_thread_id == threading.get_ident()
 
 
 _DONE = object()

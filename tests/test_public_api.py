@@ -1,0 +1,77 @@
+"""The public surface, pinned: `agentrt.__all__` is exactly this sorted list (a name added or
+dropped fails here on purpose: update the list and the docs together), internals and aliases
+are not exported at the top level, and no code reaches into another object's underscored
+attributes (small public methods instead)."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import agentrt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PUBLIC = [
+    "ActorRef", "Agent", "AgentAwarePolicy", "ChatFormat", "Completion", "Conversation",
+    "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineStats", "EvictionPolicy", "LRUPolicy",
+    "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
+    "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
+    "TurnResult", "Usage", "detect_tool_format", "errors", "load_model", "tool",
+]
+
+
+def test_all_is_exactly_the_pinned_sorted_list():
+    assert agentrt.__all__ == sorted(agentrt.__all__), "keep __all__ sorted"
+    missing = sorted(set(PUBLIC) - set(agentrt.__all__))
+    extra = sorted(set(agentrt.__all__) - set(PUBLIC))
+    assert not missing and not extra, f"missing from __all__: {missing}; not pinned: {extra}"
+    assert len(agentrt.__all__) == len(set(agentrt.__all__))
+    for name in agentrt.__all__:
+        assert getattr(agentrt, name, None) is not None, name
+
+
+def test_no_public_name_outside_all():
+    """Every public attribute of the package (submodules aside) is in __all__."""
+    stray = sorted(n for n, v in vars(agentrt).items()
+                   if not n.startswith("_") and not isinstance(v, types.ModuleType) and n not in agentrt.__all__)
+    assert not stray, f"exported but not in __all__: {stray}"
+
+
+def test_internals_and_aliases_are_not_exported_but_stay_importable():
+    for name in ("LlamaModel", "generate", "GenerationSettings"):
+        assert not hasattr(agentrt, name), name
+    from agentrt.model.generate import generate
+    from agentrt.model.llama import LlamaModel
+    from agentrt.runtime.agent import GenerationSettings
+
+    assert callable(generate) and isinstance(LlamaModel, type)
+    assert GenerationSettings is agentrt.SamplingParams  # an alias: agents take SamplingParams
+
+
+def test_star_import_gives_exactly_all():
+    ns: dict = {}
+    exec("from agentrt import *", ns)
+    assert sorted(k for k in ns if k != "__builtins__") == sorted(PUBLIC)
+
+
+# `x._attr` where x is not self/cls: another object's underscored attribute. (These were the
+# ones reached into: the engine's lock/thread/portal, an actor's mailbox, anyio's portal.)
+_REACH = re.compile(r"(?<![\w.])((?:\w+\.)*\w+)\.(_lock|_thread|_portal|_portal_cm|_send|_recv|_close_session"
+                    r"|_event_loop_thread_id|_outer|_served|_stop)\b")
+_GETATTR = re.compile(r"getattr\([^,]+,\s*[\"'](_event_loop_thread_id|_lock|_thread|_portal)[\"']")
+
+
+def test_no_code_reaches_into_engine_actor_or_portal_internals():
+    hits = []
+    for folder in ("agentrt", "integrations"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                for m in _REACH.finditer(code):
+                    if m.group(1) not in ("self", "cls"):  # self._engine._lock counts too
+                        hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+                if _GETATTR.search(code):
+                    hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not hits, "use a public method/property instead:\n" + "\n".join(hits)
