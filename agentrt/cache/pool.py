@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 import anyio
@@ -30,6 +31,22 @@ class SequencePool:
         }
         self._size = {"transient": n_transient, "session": n_session}
         self._cond = threading.Condition()
+        self._closed: Callable[[], BaseException] | None = None  # makes the error waiters get
+        self._wake: set = set()  # anyio events of async waiters, set on close
+
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """The engine is closing (or died): every waiter, now and later, raises error() at
+        once instead of waiting for its timeout. release() still works."""
+        with self._cond:
+            self._closed = error
+            wake, self._wake = list(self._wake), set()
+            self._cond.notify_all()
+        for set_event in wake:
+            set_event()
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise self._closed()
 
     def _check_kind(self, kind: str) -> None:
         if kind not in self._free:
@@ -47,6 +64,7 @@ class SequencePool:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._free[kind]:
+                self._check_open()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise self._exhausted(kind, timeout)
@@ -55,15 +73,31 @@ class SequencePool:
 
     async def acquire_async(self, kind: Kind, timeout: float | None = None) -> int:
         """Like acquire() without blocking the event loop. Cancellation-safe: an id is only
-        taken by the atomic try_acquire, so a cancelled wait holds nothing."""
+        taken by the atomic try_acquire, so a cancelled wait holds nothing. close() wakes it at
+        once with the engine's error. Call it on the event loop that owns the engine."""
+        self._check_kind(kind)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.002
-        while (sid := self.try_acquire(kind)) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise self._exhausted(kind, timeout)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        return sid
+        woken = anyio.Event()
+        token = woken.set
+        try:
+            while True:
+                self._check_open()
+                if (sid := self.try_acquire(kind)) is not None:
+                    return sid
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise self._exhausted(kind, timeout)
+                with self._cond:
+                    if self._closed is None:
+                        self._wake.add(token)
+                wait = delay if deadline is None else min(delay, max(0.0, deadline - now))
+                with anyio.move_on_after(wait):
+                    await woken.wait()
+                delay = min(delay * 2, 0.05)
+        finally:
+            with self._cond:
+                self._wake.discard(token)
 
     def release(self, seq_id: int) -> None:
         kind = "transient" if seq_id < self._size["transient"] else "session"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
+import structlog
 import torch
 
 from agentrt.cache.base import make_policy
@@ -22,10 +23,13 @@ from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.speculation import choose_draft, verify
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
+from agentrt.errors import AgentrtError, ConfigError
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
 from agentrt.model.llama import LlamaModel
 from agentrt.sampling import sample_batch
+
+log = structlog.get_logger("agentrt.engine")
 
 
 class EngineCore:
@@ -60,6 +64,8 @@ class EngineCore:
         """Release the session's sequence; its full pages live on in the radix cache."""
         if sess.closed:
             return
+        if self.sessions.get(sess.sid) is not sess:
+            raise ConfigError("this session belongs to another engine; close it on the engine that opened it")
         for r in [r for r in itertools.chain(self.waiting, self.running) if r.session is sess]:
             self._finish(r, "cancelled")
         sess.closed = True
@@ -75,6 +81,8 @@ class EngineCore:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
         session requests use the session's sequence. Validation raises before any work."""
         validate_request(self, prompt, params, seq_id, session)
+        if session is not None and self.sessions.get(session.sid) is not session:
+            raise ConfigError("this session belongs to another engine; open a session on this one")
         hit = self._cached_response(prompt, params, cache_salt if session is None else session.cache_salt, constraint)
         if hit is not None:
             return self._answer_from_cache(prompt, params, hit, emit, seq_id)
@@ -114,6 +122,23 @@ class EngineCore:
                 self._finish(r, reason)
                 return True
         return False
+
+    def fail(self, r: Request, exc: BaseException) -> None:
+        """Fault isolation: an exception raised while the step handled r alone (its draft, its
+        constraint, its sampling, its stop checks) ends r with finish_reason "error" and a typed
+        error for its caller; what it holds is freed as on any finish, the others go on."""
+        if r.state is State.FINISHED:
+            return
+        log.warning("request failed in the engine step", rid=r.rid, error=repr(exc))
+        err = exc
+        if not isinstance(exc, AgentrtError):
+            err = AgentrtError(f"request {r.rid} failed in the engine step ({type(exc).__name__}: {exc}); "
+                               "the other requests go on")
+            err.__cause__ = exc
+        r.draft = []
+        if r.state is State.RUNNING:
+            self.kvm.truncate(r.seq, r.seq.num_cached)  # KV written past its tokens (a draft)
+        self._finish(r, "error", error=err)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -167,7 +192,11 @@ class EngineCore:
         for r in decodes:
             if r.state is not State.RUNNING:
                 continue
-            r.draft = choose_draft(r, len(decodes), self.cfg, ctx)
+            try:
+                r.draft = choose_draft(r, len(decodes), self.cfg, ctx)
+            except Exception as e:
+                self.fail(r, e)
+                continue
             # a draft never preempts anyone: without room it is dropped, then the token is reserved
             if r.draft and not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, False):
                 r.draft = []
@@ -202,14 +231,19 @@ class EngineCore:
         rows = logits.split(list(fb.logits_count))
         plain, plain_rows = [], []
         for (r, _), ch, lg in zip(plan, chunks, rows):
-            self._account(r, ch)
-            if r.draft:
-                self._accept(r, ch, verify(r, lg, self.model.ops.argmax))
-                continue
-            r.seq.tokens.extend(ch.tokens)
-            if ch.want_logits:
-                plain.append(r)
-                plain_rows.append(lg)
+            try:
+                self._account(r, ch)
+                if r.draft:
+                    self._accept(r, ch, verify(r, lg, self.model.ops.argmax))
+                    continue
+                r.seq.tokens.extend(ch.tokens)
+                if ch.want_logits:
+                    if r.constraint is not None:  # masks its own row: a raising grammar fails r only
+                        lg = r.constraint.mask_logits(lg[0]).unsqueeze(0)
+                    plain.append(r)
+                    plain_rows.append(lg)
+            except Exception as e:
+                self.fail(r, e)
         if plain:
             self._sample_and_emit(plain, torch.cat(plain_rows))
 
@@ -229,15 +263,38 @@ class EngineCore:
         self.counters.decode_tokens += len(ch.tokens) - in_prompt
 
     def _sample_and_emit(self, reqs: list[Request], logits) -> None:
+        """Rows already masked by their constraints. Greedy rows share one argmax; a sampled
+        row is drawn alone (as sample_batch does), so one row's failure (bad params, NaN
+        probabilities) fails that request only and leaves the others' draws unchanged."""
+        toks: list[int | None] = [None] * len(reqs)
+        greedy = [i for i, r in enumerate(reqs) if _is_greedy(r)]
+        if greedy:
+            try:
+                ids = sample_batch(logits[greedy], [reqs[i].params for i in greedy], [None] * len(greedy),
+                                   self.model.ops.argmax)
+            except Exception:  # find the failing row: argmax is per row, the others are unchanged
+                ids = [self._sample_one(reqs[i], logits[i]) for i in greedy]
+            for i, t in zip(greedy, ids):
+                toks[i] = t
         for i, r in enumerate(reqs):
-            if r.constraint is not None:
-                logits[i] = r.constraint.mask_logits(logits[i])
-        toks = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs],
-                            self.model.ops.argmax)
+            if i not in greedy:
+                toks[i] = self._sample_one(r, logits[i])
         for r, t in zip(reqs, toks):
-            if r.constraint is not None:
-                r.constraint.advance(t)
-            self._emit_tokens(r, [t])
+            if t is None or r.state is State.FINISHED:
+                continue
+            try:
+                if r.constraint is not None:
+                    r.constraint.advance(t)
+                self._emit_tokens(r, [t])
+            except Exception as e:
+                self.fail(r, e)
+
+    def _sample_one(self, r: Request, row) -> int | None:
+        try:
+            return sample_batch(row[None], [r.params], [r.generator], self.model.ops.argmax)[0]
+        except Exception as e:
+            self.fail(r, e)
+            return None
 
     def _emit_tokens(self, r: Request, toks: list[int]) -> None:
         """Append sampled tokens, stopping at the first that finishes the request."""
@@ -285,6 +342,11 @@ class EngineCore:
         if self.radix is not None and tokens:
             self.radix.insert(tokens, pages, salt, tag)
 
+    def fail_all(self, error_of) -> None:
+        """End every live request with finish_reason "error" and error_of(request) as its error."""
+        for r in list(itertools.chain(self.waiting, self.running)):
+            self._finish(r, "error", error=error_of(r))
+
     # ---- observability --------------------------------------------------------------
     def stats(self) -> EngineStats:
         return EngineStats.snapshot(self)
@@ -304,3 +366,10 @@ class EngineCore:
         for s in self.sessions.values():
             if len(s.seq.pages) < self.kvm.pages_for(s.seq.num_cached):
                 raise AssertionError("session pages do not cover its tokens")
+
+
+def _is_greedy(r: Request) -> bool:
+    try:
+        return bool(r.params.greedy)
+    except Exception:
+        return False  # sampled alone, where its failure fails it only

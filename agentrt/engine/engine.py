@@ -27,7 +27,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.request import TokenEvent, Usage
 from agentrt.engine.session import Session
-from agentrt.errors import AgentrtError, ConfigError, EngineClosed
+from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed
 from agentrt.sampling import SamplingParams, make_generator
 from agentrt.engine.prefix import fnv1a
 
@@ -52,7 +52,11 @@ class Engine:
             eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else ()
         self.config = config or EngineConfig()
         self.core = EngineCore(self.model, self.config, policy, eos_token_ids)
-        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # commands for the step thread: (run, fail) pairs; fail(error) answers the caller
+        # instead when the engine dies before running it. None = shut down.
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], None], Callable] | None] = queue.SimpleQueue()
+        self._inbox_lock = threading.Lock()  # orders puts against close and death: none is lost
+        self._failed: BaseException | None = None  # why the step thread died
         self._outbox: list[tuple[Callable, object]] = []
         self._lock = threading.Lock()  # held by the step thread while it mutates the core
         self._thread: threading.Thread | None = None
@@ -76,8 +80,11 @@ class Engine:
     async def aclose(self) -> None:
         if self._closed or self._thread is None:
             return
-        self._closed = True
-        self._inbox.put(None)
+        with self._inbox_lock:
+            self._closed = True
+            self._inbox.put(None)
+        # wake every open_session/generate waiting for a pool slot with EngineClosed, now
+        self.core.pool.close(lambda: EngineClosed("the engine closed while waiting for a sequence slot"))
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._thread.join)
         # outside the shield: the portal's task group must exit from its own cancel scope
@@ -111,11 +118,54 @@ class Engine:
     def _check_open(self) -> None:
         if self._thread is None:
             raise ConfigError("use the engine inside `async with Engine(...) as engine:`")
+        if self._failed is not None:
+            raise self._failure()
         if self._closed:
             raise EngineClosed("the engine is closed; create a new Engine")
 
+    def _failure(self) -> EngineFailed:
+        """A fresh EngineFailed for one caller (never one instance raised in many tasks)."""
+        e = EngineFailed(f"the engine's step thread stopped on an internal error "
+                         f"({type(self._failed).__name__}: {self._failed}); see the log and create a new Engine")
+        e.__cause__ = self._failed
+        return e
+
     # ---- the step thread ------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # the thread must not die silently: answer every caller
+            log.exception("engine step thread died")
+            self._die(e)
+
+    def _die(self, exc: BaseException) -> None:
+        """Every pending and later call gets EngineFailed at once: the commands not run yet,
+        the live requests' streams (the core's state is not trusted, so nothing is freed),
+        the pool's waiters; later calls raise from _check_open."""
+        with self._inbox_lock:
+            self._failed = exc
+            pending = []
+            while True:
+                try:
+                    pending.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+        for item in pending:
+            if item is not None:
+                try:
+                    item[1](self._failure())
+                except Exception:
+                    log.exception("engine: answering a pending command failed")
+        for r in list(self.core.waiting) + list(self.core.running):
+            try:
+                r.emit(TokenEvent(r.rid, (), finish_reason="error", error=self._failure()))
+            except Exception:
+                log.exception("engine: answering a live request failed")
+        # the pool's async waiters are woken on the event loop (anyio events are not thread-safe)
+        self._outbox.append((lambda _: self.core.pool.close(self._failure), None))
+        self._flush()
+
+    def _serve(self) -> None:
         while True:
             try:
                 cmd = self._inbox.get(block=not self.core.has_work())
@@ -124,7 +174,7 @@ class Engine:
             while cmd is not _NOTHING:
                 if cmd is None:
                     return self._shutdown()
-                self._run_cmd(cmd)
+                self._run_cmd(cmd[0])
                 try:
                     cmd = self._inbox.get_nowait()
                 except queue.Empty:
@@ -134,21 +184,18 @@ class Engine:
             self._flush()
 
     def _run_cmd(self, cmd: Callable[[], None]) -> None:
-        try:
-            with self._lock:
-                cmd()
-        except Exception:  # commands report their own errors; never let one end the thread
-            log.exception("engine command failed")
+        # commands answer their callers themselves; one that raises hit a bug while mutating
+        # the core, so it ends the thread (every caller gets EngineFailed) rather than going on
+        # over state that may be corrupt
+        with self._lock:
+            cmd()
 
     def _step(self) -> None:
-        try:
-            with self._lock:
-                self.core.step()
-        except Exception:  # a bug must not hang every caller: fail live requests
-            log.exception("engine step failed")
-            with self._lock:
-                for r in list(self.core.waiting) + list(self.core.running):
-                    self.core.cancel(r.rid, "error")
+        # a fault attributable to one request fails it alone inside the step (EngineCore.fail);
+        # anything raised here is not, so the core may be inconsistent: the thread ends and
+        # _die answers every caller with EngineFailed (never a hang, never a silent corruption)
+        with self._lock:
+            self.core.step()
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -161,25 +208,53 @@ class Engine:
             batch, self._outbox = self._outbox, []
             self._portal.start_task_soon(_deliver, batch)
 
-    def _submit(self, cmd: Callable[[], None]) -> None:
-        self._check_open()
-        self._inbox.put(cmd)
+    def _submit(self, cmd: Callable[[], None], fail: Callable[[BaseException], None] = lambda e: None) -> None:
+        """Queue cmd for the step thread; if the thread dies first, fail(EngineFailed) runs there
+        instead (it must answer its caller through the outbox)."""
+        with self._inbox_lock:
+            self._check_open()
+            self._inbox.put((cmd, fail))
 
-    async def _invoke(self, fn: Callable[[], object]) -> object:
-        """Run fn in the step thread and return its result (or raise its exception)."""
+    def _submit_cleanup(self, cmd: Callable[[], None]) -> None:
+        """Queue a cleanup command; dropped once the engine is closed or dead."""
+        with self._inbox_lock:
+            if not self._closed and self._failed is None:
+                self._inbox.put((cmd, lambda e: None))
+
+    async def _invoke(self, fn: Callable[[], object], *, undo: Callable[[dict], None] | None = None) -> object:
+        """Run fn in the step thread and return its result (or raise its exception). Without
+        `undo` the wait is shielded (fn's effect must not be lost). With it, the caller's
+        cancellation or timeout ends the wait at once and undo(box) runs in the step thread
+        after fn (the inbox is FIFO): box holds fn's "value" or "error"."""
         done, box = anyio.Event(), {}
+
+        def answer() -> None:
+            self._outbox.append((lambda _: done.set(), None))
 
         def cmd() -> None:
             try:
                 box["value"] = fn()
             except BaseException as e:  # handed back to the caller
                 box["error"] = e
-            self._outbox.append((lambda _: done.set(), None))
+            answer()
 
-        self._submit(cmd)
-        with anyio.CancelScope(shield=True):
-            await done.wait()
+        def fail(e: BaseException) -> None:
+            box["error"] = e
+            answer()
+
+        self._submit(cmd, fail)
+        if undo is None:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        else:
+            try:
+                await done.wait()
+            except BaseException:
+                self._submit_cleanup(lambda: undo(box))
+                raise
         if "error" in box:
+            if undo is not None:
+                self._submit_cleanup(lambda: undo(box))
             raise box["error"]
         return box.get("value")
 
@@ -191,16 +266,29 @@ class Engine:
         self._check_open()
         t = self.config.acquire_timeout if timeout is None else timeout
         sid = await self.core.pool.acquire_async("session", t)
+
+        def undo(box: dict) -> None:  # in the step thread, after the open: give the id back
+            if box.get("value") is not None:
+                self.core.close_session(box["value"])
+            else:
+                self.core.pool.release(sid)
+
         try:
-            es = await self._invoke(lambda: self.core.open_session(sid, tag, cache_salt))
+            self._check_open()
         except BaseException:
             self.core.pool.release(sid)
             raise
+        # cancellable: a caller's timeout ends the wait at once; undo frees the id (no leak)
+        es = await self._invoke(lambda: self.core.open_session(sid, tag, cache_salt), undo=undo)
         return Session(self, es)
 
     async def _close_session(self, es) -> None:
-        if not self._closed:
+        if self._closed or self._failed is not None:
+            return
+        try:
             await self._invoke(lambda: self.core.close_session(es))
+        except EngineClosed:
+            pass  # closed (or failed) meanwhile: nothing is left to release
 
     async def generate(self, prompt: list[int], params: SamplingParams | None = None, *,
                        session: Session | None = None, cache_salt: str | None = None,
@@ -210,6 +298,9 @@ class Engine:
         early (break, cancel, exception) cancels the request and frees what it holds at the
         engine's next step. Use `contextlib.aclosing` when breaking out of the loop."""
         self._check_open()
+        if session is not None and (not isinstance(session, Session) or session._engine is not self):
+            raise ConfigError("session= must be a Session opened on this engine (engine.open_session()); "
+                              "a session holds KV pages of the engine that opened it")
         params = params or SamplingParams()
         seq_id = None
         if session is None:
@@ -232,7 +323,15 @@ class Engine:
                     self.core.pool.release(seq_id)
                 self._outbox.append((send.send_nowait, TokenEvent(0, (), "error", error=e)))
 
-        self._submit(submit)
+        def fail(e: BaseException) -> None:
+            self._outbox.append((send.send_nowait, TokenEvent(0, (), "error", error=e)))
+
+        try:
+            self._submit(submit, fail)
+        except BaseException:
+            if seq_id is not None:
+                self.core.pool.release(seq_id)
+            raise
         try:
             async with recv:
                 async for ev in recv:
@@ -246,8 +345,7 @@ class Engine:
         finally:
             # runs in the step thread after `submit` (the inbox is FIFO), so the request is
             # known there even when this consumer is cancelled before it was created
-            if not self._closed:
-                self._inbox.put(lambda: "req" in box and self.core.cancel(box["req"].rid))
+            self._submit_cleanup(lambda: "req" in box and self.core.cancel(box["req"].rid))
 
     async def complete(self, prompt: list[int], params: SamplingParams | None = None,
                        **kw) -> Completion:
