@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from agentrt.cache.base import POLICY_NAMES
+from agentrt.checks import check_bool, check_choice, check_float, check_int
 from agentrt.errors import ConfigError
 
 
@@ -54,33 +55,32 @@ class EngineConfig:
     bare_tool_calls: bool | None = None
 
     def __post_init__(self) -> None:
-        positive = ("kv_cache_tokens", "page_size", "max_transient_seqs", "n_batch",
-                    "chunk_min", "chunk_max", "prefix_group_k", "fair_chunk_cap")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        # types and ranges first, field by field (ints are ints, floats finite, bools bools)
+        for name, lo in _INTS.items():
+            put(name, check_int(f"EngineConfig.{name}", getattr(self, name), min=lo))
+        for name, (lo, hi, lo_open) in _FRACTIONS.items():
+            put(name, check_float(f"EngineConfig.{name}", getattr(self, name), min=lo, max=hi, min_open=lo_open))
+        put("acquire_timeout", check_float("EngineConfig.acquire_timeout (seconds)", self.acquire_timeout,
+                                           min=0.0))
+        for name in _BOOLS:
+            put(name, check_bool(f"EngineConfig.{name}", getattr(self, name)))
+        if self.bare_tool_calls is not None:
+            check_bool("EngineConfig.bare_tool_calls (None: the format's default)", self.bare_tool_calls)
+        check_choice("EngineConfig.forward_path", self.forward_path, ("auto", "fused", "eager"))
+        check_choice("EngineConfig.tool_format", self.tool_format, ("auto", "hermes", "qwen", "llama3", "mistral"))
+        check_choice("EngineConfig.eviction_policy", self.eviction_policy, tuple(POLICY_NAMES))
+        # relations between fields
         if self.chunk_min > self.chunk_max:
-            raise ConfigError("EngineConfig.chunk_min must be <= chunk_max")
-        if not 0 < self.cell_budget_fraction <= 1 or not 0 < self.high_water <= 1:
-            raise ConfigError("cell_budget_fraction and high_water must be in (0, 1]")
+            raise ConfigError(f"EngineConfig.chunk_min ({self.chunk_min}) must be <= chunk_max ({self.chunk_max})")
         if self.kv_cache_tokens < self.page_size:
-            raise ConfigError("kv_cache_tokens must hold at least one page")
-        if self.spec_min_ngram < 1 or self.spec_max_ngram < self.spec_min_ngram:
-            raise ConfigError("need 1 <= spec_min_ngram <= spec_max_ngram")
-        if self.spec_max_draft < 0 or self.spec_token_budget < 0 or self.response_cache_size < 0:
-            raise ConfigError("spec_max_draft, spec_token_budget and response_cache_size must be >= 0")
-        if self.max_session_seqs < 0:
-            raise ConfigError("max_session_seqs must be >= 0")
-        if self.forward_path not in ("auto", "fused", "eager"):
-            raise ConfigError(f"EngineConfig.forward_path must be 'auto', 'fused' or 'eager', got {self.forward_path!r}")
-        if self.tool_format not in ("auto", "hermes", "qwen", "llama3", "mistral"):
-            raise ConfigError("EngineConfig.tool_format must be 'auto', 'hermes', 'qwen', 'llama3' or 'mistral', "
-                              f"got {self.tool_format!r}")
-        if self.bare_tool_calls not in (None, True, False):
-            raise ConfigError(f"EngineConfig.bare_tool_calls must be None or a bool, got {self.bare_tool_calls!r}")
-        if self.eviction_policy not in POLICY_NAMES:
-            raise ConfigError(f"EngineConfig.eviction_policy must be one of {POLICY_NAMES}, "
-                              f"got {self.eviction_policy!r}")
+            raise ConfigError(f"EngineConfig.kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one "
+                              f"page of page_size={self.page_size} tokens")
+        if self.spec_max_ngram < self.spec_min_ngram:
+            raise ConfigError(f"need 1 <= spec_min_ngram <= spec_max_ngram, got {self.spec_min_ngram} and "
+                              f"{self.spec_max_ngram}")
 
     @property
     def num_pages(self) -> int:
@@ -93,3 +93,15 @@ class EngineConfig:
         """The same engine with session reuse and the radix cache off (a benchmark baseline)."""
         return self.replace(enable_radix_cache=False, enable_session_reuse=False,
                             enable_prefix_grouping=False, response_cache_size=0)
+
+
+# int fields and their minimum
+_INTS = {"kv_cache_tokens": 1, "page_size": 1, "max_transient_seqs": 1, "max_session_seqs": 0, "n_batch": 1,
+         "chunk_min": 1, "chunk_max": 1, "latency_sensitive_max_tokens": 0, "fair_chunk_cap": 1,
+         "prefix_group_k": 1, "response_cache_size": 0, "spec_max_draft": 0, "spec_token_budget": 0,
+         "spec_min_ngram": 1, "spec_max_ngram": 1}
+# float fields: (min, max, min excluded)
+_FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
+              "spec_min_acceptance": (0.0, 1.0, False)}
+_BOOLS = ("enable_prefix_grouping", "enable_radix_cache", "enable_session_reuse", "debug_invariants",
+          "enable_speculation")

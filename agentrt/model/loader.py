@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from agentrt.errors import ConfigError
-from agentrt.kernels import get_backend
+from agentrt.kernels import BACKENDS, get_backend
 from agentrt.model.config import ModelConfig
 from agentrt.model.files import load_files, resolve_source
 from agentrt.model.llama import LlamaModel
 from agentrt.model.fused import PATHS
 from agentrt.model.quant import quantize as apply_quant
-from agentrt.model.quant import resolve_mode
+from agentrt.model.quant import QUANT_MODES, resolve_mode
 from agentrt.model.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -39,7 +40,26 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ConfigError(f"dtype {dtype!r} is not supported; use 'float32' (default) or 'bfloat16'")
 
 
-def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
+def _check_args(source, kernels, device, quantize, forward) -> None:
+    """load_model's arguments, checked before any file is read (ConfigError)."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError(f"source must be an embedded model name (e.g. {DEFAULT_MODEL!r}), a .gguf path or a "
+                          f"Hugging Face directory (str or Path), got {source!r}")
+    for name, value, choices in (("quantize", quantize, QUANT_MODES), ("forward", forward, PATHS),
+                                 ("kernels", kernels, BACKENDS)):
+        if not isinstance(value, str) or value not in choices:
+            raise ConfigError(f"{name}={value!r} is not supported; choose one of {choices}")
+    if not isinstance(device, (str, torch.device)):
+        raise ConfigError(f"device must be a str such as 'cpu' or 'cuda', or a torch.device; got {device!r}")
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"device={device!r} is not a torch device; use 'cpu' or 'cuda'") from None
+
+
+def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
                kernels: str = "auto", device: str = "cpu", quantize: str = "auto",
                forward: str = "fused") -> LoadedModel:
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
@@ -51,9 +71,8 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32"
     when the compiled kernels are available, else "none"); see model/quant.py.
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
     reference); an engine can override it per step (EngineConfig.forward_path)."""
+    _check_args(source, kernels, device, quantize, forward)
     dt = resolve_dtype(dtype)
-    if forward not in PATHS:
-        raise ConfigError(f"forward={forward!r} is not supported; choose one of {PATHS}")
     mode = resolve_mode(quantize, gguf=not resolve_source(source).is_dir(),
                         cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu")
     files = load_files(source, dt, native=mode == "native")

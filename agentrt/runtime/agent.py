@@ -75,13 +75,38 @@ class Agent:
                  engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
                  tool_choice: Any = "auto", constrained: bool = True, parallel_tool_calls: bool = True,
                  deps: Any = None, stop_at_tools: Sequence[str] = ()):
-        if max_tool_rounds < 0:
-            raise ConfigError("max_tool_rounds must be >= 0")
+        from collections.abc import Iterable
+
+        from agentrt.checks import check_bool, check_int, check_tool_choice
+        from agentrt.tools import Toolset
+
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"Agent name must be a non-empty str, got {name!r}")
+        if not isinstance(instructions, str):
+            raise ConfigError(f"Agent {name!r}: instructions must be a str (the system prompt), "
+                              f"got {type(instructions).__name__}")
+        if isinstance(tools, (str, bytes, Tool)) or callable(tools) or not isinstance(tools, Iterable):
+            raise ConfigError(f"Agent {name!r}: tools must be a list of tools or functions, got "
+                              f"{type(tools).__name__}; wrap a single one: tools=[f]")
+        if engine is not None and not callable(getattr(engine, "open_session", None)):
+            raise ConfigError(f"Agent {name!r}: engine must be an Engine (or None: the Runtime's), "
+                              f"got {type(engine).__name__}")
+        if settings is not None and not isinstance(settings, SamplingParams):
+            raise ConfigError(f"Agent {name!r}: settings must be a GenerationSettings (SamplingParams) or None, "
+                              f"got {type(settings).__name__}; e.g. GenerationSettings(max_tokens=256)")
+        max_tool_rounds = check_int(f"Agent {name!r}: max_tool_rounds", max_tool_rounds, min=0)
         self.name, self.instructions, self.engine = name, instructions, engine
-        self.tools = {t.name: t for t in (x if isinstance(x, Tool) else Tool.from_function(x) for x in tools)}
+        self.tools = {t.name: t for t in Toolset(tools)}  # as Toolset: a duplicate name raises ToolDefinitionError
+        check_tool_choice(tool_choice, tuple(self.tools))
         self.settings = settings or GenerationSettings()
         self.max_tool_rounds, self.tool_choice = max_tool_rounds, tool_choice
-        self.constrained, self.parallel_tool_calls, self.deps = constrained, parallel_tool_calls, deps
+        self.constrained = check_bool(f"Agent {name!r}: constrained", constrained)
+        self.parallel_tool_calls = check_bool(f"Agent {name!r}: parallel_tool_calls", parallel_tool_calls)
+        self.deps = deps
+        if isinstance(stop_at_tools, (str, bytes)) or not isinstance(stop_at_tools, Iterable):
+            raise ConfigError(f"Agent {name!r}: stop_at_tools must be a list of tool names, got "
+                              f"{type(stop_at_tools).__name__}; wrap a single one: stop_at_tools=[name]")
+        stop_at_tools = tuple(stop_at_tools)
         unknown = set(stop_at_tools) - set(self.tools)
         if unknown:
             raise ConfigError(f"stop_at_tools names tools the agent does not have: {sorted(unknown)}")

@@ -97,12 +97,22 @@ class Runtime:
                     mailbox_size: int | None = None, supervision: Supervision | None = None) -> ActorRef:
         """Start an actor; names are unique while the actor lives."""
         self._check()
+        if isinstance(behavior, type):
+            raise ConfigError(f"spawn() takes a behaviour instance, got the class {behavior.__name__}; "
+                              f"call it: spawn({behavior.__name__}(...))")
+        if not callable(getattr(behavior, "handle", None)) and not callable(getattr(behavior, "stream", None)):
+            raise ConfigError(f"spawn() takes a behaviour with an async handle(message, ctx) method, "
+                              f"got {type(behavior).__name__}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"an actor name must be a non-empty str (or None), got {name!r}")
+        if supervision is not None and not isinstance(supervision, Supervision):
+            raise ConfigError(f"supervision must be a Supervision or None, got {type(supervision).__name__}")
         name = name or getattr(behavior, "name", None) or f"actor-{len(self._actors) + 1}"
+        if not isinstance(name, str):
+            raise ConfigError(f"the behaviour's name must be a str, got {name!r}; pass name=...")
         if name in self._actors and not self._actors[name].stopped:
             raise ActorError(f"an actor named {name!r} is already running; pick another name")
-        size = self.default_mailbox if mailbox_size is None else mailbox_size
-        if size < 1:
-            raise ConfigError("mailbox_size must be >= 1")
+        size = self.default_mailbox if mailbox_size is None else _positive_int("mailbox_size", mailbox_size)
         ref = ActorRef(name, behavior, size, supervision or self.default_supervision)
         self._actors[name] = ref
         started = anyio.Event()

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agentrt.checks import check_bool, check_float, check_int
 from agentrt.errors import ConfigError
+
+# Below this a temperature is greedy: logits / 1e-40 overflow float32 and the softmax turns to
+# NaN, and anything this cold picks the argmax anyway. Such temperatures are stored as 0.0.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. top_k 0 = off. top_p 1.0 = off. seed: None -> derived from the
-    prompt (prompt-deterministic sampling), else mixed with it."""
+    """temperature 0 = greedy (so is any temperature below MIN_TEMPERATURE, stored as 0.0).
+    top_k 0 = off. top_p 1.0 = off. seed: None -> derived from the prompt (prompt-deterministic
+    sampling), else mixed with it. stop_token_ids: any iterable of token ids (kept as a tuple).
+
+    Every field is checked here (type, finite range), so a bad value raises ConfigError at
+    construction and never reaches the engine step."""
 
     max_tokens: int = 256
     temperature: float = 0.0
@@ -22,14 +32,19 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        put("max_tokens", check_int("SamplingParams.max_tokens", self.max_tokens, min=1))
+        t = check_float("SamplingParams.temperature", self.temperature, min=0.0)
+        put("temperature", 0.0 if t < MIN_TEMPERATURE else t)
+        put("top_k", check_int("SamplingParams.top_k (0 disables it)", self.top_k, min=0))
+        p = check_float("SamplingParams.top_p (1.0 disables it)", self.top_p, min=0.0, max=1.0, min_open=True)
+        put("top_p", p)
+        if self.seed is not None:
+            put("seed", check_int("SamplingParams.seed (None: derived from the prompt)", self.seed))
+        put("stop_token_ids", _token_ids(self.stop_token_ids))
+        put("ignore_eos", check_bool("SamplingParams.ignore_eos", self.ignore_eos))
 
     @property
     def greedy(self) -> bool:
@@ -37,3 +52,11 @@ class SamplingParams:
 
     def replace(self, **changes) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
+
+
+def _token_ids(value) -> tuple[int, ...]:
+    name = "SamplingParams.stop_token_ids"
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name} must be a tuple or list of token ids (ints >= 0), got "
+                          f"{type(value).__name__}; for stop strings encode them with the tokenizer")
+    return tuple(check_int(f"{name}[{i}]", t, min=0) for i, t in enumerate(value))

@@ -24,7 +24,7 @@ from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.runnables.config import ensure_config
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError
 
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
@@ -56,23 +56,30 @@ class ChatAgentrt(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    model_name: str = "agentrt"
-    temperature: float = 0.0
-    max_tokens: int = 512
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    constrained: bool = Field(default=True, description="tool calls and JSON under a grammar")
-    parallel_tool_calls: bool = True
+    # strict: "5" or True is not a max_tokens; the ranges (finite temperature, top_p in (0, 1], ...)
+    # are SamplingParams' own checks, run at construction and for each call's overrides
+    model_name: str = Field(default="agentrt", strict=True)
+    temperature: float = Field(default=0.0, strict=True)
+    max_tokens: int = Field(default=512, strict=True)
+    top_p: float = Field(default=1.0, strict=True)
+    top_k: int = Field(default=0, strict=True)
+    seed: int | None = Field(default=None, strict=True)
+    constrained: bool = Field(default=True, strict=True, description="tool calls and JSON under a grammar")
+    parallel_tool_calls: bool = Field(default=True, strict=True)
     session_policy: SessionPolicy = Field(default_factory=SessionPolicy)
     _shared: _Shared = PrivateAttr()
 
     def __init__(self, engine=None, *, host: EngineHost | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as e:
+            raise ConfigError(f"ChatAgentrt: {_errors(e)}") from None
         if (engine is None) == (host is None):
             raise ConfigError("pass engine= (an Engine) or use ChatAgentrt.from_model(source)")
+        if engine is not None and not callable(getattr(engine, "chat_format", None)):
+            raise ConfigError(f"engine must be an agentrt Engine, got {type(engine).__name__}")
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                       top_k=self.top_k)  # validates
+                       top_k=self.top_k, seed=self.seed)  # validates (ConfigError)
         self._shared = _Shared(host or EngineHost(engine), self.session_policy)
         if self.profile is None:
             self.profile = _profile(self._shared.host.engine, self.max_tokens)
@@ -243,3 +250,9 @@ def _result(chunks: list[ChatGenerationChunk]) -> ChatResult:
     msg = AIMessage(content=m.content, tool_calls=m.tool_calls, invalid_tool_calls=invalid,
                     usage_metadata=m.usage_metadata, response_metadata=m.response_metadata, id=m.id)
     return ChatResult(generations=[ChatGeneration(message=msg, generation_info=total.generation_info)])
+
+
+def _errors(e: ValidationError) -> str:
+    """A pydantic ValidationError as one line: `field: what was wrong (got value)` per error."""
+    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']} (got {err.get('input')!r})"
+                     for err in e.errors())
