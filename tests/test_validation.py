@@ -187,8 +187,6 @@ def test_tensor_or_generator_prompt_through_engine_raises_config_error_and_engin
     _run(fn)
 
 
-@pytest.mark.xfail(not _engine_calls_the_checks(), strict=False,
-                   reason="Engine.generate does not call validate.check_generate_args yet")
 def test_dict_params_through_engine_raise_config_error():
     async def fn(eng):
         with pytest.raises(ConfigError):

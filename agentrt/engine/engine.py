@@ -26,6 +26,7 @@ import structlog
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.request import TokenEvent, Usage
+from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.engine.session import Session
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed
 from agentrt.sampling import SamplingParams, make_generator
@@ -264,6 +265,7 @@ class Engine:
         """A long-lived KV session from the session region of the pool (PoolExhausted after
         `timeout`, default EngineConfig.acquire_timeout)."""
         self._check_open()
+        check_open_session_args(tag, cache_salt, timeout)
         t = self.config.acquire_timeout if timeout is None else timeout
         sid = await self.core.pool.acquire_async("session", t)
 
@@ -298,10 +300,9 @@ class Engine:
         early (break, cancel, exception) cancels the request and frees what it holds at the
         engine's next step. Use `contextlib.aclosing` when breaking out of the loop."""
         self._check_open()
-        if session is not None and (not isinstance(session, Session) or session._engine is not self):
-            raise ConfigError("session= must be a Session opened on this engine (engine.open_session()); "
-                              "a session holds KV pages of the engine that opened it")
-        params = params or SamplingParams()
+        # types, finite ranges, a session of this engine: ConfigError before any work
+        prompt, params = check_generate_args(self, prompt, params, session=session, cache_salt=cache_salt,
+                                             tag=tag, timeout=timeout)
         seq_id = None
         if session is None:
             t = self.config.acquire_timeout if timeout is None else timeout
@@ -390,6 +391,14 @@ class Engine:
         says no useful output can follow). Its stream still ends with the final event and usage;
         tokens of the step in flight may arrive first. A finished request is left alone."""
         self._submit(lambda: self.core.cancel(request_id, "early_stop"))
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The longest request (prompt + max_tokens) this engine can ever take: the model's context,
+        and what fits under the KV pool's high-water mark."""
+        core = self.core
+        pool = int(core.cfg.high_water * core.cfg.num_pages) * core.cfg.page_size
+        return min(core.model.cfg.max_position_embeddings, pool)
 
     def stats(self):
         with self._lock:

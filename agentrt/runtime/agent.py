@@ -28,6 +28,7 @@ from agentrt.errors import ConfigError
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.session.overflow import ContextPolicy
 from agentrt.toolcall import CallComplete
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
@@ -74,7 +75,7 @@ class Agent:
     def __init__(self, name: str, instructions: str = "", tools: Sequence[Tool | Callable] = (), *,
                  engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
                  tool_choice: Any = "auto", constrained: bool = True, parallel_tool_calls: bool = True,
-                 deps: Any = None, stop_at_tools: Sequence[str] = ()):
+                 deps: Any = None, stop_at_tools: Sequence[str] = (), context_policy: ContextPolicy | None = None):
         from collections.abc import Iterable
 
         from agentrt.checks import check_bool, check_int, check_tool_choice
@@ -113,6 +114,9 @@ class Agent:
         self.stop_at_tools = tuple(stop_at_tools)  # e.g. handoffs: the turn ends once one has run
         self.session = None
         self.conversation: Conversation | None = None
+        self.context_policy = context_policy if context_policy is not None else ContextPolicy()
+        if not isinstance(self.context_policy, ContextPolicy):
+            raise ConfigError(f"context_policy must be a ContextPolicy, got {type(context_policy).__name__}")
         self._call_ids = itertools.count(1)
 
     def fresh(self) -> "Agent":
@@ -120,7 +124,7 @@ class Agent:
         return Agent(self.name, self.instructions, list(self.tools.values()), engine=self.engine,
                      settings=self.settings, max_tool_rounds=self.max_tool_rounds, tool_choice=self.tool_choice,
                      constrained=self.constrained, parallel_tool_calls=self.parallel_tool_calls, deps=self.deps,
-                     stop_at_tools=self.stop_at_tools)
+                     stop_at_tools=self.stop_at_tools, context_policy=self.context_policy)
 
     # ---- actor lifecycle --------------------------------------------------------------
     async def start(self, ctx) -> None:
@@ -144,7 +148,8 @@ class Agent:
         if self.session is not None:
             await self.session.close()
         self.session = await self.engine.open_session(tag=self.name)
-        self.conversation = Conversation(self.engine, tools=self._schemas(), session=self.session)
+        self.conversation = Conversation(self.engine, tools=self._schemas(), session=self.session,
+                                         policy=self.context_policy)
         if self.instructions:
             self.conversation.append([{"role": "system", "content": self.instructions}])
 
@@ -168,7 +173,7 @@ class Agent:
         return result
 
     async def stream(self, message: Any, ctx) -> AsyncIterator[Any]:
-        self.conversation.append(as_messages(message))
+        await self.conversation.add(as_messages(message))
         turn: list[dict] = []
         results: list[ToolResult] = []
         usage, text = [], ""
@@ -203,7 +208,7 @@ class Agent:
             tool_msgs = [{"role": "tool", "tool_call_id": r.call_id, "name": r.name, "content": r.content}
                          for r in round_results]
             turn += tool_msgs
-            self.conversation.append(tool_msgs)
+            await self.conversation.add(tool_msgs)  # big results: cut, and encoded off the event loop
             stopper = next((r.name for r in round_results if r.name in self.stop_at_tools and not r.is_error), None)
             if stopper is not None:
                 yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper)
