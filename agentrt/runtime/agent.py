@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
+from agentrt.checks import check_bool, check_int, check_tool_choice
 from agentrt.errors import ConfigError
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.session.overflow import ContextPolicy
 from agentrt.toolcall import CallComplete
-from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
+from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
 
 
@@ -76,11 +77,6 @@ class Agent:
                  engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
                  tool_choice: Any = "auto", constrained: bool = True, parallel_tool_calls: bool = True,
                  deps: Any = None, stop_at_tools: Sequence[str] = (), context_policy: ContextPolicy | None = None):
-        from collections.abc import Iterable
-
-        from agentrt.checks import check_bool, check_int, check_tool_choice
-        from agentrt.tools import Toolset
-
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Agent name must be a non-empty str, got {name!r}")
         if not isinstance(instructions, str):
