@@ -176,7 +176,9 @@ class Agent:
         for rnd in range(self.max_tool_rounds + 1):
             yield RoundStarted(rnd, len(self.tokens))
             base = next(self._call_ids)
-            call_id = (lambda b: lambda i: f"call_{self.name}_{b + i}")(base)
+
+            def call_id(index: int, base: int = base) -> str:
+                return f"call_{self.name}_{base + index}"
             end, done = None, {}
             async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(

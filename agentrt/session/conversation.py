@@ -104,9 +104,9 @@ class Conversation:
 
     async def add(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """append(), in a worker thread when the messages are big (the event loop stays free)."""
-        size = sum(len(m.get("content") or "") for m in messages if isinstance(m, Mapping)
-                   and isinstance(m.get("content"), str)) if isinstance(messages, Sequence) else 0
-        if size > 65536:
+        contents = [m.get("content") for m in messages if isinstance(m, Mapping)] \
+            if isinstance(messages, Sequence) else []
+        if sum(len(c) for c in contents if isinstance(c, str)) > 65536:
             await anyio.to_thread.run_sync(self.append, messages)
         else:
             self.append(messages)
@@ -146,19 +146,9 @@ class Conversation:
             keep = [i for i in range(len(self.messages)) if i not in drop]
             messages, originals = [self.messages[i] for i in keep], [self.originals[i] for i in keep]
             self.rewind(first)
-            start = len(self.messages)
             self._encode(messages)
             self.originals = originals
             self.dropped += len(drop)
-            assert len(self.originals) == len(self.messages) >= start
-
-    def set_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> None:
-        """Change the tools the prompt shows; the history is re-encoded from the start."""
-        messages = self.messages
-        self.tools = list(tools) if tools else None
-        self.rewind(0)
-        if messages:
-            self.append(messages)
 
     # -- one generation ------------------------------------------------------------------------
     async def round(self, params: SamplingParams, *, tool_choice: Any = "auto", parallel_tool_calls: bool = True,

@@ -39,7 +39,8 @@ _CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format"
 
 
 class _Shared:
-    """State shared by a model and its bound copies: chat format, grammars, session router."""
+    """State shared by a model and its bound copies: chat format, session router (the grammar
+    factory is the engine's, built on the first constrained call)."""
 
     def __init__(self, host: EngineHost, policy: SessionPolicy):
         engine = host.engine
@@ -47,7 +48,6 @@ class _Shared:
             raise ConfigError("the engine has no tokenizer: build it from load_model(...)")
         self.host = host
         self.fmt = engine.chat_format()  # the engine's template and tool-call format
-        self.grammars = engine.grammars()
         self.router = SessionRouter(engine, policy)
 
 
@@ -112,7 +112,7 @@ class ChatAgentrt(BaseChatModel):
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         spec, sh = self._spec(messages, stop, kwargs), self._shared
-        async for chunk in sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.grammars, sh.router)):
+        async for chunk in sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router)):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -125,7 +125,7 @@ class ChatAgentrt(BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         spec, sh = self._spec(messages, stop, kwargs), self._shared
-        for chunk in sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.grammars, sh.router)):
+        for chunk in sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router)):
             if run_manager is not None:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk

@@ -47,9 +47,8 @@ class CallSpec:
     model_name: str
 
 
-async def run_call(spec: CallSpec, engine, fmt, grammars, router) -> AsyncIterator[ChatGenerationChunk]:
-    """Generate one assistant message for spec, yielding LangChain chunks (engine loop only).
-    (`grammars` is the engine's factory; the conversation core asks the engine for it.)"""
+async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGenerationChunk]:
+    """Generate one assistant message for spec, yielding LangChain chunks (engine loop only)."""
     rs = await router.acquire(spec.key) if spec.key is not None else None
     if rs is None:  # a transient request: the radix cache still shares prefixes
         conv = Conversation(engine, tools=spec.tools, chat=fmt)
