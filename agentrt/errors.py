@@ -2,6 +2,7 @@
 
     AgentrtError
     ├── ConfigError                 bad settings or arguments given to a public API
+    │   └── SnapshotMismatch        a session snapshot from another model/dtype, or not one at all
     ├── ModelLoadError              a model could not be loaded
     │   ├── ModelNotFound           no such file / directory / named model
     │   ├── CorruptModelFile        bad magic, truncated file, checksum mismatch
@@ -14,6 +15,7 @@
     │   └── OutOfKVMemory           a request can never fit in the KV pool
     ├── EngineClosed                the engine was shut down
     │   └── EngineFailed            the engine's step thread stopped on an internal error
+    ├── SessionBusy                 a session with a turn running cannot be forked/rolled back/saved
     ├── RequestCancelled            a request was cancelled before it finished
     ├── ToolError                   tool definition or dispatch problems
     │   ├── ToolDefinitionError     a function that cannot become a tool
@@ -34,6 +36,13 @@ class AgentrtError(Exception):
 
 class ConfigError(AgentrtError, ValueError):
     """A setting or argument is invalid; the message names it and the accepted values."""
+
+
+class SnapshotMismatch(ConfigError):
+    """A session snapshot cannot be restored on this engine: it was written by another model
+    (architecture or weights) or dtype, it is not an agentrt snapshot (corrupt, foreign, another
+    format version), or there is no file. The message names what differs; restore it on an
+    engine running the model that wrote it, or start a fresh session."""
 
 
 class ModelLoadError(AgentrtError):
@@ -83,6 +92,12 @@ class EngineClosed(AgentrtError, RuntimeError):
 class EngineFailed(EngineClosed):
     """The engine's step thread stopped on an internal error (a bug, not one request's fault):
     every pending and later call gets this at once. The log has the cause; create a new Engine."""
+
+
+class SessionBusy(AgentrtError, RuntimeError):
+    """The session has a turn running (a request on it is queued or generating), so it cannot be
+    forked, rolled back or snapshotted now: its KV is changing. Wait for the turn to finish (read
+    its stream to the end, or await complete()), then retry."""
 
 
 class RequestCancelled(AgentrtError):

@@ -27,7 +27,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.request import TokenEvent, Usage
 from agentrt.engine.validate import check_generate_args, check_open_session_args
-from agentrt.engine.session import Session
+from agentrt.engine.session import Session, restore_session
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed
 from agentrt.sampling import SamplingParams, make_generator
 from agentrt.engine.prefix import fnv1a
@@ -266,6 +266,21 @@ class Engine:
         `timeout`, default EngineConfig.acquire_timeout)."""
         self._check_open()
         check_open_session_args(tag, cache_salt, timeout)
+        return await self._open_with(lambda sid: self.core.open_session(sid, tag, cache_salt), timeout)
+
+    async def restore(self, path, *, tag: str | None = None, cache_salt: str | None = None,
+                      timeout: float | None = None) -> Session:
+        """A new session holding the KV of a snapshot (`Session.snapshot`) written with this model
+        and dtype (SnapshotMismatch otherwise); its next turn prefills only what follows it.
+        `tag` None keeps the snapshot's; `cache_salt` and `timeout` as in open_session."""
+        self._check_open()
+        check_open_session_args(tag, cache_salt, timeout)
+        return await restore_session(self, path, tag, cache_salt, timeout)
+
+    async def _open_with(self, make: Callable[[int], object], timeout: float | None) -> Session:
+        """A session made by make(sid) in the step thread, sid taken from the pool's session
+        region (PoolExhausted after `timeout`, default EngineConfig.acquire_timeout). make must
+        be all or nothing: when it raises, the id goes back to the pool here."""
         t = self.config.acquire_timeout if timeout is None else timeout
         sid = await self.core.pool.acquire_async("session", t)
 
@@ -281,7 +296,7 @@ class Engine:
             self.core.pool.release(sid)
             raise
         # cancellable: a caller's timeout ends the wait at once; undo frees the id (no leak)
-        es = await self._invoke(lambda: self.core.open_session(sid, tag, cache_salt), undo=undo)
+        es = await self._invoke(lambda: make(sid), undo=undo)
         return Session(self, es)
 
     async def _close_session(self, es) -> None:

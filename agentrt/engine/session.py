@@ -1,6 +1,17 @@
-"""Session: a public handle on a long-lived KV session (one agent's conversation)."""
+"""Session: a public handle on a long-lived KV session (one agent's conversation), with its
+branching operations (snapshot to disk, fork, rollback; `Engine.restore` reads a snapshot back).
+
+Each operation runs in the engine's step thread (`engine/branching.py`) between two steps, so it
+never races the step loop; file I/O runs in a worker thread, off the event loop."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from agentrt.checks import check_int, check_optional_str, check_timeout
+from agentrt.engine import branching, snapshot
 
 
 class Session:
@@ -28,3 +39,48 @@ class Session:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+    # ---- branching ------------------------------------------------------------------
+    async def snapshot(self, path) -> Path:
+        """Write the tokens this session holds, their KV and the model's fingerprint to `path`
+        (atomically); `Engine.restore(path)` on an engine with the same model continues from
+        there. SessionBusy while a turn runs on the session. Returns the path."""
+        path = snapshot.check_target(path)
+        engine = self._engine
+        data = await engine._invoke(lambda: branching.export_session(engine.core, self._es))
+        fingerprint = await anyio.to_thread.run_sync(snapshot.model_fingerprint, engine.model)
+        return await anyio.to_thread.run_sync(snapshot.write_snapshot, path, data, fingerprint)
+
+    async def fork(self, tag: str | None = None, timeout: float | None = None) -> "Session":
+        """A new session holding this one's KV, its pages shared copy-on-write (no KV is copied
+        until one of the two writes into a shared page), so both continue the same history
+        independently. It takes a sequence id like open_session (PoolExhausted after `timeout`;
+        a cancelled wait leaks nothing); `tag` None keeps this session's. SessionBusy while a
+        turn runs on this session."""
+        check_optional_str("tag", tag)
+        check_timeout("timeout (seconds; None: EngineConfig.acquire_timeout)", timeout)
+        engine, es = self._engine, self._es
+        return await engine._open_with(lambda sid: branching.fork_session(engine.core, es, sid, tag), timeout)
+
+    async def rollback(self, n_tokens: int) -> None:
+        """Forget the KV of the last `n_tokens` tokens the session holds (0 <= n_tokens <=
+        len(tokens)), e.g. to retry a reply. The next turn recomputes from there. SessionBusy
+        while a turn runs on the session."""
+        n = check_int("n_tokens", n_tokens, min=0)
+        engine = self._engine
+        await engine._invoke(lambda: branching.rollback_session(engine.core, self._es, n))
+
+
+async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
+                          timeout: float | None) -> Session:
+    """Engine.restore: read and check the snapshot in a worker thread (before a pool id is
+    taken: a bad file costs nothing), then import it into a new session."""
+    path = snapshot.check_path(path)
+
+    def read() -> dict:
+        return snapshot.read_snapshot(path, snapshot.model_fingerprint(engine.model))
+
+    data = await anyio.to_thread.run_sync(read)
+    tag = data["tag"] if tag is None else tag
+    core = engine.core
+    return await engine._open_with(lambda sid: branching.import_session(core, sid, data, tag, cache_salt), timeout)

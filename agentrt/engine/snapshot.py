@@ -1,0 +1,161 @@
+"""The on-disk form of a session snapshot (`Session.snapshot`, `Engine.restore`).
+
+A snapshot is one `torch.save` file of plain values only (a dict of str/int/float/list and
+tensors), so it loads with `torch.load(weights_only=True)`: reading a file never runs code from
+it. It holds the token ids a session's KV covers, that KV per token ([layers, tokens, Hkv, D],
+independent of the page size of the engine that wrote it) and the *fingerprint* of the model
+that computed it. KV is only meaningful for the exact model and dtype that produced it: restored
+on another one, generation would go on silently wrong. So reading compares fingerprints and
+refuses any difference with SnapshotMismatch, naming what differs.
+
+Writing is atomic (a temporary file in the same directory, then os.replace): a crash or a full
+disk never leaves a half-written snapshot under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrt.errors import ConfigError, SnapshotMismatch
+
+FORMAT = "agentrt-session-snapshot"
+VERSION = 1
+_SLICE = 32  # elements hashed at the start, middle and end of every weight tensor
+
+
+def check_path(path: Any) -> Path:
+    """A str or os.PathLike naming a file -> Path (ConfigError otherwise)."""
+    if isinstance(path, (bytes, bytearray)) or not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    p = Path(path)
+    if not str(path) or p.name in ("", ".", ".."):
+        raise ConfigError(f"path must name a file, got {str(path)!r}")
+    return p
+
+
+def check_target(path: Any) -> Path:
+    """check_path, and the directory to write into exists (checked before any KV is gathered)."""
+    path = check_path(path)
+    if not path.parent.is_dir():
+        raise ConfigError(f"cannot write a snapshot to {path}: the directory {path.parent} does not exist; "
+                          "create it first")
+    return path
+
+
+def model_fingerprint(model) -> dict:
+    """What a snapshot's KV depends on: the architecture (model.cfg), the dtype, and a short
+    sha256 over deterministic slices of every weight. The digest tells apart two models with
+    identical configs (two fine-tunes, two random initialisations) at a cost of microseconds."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model.cfg).items()}
+    return {"config": config, "dtype": str(model.dtype).removeprefix("torch."),
+            "weights": _weights_digest(model)}
+
+
+def _weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for name, t in _weight_tensors(model):
+        flat = t.detach().reshape(-1)
+        n, mid = flat.numel(), flat.numel() // 2
+        picks = torch.cat([flat[:_SLICE], flat[mid:mid + _SLICE], flat[max(0, n - _SLICE):]])
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(picks.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _weight_tensors(model):
+    """Parameters and buffers by name, then packed quantized weights (not registered tensors)."""
+    yield from model.state_dict().items()
+    for mname, mod in model.named_modules():
+        parts = getattr(mod, "parts", None) or ([mod.packed] if hasattr(mod, "packed") else [])
+        for i, pw in enumerate(parts):
+            for field in ("q", "s", "m"):
+                t = getattr(pw, field, None)
+                if isinstance(t, torch.Tensor):
+                    yield f"{mname}.packed{i}.{field}", t
+
+
+def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:
+    """Write {tokens, k, v, tag} (from branching.export_session) with the fingerprint, atomically."""
+    path = check_target(path)
+    payload = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint,
+               "tokens": [int(t) for t in data["tokens"]], "k": data["k"], "v": data["v"], "tag": data.get("tag")}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_snapshot(path: Any, fingerprint: dict) -> dict:
+    """The snapshot at `path` as {tokens, k, v, tag}, if `fingerprint` (this engine's model)
+    wrote it; SnapshotMismatch for a missing, unreadable, foreign or mismatched file."""
+    path = check_path(path)
+    if not path.is_file():
+        raise SnapshotMismatch(f"no session snapshot at {path}: the file does not exist; check the path "
+                               "(Session.snapshot(path) writes one)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SnapshotMismatch(f"{path} is not a readable agentrt session snapshot ({type(e).__name__}: "
+                               f"{str(e)[:120]}); it is corrupt or another kind of file: write a new one "
+                               "with Session.snapshot") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise SnapshotMismatch(f"{path} is not an agentrt session snapshot (no {FORMAT!r} marker); "
+                               "restore only files written by Session.snapshot")
+    if obj.get("version") != VERSION:
+        raise SnapshotMismatch(f"{path} has snapshot format version {obj.get('version')!r}; this agentrt reads "
+                               f"version {VERSION}: write it again with this version")
+    _check_fingerprint(path, obj.get("fingerprint"), fingerprint)
+    return _check_payload(path, obj, fingerprint)
+
+
+def _check_fingerprint(path: Path, got: Any, want: dict) -> None:
+    if not isinstance(got, dict):
+        raise SnapshotMismatch(f"{path} has no model fingerprint; it is corrupt: write a new snapshot")
+    diffs = []
+    gc, wc = got.get("config") or {}, want["config"]
+    for key in sorted(set(gc) | set(wc)):
+        if gc.get(key) != wc.get(key):
+            diffs.append(f"{key}: snapshot {gc.get(key)!r}, this model {wc.get(key)!r}")
+    if got.get("dtype") != want["dtype"]:
+        diffs.append(f"dtype: snapshot {got.get('dtype')!r}, this model {want['dtype']!r}")
+    if not diffs and got.get("weights") != want["weights"]:
+        diffs.append(f"weights: same architecture and dtype but different weights (digest "
+                     f"{got.get('weights')!r} vs {want['weights']!r})")
+    if diffs:
+        raise SnapshotMismatch(f"{path} was written by another model, so its KV is meaningless here ("
+                               + "; ".join(diffs) + "). Restore it on an engine running the model (and dtype) "
+                               "that wrote it, or start a fresh session")
+
+
+def _check_payload(path: Path, obj: dict, fingerprint: dict) -> dict:
+    """Shapes, dtypes and token ids consistent with the model: a file that passes is safe to copy in."""
+    cfg, dtype = fingerprint["config"], getattr(torch, fingerprint["dtype"])
+    tokens, k, v = obj.get("tokens"), obj.get("k"), obj.get("v")
+    n = len(tokens) if isinstance(tokens, list) else -1
+    shape = (cfg["num_layers"], n, cfg["num_kv_heads"], cfg["head_dim"])
+    ok = n >= 0 and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < cfg["vocab_size"]
+                        for t in tokens)
+    ok = ok and n <= cfg["max_position_embeddings"]
+    ok = ok and all(isinstance(x, torch.Tensor) and tuple(x.shape) == shape and x.dtype == dtype for x in (k, v))
+    tag = obj.get("tag")
+    if not ok or not (tag is None or isinstance(tag, str)):
+        raise SnapshotMismatch(f"{path} is corrupt: its tokens and KV tensors do not agree with each other or "
+                               "with the model; write a new snapshot")
+    return {"tokens": tokens, "k": k, "v": v, "tag": tag}
