@@ -88,6 +88,11 @@ class ActorRef:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
+    @property
+    def busy(self) -> bool:
+        """True while the actor handles a message (False between messages)."""
+        return self._scope is not None
+
     async def tell(self, message: Any) -> None:
         """Queue a message, waiting while the mailbox is full."""
         await self._put(Envelope(message))

@@ -115,12 +115,26 @@ class Agent:
             raise ConfigError(f"context_policy must be a ContextPolicy, got {type(context_policy).__name__}")
         self._call_ids = itertools.count(1)
 
-    def fresh(self) -> "Agent":
-        """A new agent with the same definition and no state (one per LangGraph thread, say)."""
-        return Agent(self.name, self.instructions, list(self.tools.values()), engine=self.engine,
-                     settings=self.settings, max_tool_rounds=self.max_tool_rounds, tool_choice=self.tool_choice,
+    def fresh(self, name: str | None = None) -> "Agent":
+        """A new agent with the same definition (and `name`, default this one's) and no state (one
+        per LangGraph thread, say)."""
+        return Agent(self.name if name is None else name, self.instructions, list(self.tools.values()),
+                     engine=self.engine, settings=self.settings, max_tool_rounds=self.max_tool_rounds,
+                     tool_choice=self.tool_choice,
                      constrained=self.constrained, parallel_tool_calls=self.parallel_tool_calls, deps=self.deps,
                      stop_at_tools=self.stop_at_tools, context_policy=self.context_policy)
+
+    async def fork(self, name: str) -> "Agent":
+        """A new agent `name` with this one's definition and a fork of its conversation
+        (`Conversation.fork`: the KV pages are shared copy-on-write), not started: spawn it (or
+        use `Runtime.fork`). Fork an agent between turns: the fork holds what the conversation
+        holds now."""
+        if self.conversation is None:
+            raise ConfigError(f"agent {self.name!r} has no conversation yet: spawn it before forking it")
+        child = self.fresh(name)
+        child.conversation = await self.conversation.fork(tag=name)
+        child.session = child.conversation.session
+        return child
 
     # ---- actor lifecycle --------------------------------------------------------------
     async def start(self, ctx) -> None:

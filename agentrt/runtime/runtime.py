@@ -18,7 +18,7 @@ from collections.abc import Callable
 import anyio
 import structlog
 
-from agentrt.errors import ActorError, ConfigError
+from agentrt.errors import ActorError, ActorStopped, ConfigError, SessionBusy
 from agentrt.runtime.actor import ActorContext, ActorRef, Behavior
 from agentrt.runtime.supervision import Supervision
 
@@ -124,6 +124,33 @@ class Runtime:
         self._tg.start_soon(run)
         await started.wait()
         return ref
+
+    async def fork(self, source: ActorRef | str, *, name: str, mailbox_size: int | None = None,
+                   supervision: Supervision | None = None) -> ActorRef:
+        """Spawn a sibling of an idle agent actor: the same definition, and a conversation that is
+        a fork of the source's (KV pages shared copy-on-write), so parallel sub-agents can each
+        explore a branch of one history while prefilling only their own new messages. The source
+        must be between messages (SessionBusy otherwise); supervision defaults to the source's."""
+        self._check()
+        ref = self.get(source) if isinstance(source, str) else source
+        if not isinstance(ref, ActorRef):
+            raise ConfigError(f"fork() takes an ActorRef or an actor name, got {type(source).__name__}")
+        if ref.stopped:
+            raise ActorStopped(f"actor {ref.name!r} has stopped; fork a running agent")
+        if not callable(getattr(ref.behavior, "fork", None)):
+            raise ConfigError(f"fork() forks agent actors; {ref.name!r} runs a {type(ref.behavior).__name__}")
+        if not isinstance(name, str) or not name or (name in self._actors and not self._actors[name].stopped):
+            raise ConfigError(f"the fork needs a new non-empty actor name, got {name!r}")
+        if ref.busy:
+            raise SessionBusy(f"actor {ref.name!r} is handling a message; fork it once its turn has finished")
+        child = await ref.behavior.fork(name)
+        try:
+            return await self.spawn(child, name=name, mailbox_size=mailbox_size,
+                                    supervision=supervision or ref.supervision)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await child.session.close()
+            raise
 
     async def actor(self, kind: str, key: str, factory: Callable[[str], Behavior], **kw) -> ActorRef:
         """Lazy activation by (kind, key), as in Orleans / AutoGen core: the actor is created

@@ -30,6 +30,7 @@ histories by content (the LangGraph ledger).
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
@@ -133,6 +134,17 @@ class Conversation:
         self.ends = {k: v for k, v in self.ends.items() if k <= keep}
         self._open = False
         return keep
+
+    async def fork(self, tag: str | None = None, timeout: float | None = None) -> "Conversation":
+        """A new conversation with this one's history (copies of messages, tokens, boundaries) on a
+        fork of its session (`Session.fork`: KV pages shared copy-on-write), so the two go on
+        independently and the fork's first round prefills only its new messages. Fork between
+        rounds (SessionBusy while a round runs). A transient conversation forks into another."""
+        state = copy.deepcopy((self.messages, self.originals, self.tokens, self.ends, self.dropped, self._open))
+        session = await self.session.fork(tag, timeout) if self.session is not None else None
+        other = Conversation(self.engine, tools=self.tools, session=session, chat=self.chat, policy=self.policy)
+        other.messages, other.originals, other.tokens, other.ends, other.dropped, other._open = state
+        return other
 
     def fit(self, reply_tokens: int) -> None:
         """Make the prompt + reply_tokens fit the engine's limit (see overflow.py), or raise."""

@@ -190,6 +190,20 @@ class ChatAgentrt(BaseChatModel):
         out = [n async for n in self._shared.host.astream(lambda: _one(self._shared.router.release_prefix(prefix)))]
         return out[0]
 
+    async def afork(self, src_thread_id: str, dst_thread_id: str) -> int:
+        """Branch a conversation: the sessions of thread (or explicit session key) `dst_thread_id`
+        become forks of `src_thread_id`'s, their KV pages shared copy-on-write, so a branched
+        thread (LangGraph time travel, a what-if run) prefills only its new messages. The
+        destination's own sessions are released first. Returns how many sessions were forked."""
+        for name, value in (("src_thread_id", src_thread_id), ("dst_thread_id", dst_thread_id)):
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
+        if src_thread_id == dst_thread_id:
+            raise ConfigError("src_thread_id and dst_thread_id must differ")
+        router = self._shared.router
+        out = [n async for n in self._shared.host.astream(lambda: _one(router.fork(src_thread_id, dst_thread_id)))]
+        return out[0]
+
     def close(self) -> None:
         """Release every session; stop the engine if from_model started it."""
         host = self._shared.host

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from agentrt.errors import ConfigError, PoolExhausted
+from agentrt.errors import ConfigError, PoolExhausted, SessionBusy
 from agentrt.session.conversation import Conversation
 
 from .messages import canonical_json, fingerprint
@@ -146,6 +146,42 @@ class SessionRouter:
         rs = self.sessions.pop(key, None)
         if rs is not None:
             await rs.session.close()
+
+    async def fork(self, src: str, dst: str) -> int:
+        """Give `dst` a fork of every session of `src` (the key `src` itself and the keys of thread
+        `src`: `src/...`, renamed `dst/...`): the same conversation and ledger on a session whose KV
+        pages are shared copy-on-write. Sessions `dst` had are released first. Returns how many
+        were forked; SessionBusy when a call is running on one of them (nothing is forked)."""
+        if dst.startswith(src + "/") or src.startswith(dst + "/"):
+            raise ConfigError(f"cannot fork {src!r} into {dst!r}: one contains the other's sessions")
+        sources = [rs for k, rs in self.sessions.items() if k == src or k.startswith(src + "/")]
+        if any(rs.lock.locked() for rs in sources):
+            raise SessionBusy(f"a call is running on a session of {src!r}; fork it once the call has finished")
+        for rs in sources:  # locked: no call starts on a source, and no release picks one
+            rs.lock.acquire_nowait()
+        try:
+            await self.release_prefix(dst + "/")
+            await self.release(dst)
+            for rs in sources:
+                key = dst + rs.key[len(src):]
+                conv = await self._fork_conversation(rs.conversation, key)
+                self.sessions[key] = RoutedSession(key, conv.session, conv, rs.tools_key)
+        finally:
+            for rs in sources:
+                rs.lock.release()
+        return len(sources)
+
+    async def _fork_conversation(self, conv: Conversation, key: str) -> Conversation:
+        """conv.fork() into a session id of the pool, closing idle sessions for room as _open does."""
+        while True:
+            if len(self.sessions) >= self.policy.max_sessions and not await self._release_lru():
+                raise PoolExhausted(f"no session can be released for {key!r}: every routed session is in use; "
+                                    "raise SessionPolicy.max_sessions or wait for running calls")
+            try:
+                return await conv.fork(tag=key, timeout=0.0)
+            except PoolExhausted:
+                if not await self._release_lru():
+                    raise
 
     async def release_prefix(self, prefix: str) -> int:
         keys = [k for k in self.sessions if k.startswith(prefix)]
