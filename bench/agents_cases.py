@@ -13,9 +13,11 @@ from bench.peers.base import NotRun
 from bench.workloads.replay import ModelCall, bfcl_script, check_script
 from bench.workloads.synthetic import SyntheticSpec, synthetic_scripts
 
-AGENTRT = ("agentrt", "agentrt_stateless", "agentrt_prefix_lru")
+AGENTRT = ("agentrt", "agentrt_stateless", "agentrt_prefix_lru", "agentrt_no_tier")
 PEERS = ("transformers", "llamacpp_shared", "llamacpp_per_agent")
 SYSTEMS = AGENTRT + PEERS
+# the cases from before the memory hierarchy compare these (agentrt_no_tier is for mem* cases)
+CLASSIC = tuple(s for s in SYSTEMS if s != "agentrt_no_tier")
 PAGE = 16
 
 # synthetic sizes (tokens). Full: the sizes; quick: small deltas so --quick takes minutes
@@ -79,7 +81,7 @@ def build_cases(fmt, tok, *, quick: bool, tool_latency: float = 0.0, distinct: b
     spec = {k: dataclasses.replace(v, tool_latency_s=tool_latency, shared_system=not distinct)
             for k, v in sizes.items()}
     pair = ("agentrt", "agentrt_stateless")
-    six = pair if quick else SYSTEMS
+    six = pair if quick else CLASSIC
     # one agent: a shared Llama is a per-agent one; transformers would re-prefill ~150k tokens
     long = pair if quick else pair + ("agentrt_prefix_lru", "llamacpp_per_agent")
     bfcl = BFCL_QUICK if quick else BFCL_FULL
@@ -89,7 +91,7 @@ def build_cases(fmt, tok, *, quick: bool, tool_latency: float = 0.0, distinct: b
              _synthetic(fmt, tok, spec["turns6"])),
         Case("turns35", f"{spec['turns35'].agents} agent x 35 turns", long, arrival or "concurrent",
              _synthetic(fmt, tok, spec["turns35"])),
-        Case("agents8", f"8 agents x {a8.turns} turns", SYSTEMS, arrival or "interleaved",
+        Case("agents8", f"8 agents x {a8.turns} turns", CLASSIC, arrival or "interleaved",
              _synthetic(fmt, tok, a8)),
         Case("agents8_small_pool", f"8 agents x {a8.turns} turns, KV pool "
              f"{SMALL_POOL_FRACTION:.0%} of their histories", ("agentrt", "agentrt_prefix_lru"),
@@ -143,7 +145,8 @@ class SystemFactory:
         if name in AGENTRT:
             cfg = self.base.replace(kv_cache_tokens=kv_cache_tokens)
             return getattr(AgentrtSystem, {"agentrt": "full", "agentrt_stateless": "stateless",
-                                           "agentrt_prefix_lru": "prefix_lru"}[name])(self.lm, cfg)
+                                           "agentrt_prefix_lru": "prefix_lru",
+                                           "agentrt_no_tier": "no_tier"}[name])(self.lm, cfg)
         if name not in self._peers:
             self._peers[name] = self._load_peer(name)
         return self._peers[name]

@@ -18,6 +18,9 @@ from bench.common import print_table
 from bench.peers.base import RunResult
 
 RATIOS = ("e2e_speedup", "per_turn_speedup", "median_turn_speedup", "ttft_speedup")
+# differences, not speedups (not in the table's columns): agentrt's KV hit rate minus the
+# peer's in percentage points, and the fraction of the peer's mean TTFT agentrt saves
+GAINS = ("hit_rate_gain_pp", "ttft_reduction")
 
 
 def _by_turn(records, attr: str) -> list[float]:
@@ -53,7 +56,9 @@ def ratios(ref: dict, peer: dict) -> dict:
     return {"e2e_speedup": peer["wall_s"] / ref["wall_s"],
             "per_turn_speedup": statistics.mean(b) / statistics.mean(a),
             "median_turn_speedup": statistics.median(y / x for x, y in zip(a, b)),
-            "ttft_speedup": peer["mean_ttft_ms"] / ref["mean_ttft_ms"]}
+            "ttft_speedup": peer["mean_ttft_ms"] / ref["mean_ttft_ms"],
+            "hit_rate_gain_pp": 100.0 * (ref["hit_rate"] - peer["hit_rate"]),
+            "ttft_reduction": 1.0 - ref["mean_ttft_ms"] / peer["mean_ttft_ms"]}
 
 
 def stat(values: list[float]) -> dict:
@@ -80,7 +85,7 @@ def aggregate_system(reps: list[dict]) -> dict:
 def aggregate_ratios(per_rep: list[dict[str, dict]]) -> dict:
     """{peer: {ratio: stat}} from per-repetition {peer: ratios}."""
     peers = sorted({p for rep in per_rep for p in rep})
-    return {p: {k: stat([rep[p][k] for rep in per_rep if p in rep]) for k in RATIOS} for p in peers}
+    return {p: {k: stat([rep[p][k] for rep in per_rep if p in rep]) for k in RATIOS + GAINS} for p in peers}
 
 
 def _fmt(x, digits: int = 3) -> str:

@@ -3,13 +3,18 @@
 Every workload (synthetic agents, BFCL v4 multi-turn replays) is a token-level script per agent
 (bench/workloads/replay.py): each system gets the same prompts and force-decodes the same
 outputs, on the same weights (the embedded SmolLM2-135M) and machine. Systems (bench/peers/):
-agentrt full (sessions + radix + speculation), agentrt stateless, agentrt prefix cache only
-under LRU (vLLM/SGLang-like), transformers (full prompt every call), llama-cpp-python with one
-shared Llama and with one Llama per agent. Ratios peer / agentrt (> 1: agentrt faster) are
+agentrt full (sessions + radix + speculation + KV tier/prefetch/TTL pins), agentrt without
+its second KV tier, agentrt stateless, agentrt prefix cache only under LRU (vLLM/SGLang-like),
+transformers (full prompt every call), llama-cpp-python with one shared Llama and with one
+Llama per agent. Ratios peer / agentrt (> 1: agentrt faster) are
 computed per repetition, then summarised (median, p90).
-Writes bench/results/agents.json and the plots agents_turns.png, agents_e2e.png.
+Memory cases (bench/memory_cases.py): 8 and 16 agents over a KV pool of 40-100% of their
+histories, tool latencies drawn per tool; agentrt's KV memory hierarchy vs the same without its
+second tier vs prefix cache + LRU; and session snapshot/restore vs prefill (bench/snapshot_case.py).
+Writes bench/results/agents.json and the plots agents_turns.png, agents_e2e.png, agents_memory.png.
 
-    python bench/bench_agents.py [--quick] [--reps N] [--systems a,b] [--out PATH]
+    python bench/bench_agents.py [--quick] [--reps N] [--systems a,b] [--cases k,mem,snapshot]
+                                 [--memory] [--merge] [--out PATH]
 """
 
 from __future__ import annotations
@@ -29,20 +34,14 @@ from agentrt import EngineConfig, load_model  # noqa: E402
 from agentrt.session.chat import ChatFormat  # noqa: E402
 from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
+from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401
 from bench.common import RESULTS, machine  # noqa: E402
+from bench.memory_cases import (DEFAULT_DIST, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
+                                memory_cases, plot_memory, print_memory)
 from bench.peers.base import NotRun  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp  # noqa: E402
+from bench.workloads.latency import latency_stats  # noqa: E402
 from bench.workloads.replay import script_stats  # noqa: E402
-
-REQUIRED = {  # key: (case, peer, ratio)
-    "per_turn_speedup_6turn_vs_stateless": ("turns6", "agentrt_stateless", "per_turn_speedup"),
-    "median_turn_speedup_35turn_vs_stateless": ("turns35", "agentrt_stateless", "median_turn_speedup"),
-    "e2e_speedup_8agents_vs_llamacpp_per_agent": ("agents8", "llamacpp_per_agent", "e2e_speedup"),
-    "e2e_speedup_8agents_vs_llamacpp_shared": ("agents8", "llamacpp_shared", "e2e_speedup"),
-    "e2e_speedup_8agents_vs_transformers": ("agents8", "transformers", "e2e_speedup"),
-    "per_turn_speedup_8agents_vs_prefix_lru": ("agents8_small_pool", "agentrt_prefix_lru", "per_turn_speedup"),
-    "e2e_speedup_bfcl_vs_llamacpp_per_agent": ("bfcl", "llamacpp_per_agent", "e2e_speedup"),
-}
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,7 +50,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 1 quick, 3 full)")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help=f"comma-separated subset of {','.join(SYSTEMS)} (agentrt always runs)")
-    ap.add_argument("--cases", default=None, help="comma-separated subset of case keys (default: all)")
+    ap.add_argument("--cases", default=None, help="comma-separated subset of case keys (default: all); "
+                    "'mem' = every memory case + the snapshot measurement, 'snapshot' = that alone")
+    ap.add_argument("--memory", action="store_true", help="just the memory cases + snapshot (= --cases mem)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the cases already in --out that this run does not run; headline keys from all")
+    ap.add_argument("--tool-latency-dist", default=DEFAULT_DIST,
+                    help="memory cases' tool latency: lognormal:MEDIAN:SIGMA | uniform:LO:HI | const:S | none "
+                    "(per tool, seeded per repetition)")
     ap.add_argument("--out", type=Path, default=RESULTS / "agents.json", help="JSON output path")
     ap.add_argument("--quant", default="auto", choices=["auto", "native", "none", "int8"],
                     help="agentrt weights (see model/quant.py; auto = the GGUF's own Q4_1/Q8_0)")
@@ -85,7 +91,8 @@ def run_case(case: Case, factory: SystemFactory, systems: list[str], reps: int, 
                 return _case_json(case, reps, {}, {n: reason for n in systems}, [], None)
             print(f"warning: {case.key} rep {rep + 1}: {exc}; kept {rep} rep(s)", file=sys.stderr)
             break
-        workload = {**script_stats(scripts), "kv_cache_tokens": kv_tokens(scripts, case.pool_fraction)}
+        workload = {**script_stats(scripts), **latency_stats(scripts),
+                    "kv_cache_tokens": kv_tokens(scripts, case.pool_fraction)}
         summaries = {}
         for name in systems:
             bar.set_postfix_str(f"{case.key} rep {rep + 1}/{reps}: {name}")
@@ -119,11 +126,20 @@ def _run_one(factory, name, scripts, case, kv, not_run, timeout) -> dict | None:
         not_run[name] = f"failed: no result within --run-timeout {timeout:.0f} s"
         return None
     except Exception as exc:  # a peer failing mid-run is reported, never dropped silently
-        not_run[name] = f"failed: {type(exc).__name__}: {exc}"
+        leaf = _leaf(exc)
+        not_run[name] = f"failed: {type(leaf).__name__}: {leaf}"
         return None
     if not summary["exact"]:
         print(f"warning: {name} did not decode exactly the script in {case.key}", file=sys.stderr)
     return summary
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups: a task group's failure names
+    what failed, not "unhandled errors in a TaskGroup"."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _case_json(case, reps, runs, not_run, rep_ratios, workload) -> dict:
@@ -133,27 +149,65 @@ def _case_json(case, reps, runs, not_run, rep_ratios, workload) -> dict:
             "systems": systems, "ratios": aggregate_ratios(rep_ratios) if rep_ratios else {}}
 
 
-def headline(cases: dict) -> tuple[dict, dict]:
-    """The required keys (median over repetitions) and, for each null, the reason."""
-    keys, reasons = {}, {}
-    for key, (case, peer, ratio) in REQUIRED.items():
-        c = cases.get(case)
-        value = c["ratios"].get(peer, {}).get(ratio, {}).get("median") if c else None
-        keys[key] = value
-        if value is None:
-            reasons[key] = _why_missing(c, case, peer)
-    return keys, reasons
+def select_cases(args, fmt, tok) -> tuple[list[Case], bool]:
+    """The cases to run and whether the snapshot measurement runs (all of them by default;
+    --memory / --cases mem: the memory cases + snapshot)."""
+    cases = build_cases(fmt, tok, quick=args.quick, tool_latency=args.tool_latency,
+                        distinct=args.distinct_prompts, arrival=args.arrival, sweep=args.sweep)
+    cases += memory_cases(fmt, tok, quick=args.quick, dist=args.tool_latency_dist,
+                          distinct=args.distinct_prompts, arrival=args.arrival)
+    wanted = args.cases.split(",") if args.cases else None
+    if args.memory:
+        wanted = (wanted or []) + ["mem"]
+    if wanted is None:  # everything, but --quick leaves out the memory plot's extra points
+        return [c for c in cases if not (args.quick and c.key in PLOT_ONLY_KEYS)], True
+    keys, snapshot = expand(wanted)
+    unknown = keys - {c.key for c in cases}
+    if unknown:
+        sys.exit(f"unknown case(s) {sorted(unknown)}; known: {[c.key for c in cases]} + mem, snapshot")
+    return [c for c in cases if c.key in keys], snapshot
 
 
-def _why_missing(c: dict | None, case: str, peer: str) -> str:
-    """Why a required ratio is null."""
-    if c is None:
-        return f"case {case} not run (--cases)"
-    if peer not in c["systems"]:
-        return f"{peer} not selected (--systems)"
-    if c["systems"][peer].get("status") != "ok":
-        return c["systems"][peer]["reason"]
-    return "agentrt " + c["systems"].get("agentrt", {}).get("reason", "did not run")
+def run_cases(cases, factory, chosen, reps, timeout, quick) -> dict:
+    """Every case's JSON, in order, with the memory cases' TTLs and tier knobs."""
+    from tqdm import tqdm
+
+    plan = [(c, [s for s in c.systems if s in chosen]) for c in cases]
+    out: dict = {}
+    with tqdm(total=sum(len(s) for _, s in plan) * reps, desc="bench_agents", unit="run") as bar:
+        for case, systems in plan:
+            out[case.key] = {**run_case(case, factory, systems, reps, bar, timeout), "quick": quick}
+            if case.key in MEMORY_KEYS:
+                out[case.key].update(case_extras(out[case.key]))
+    return out
+
+
+def run_pipelined_tools(lm, latency: float, quick: bool) -> dict | None:
+    """With --tool-latency > 0: one turn of several tool calls, pipelined vs not."""
+    if latency <= 0:
+        return None
+    from bench.pipelined_case import run_pipelined
+
+    out_pipe = run_pipelined(lm, latency, reps=2 if quick else 5)
+    for name in ("equal", "first_slowest"):
+        p = out_pipe[name]
+        print(f"pipelined tools ({name}, {len(p['calls'])} calls, up to {latency:g}s): turn "
+              f"{p['turn_s_sequential']:.2f}s -> {p['turn_s_pipelined']:.2f}s (saved {p['saved_s']:.2f}s)")
+    return out_pipe
+
+
+def report(out: dict, snapshot: dict | None) -> None:
+    """Tables of this run's cases and the snapshot measurement."""
+    for key, case in out.items():
+        print_case(key, case)
+        if key in MEMORY_KEYS:
+            print_memory(key, case)
+    if snapshot is not None and snapshot.get("status") == "ok":
+        print(f"snapshot/restore ({snapshot['prompt_tokens']} tokens, median of {snapshot['reps']}): prefill "
+              f"{snapshot['prefill_s']:.2f}s, restore + 1 token {snapshot['restore_s']:.3f}s "
+              f"-> {snapshot['speedup']:.1f}x")
+    elif snapshot is not None:
+        print("snapshot/restore:", snapshot.get("reason"))
 
 
 def main() -> None:
@@ -164,45 +218,42 @@ def main() -> None:
     chosen = ["agentrt"] + [s for s in args.systems.split(",") if s in SYSTEMS and s != "agentrt"]
     lm = load_model("smollm2-135m", quantize=args.quant)
     fmt = ChatFormat(lm.tokenizer)
-    cases = build_cases(fmt, lm.tokenizer, quick=args.quick, tool_latency=args.tool_latency,
-                        distinct=args.distinct_prompts, arrival=args.arrival, sweep=args.sweep)
-    if args.cases:
-        cases = [c for c in cases if c.key in args.cases.split(",")]
+    cases, with_snapshot = select_cases(args, fmt, lm.tokenizer)
     base = EngineConfig(response_cache_size=0, max_session_seqs=32, max_transient_seqs=32)
     factory = SystemFactory(lm, base, args.threads)
-    from tqdm import tqdm
-
-    plan = [(c, [s for s in c.systems if s in chosen]) for c in cases]
-    out: dict = {}
     t0 = time.perf_counter()
-    with tqdm(total=sum(len(s) for _, s in plan) * reps, desc="bench_agents", unit="run") as bar:
-        for case, systems in plan:
-            out[case.key] = run_case(case, factory, systems, reps, bar, args.run_timeout)
+    out = run_cases(cases, factory, chosen, reps, args.run_timeout, args.quick)
     factory.close()
-    if args.tool_latency > 0:
-        from bench.pipelined_case import run_pipelined
+    snapshot = None
+    if with_snapshot:
+        from bench.snapshot_case import run_snapshot
 
-        out_pipe = run_pipelined(lm, args.tool_latency, reps=2 if args.quick else 5)
-        for name in ("equal", "first_slowest"):
-            p = out_pipe[name]
-            print(f"pipelined tools ({name}, {len(p['calls'])} calls, up to {args.tool_latency:g}s): turn "
-                  f"{p['turn_s_sequential']:.2f}s -> {p['turn_s_pipelined']:.2f}s (saved {p['saved_s']:.2f}s)")
-    else:
-        out_pipe = None
-    for key, case in out.items():
-        print_case(key, case)
-    keys, reasons = headline(out)
-    res = {**keys, "reasons": reasons, "cases": out, "pipelined_tools": out_pipe, "machine": machine(), "quick": args.quick, "reps": reps,
-           "quantize": args.quant, "tool_latency_s": args.tool_latency, "llama_cpp_threads": args.threads,
+        snapshot = {**run_snapshot(lm, fmt, base, reps=2 if args.quick else 5), "quick": args.quick}
+    out_pipe = run_pipelined_tools(lm, args.tool_latency, args.quick)
+    report(out, snapshot)
+    if args.merge:
+        out, snapshot, out_pipe = merge(load_previous(args.out, args.quick), out, snapshot, out_pipe)
+    keys, reasons = headline(out, snapshot)
+    res = {**keys, "reasons": reasons, "headline_sources": headline_sources(out), "cases": out,
+           "snapshot": snapshot, "pipelined_tools": out_pipe, "machine": machine(), "quick": args.quick,
+           "reps": reps, "quantize": args.quant, "tool_latency_s": args.tool_latency,
+           "tool_latency_dist": args.tool_latency_dist, "llama_cpp_threads": args.threads,
            "shared_prompts": not args.distinct_prompts, "bench_wall_s": time.perf_counter() - t0,
-           "notes": ["ratios are peer / agentrt per repetition, then median (p90 in cases.*.ratios); "
-                     "> 1: agentrt faster",
-                     "llama.cpp and agentrt (quantize=auto: native) compute on the GGUF's Q4_1/Q8_0 weights; transformers dequantizes to fp32",
-                     "response cache off (size 0): all work is fresh; outputs are force-decoded and checked"]}
+           "merged": args.merge, "notes": NOTES}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     print(json.dumps({**keys, "reasons": reasons}, indent=1))
-    print("wrote", args.out, *plot(out, args.out.parent))
+    print("wrote", args.out, *plot(out, args.out.parent), *plot_memory(out, args.out.parent))
+
+
+NOTES = ["ratios are peer / agentrt per repetition, then median (p90 in cases.*.ratios); > 1: agentrt faster",
+         "hit_rate_gain_pp: agentrt KV hit rate minus the peer's (percentage points); ttft_reduction: "
+         "1 - agentrt mean TTFT / the peer's; both per repetition, then median",
+         "llama.cpp and agentrt (quantize=auto: native) compute on the GGUF's Q4_1/Q8_0 weights; "
+         "transformers dequantizes to fp32",
+         "response cache off (size 0): all work is fresh; outputs are force-decoded and checked",
+         "with --merge, cases not run this time come from the previous file (each case records `quick`); "
+         "bench_wall_s, machine and reps are this run's"]
 
 
 if __name__ == "__main__":

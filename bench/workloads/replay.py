@@ -20,13 +20,17 @@ FINAL_ANSWER = "Done."
 @dataclass(frozen=True)
 class ModelCall:
     """One model call of one agent. `tool_latency_s`: how long the tools whose results this
-    prompt carries ran, i.e. the wait between the previous call's end and this call (0 first)."""
+    prompt carries ran, i.e. the wait between the previous call's end and this call (0 first).
+    `tools`: names of the tools `output` calls (empty for a final answer), so an agent can tell
+    the engine which tools it waits on (`Session.expect_tools`) and tool latencies can be drawn
+    per tool."""
 
     agent: int
     turn: int
     prompt: list[int]
     output: list[int]
     tool_latency_s: float
+    tools: tuple[str, ...] = ()
 
 
 class ScriptBuilder:
@@ -61,7 +65,8 @@ class ScriptBuilder:
         if delta[:len(gen)] != gen or delta[len(delta) - len(end):] != end:
             raise ValueError("the assistant turn does not render as generation prompt + body + end of turn")
         output = delta[len(gen):len(delta) - len(end)] + [self._stop]
-        call = ModelCall(self.agent, len(self.calls), self._prompt, output, self._latency)
+        names = tuple(c["function"]["name"] for c in message.get("tool_calls") or ())
+        call = ModelCall(self.agent, len(self.calls), self._prompt, output, self._latency, names)
         self.tokens = self._prompt + self.fmt.encode_assistant_tokens(output)
         if self.tokens != self._prompt[:len(self._prompt) - len(gen)] + delta:
             raise AssertionError("forced output does not continue the conversation token-exactly")
