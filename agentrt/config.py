@@ -36,6 +36,14 @@ class EngineConfig:
     enable_session_reuse: bool = True
     eviction_policy: str = "agent_aware"  # radix leaves and idle sessions: "agent_aware" | "lru"
     # (agent_aware learns agent -> next-agent transitions and falls back to LRU when unpredictable)
+    # the second KV tier (cache/tier.py): bytes of demoted pages kept (0 = off: evicted pages are
+    # dropped and recomputed); prefetch promotes the predicted next agents' pages between steps
+    kv_tier_bytes: int = 2 << 30
+    enable_prefetch: bool = True
+    # tool-aware retention (engine/retention.py): a session whose turn ended in tool calls keeps
+    # its KV for a TTL from the tools' observed durations and the reload cost, at most this long
+    tool_ttl: bool = True
+    tool_ttl_max_s: float = 30.0
     debug_invariants: bool = False  # check every cache invariant after every step (tests)
     response_cache_size: int = 256  # full responses kept (0 = off; benchmarks of fresh work)
     # prompt-lookup speculation (greedy and sampled; constrained requests do not speculate)
@@ -65,6 +73,7 @@ class EngineConfig:
             put(name, check_float(f"EngineConfig.{name}", getattr(self, name), min=lo, max=hi, min_open=lo_open))
         put("acquire_timeout", check_float("EngineConfig.acquire_timeout (seconds)", self.acquire_timeout,
                                            min=0.0))
+        put("tool_ttl_max_s", check_float("EngineConfig.tool_ttl_max_s (seconds)", self.tool_ttl_max_s, min=0.0))
         for name in _BOOLS:
             put(name, check_bool(f"EngineConfig.{name}", getattr(self, name)))
         if self.bare_tool_calls is not None:
@@ -92,16 +101,16 @@ class EngineConfig:
     def stateless(self) -> "EngineConfig":
         """The same engine with session reuse and the radix cache off (a benchmark baseline)."""
         return self.replace(enable_radix_cache=False, enable_session_reuse=False,
-                            enable_prefix_grouping=False, response_cache_size=0)
+                            enable_prefix_grouping=False, response_cache_size=0, kv_tier_bytes=0)
 
 
 # int fields and their minimum
 _INTS = {"kv_cache_tokens": 1, "page_size": 1, "max_transient_seqs": 1, "max_session_seqs": 0, "n_batch": 1,
          "chunk_min": 1, "chunk_max": 1, "latency_sensitive_max_tokens": 0, "fair_chunk_cap": 1,
          "prefix_group_k": 1, "response_cache_size": 0, "spec_max_draft": 0, "spec_token_budget": 0,
-         "spec_min_ngram": 1, "spec_max_ngram": 1}
+         "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0}
 # float fields: (min, max, min excluded)
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}
 _BOOLS = ("enable_prefix_grouping", "enable_radix_cache", "enable_session_reuse", "debug_invariants",
-          "enable_speculation")
+          "enable_speculation", "enable_prefetch", "tool_ttl")

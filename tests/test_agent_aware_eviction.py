@@ -137,13 +137,13 @@ def _workload(seed: int = 1):
     return anchors, msgs
 
 
-def _run_cyclic(policy, oracle: dict):
+def _run_cyclic(policy, oracle: dict, tier: int = 0, kv: int | None = None, arch: str = "llama"):
     """A1 B1 ... H1 A2 ... with a pool holding ~60% of the final histories. Returns the engine
     stats; every output is checked against naive generate() (memoized in `oracle`)."""
-    model = tiny_model("llama")
-    kv = int(0.6 * FINAL) // 16 * 16
+    model = tiny_model(arch)
+    kv = kv or int(0.6 * FINAL) // 16 * 16
     cfg = EngineConfig(kv_cache_tokens=kv, page_size=16, max_session_seqs=N_AGENTS,
-                       response_cache_size=0)
+                       response_cache_size=0, kv_tier_bytes=tier)
     core = EngineCore(model, cfg, policy=policy)
     anchors, msgs = _workload()
     hist = [list(a) for a in anchors]
@@ -174,6 +174,8 @@ def test_cyclic_agents_prefill_less_than_lru_with_identical_outputs():
     lru = _run_cyclic(LRUPolicy(), oracle)
     aware = _run_cyclic(AgentAwarePolicy(), oracle)
     assert lru.detached_sessions > 0 and aware.detached_sessions > 0
+    # sessions give up their tails first under both policies (partial detach), so LRU loses only
+    # what each turn needs; predicting the next agent still saves a tenth or more
     ratio = aware.prompt_computed / lru.prompt_computed
-    assert ratio <= 0.8, (aware.prompt_computed, lru.prompt_computed)
+    assert ratio <= 0.9, (aware.prompt_computed, lru.prompt_computed)
     assert aware.hit_rate > lru.hit_rate

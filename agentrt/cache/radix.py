@@ -10,6 +10,13 @@ KVManager.prepare_write), so token-granular hits cost one page copy at most.
 The tree holds one reference on each page it lists. `lock` marks a path as in use by a request;
 locked nodes are never evicted (evicting them would free nothing while the request holds refs).
 Each cache_salt gets its own root, so tenants never share KV.
+
+With a second tier (`cache/tier.py`) a node is *resident* (pool pages), *demoted* (no pages;
+its KV in a tier entry) or both (promoted, the tier copy kept). Resident nodes form a top
+subtree: a demoted node's children are demoted. Matching walks resident nodes only; the
+demoted continuation of a match (`host_path`) is promoted by the caller (engine/memory.py).
+Which leaf goes is the caller's choice too (`resident_leaves`, `discard`), so sessions and the
+tree are ranked together; `evict()` is the tree-only form of it.
 """
 
 from __future__ import annotations
@@ -19,21 +26,28 @@ from typing import NamedTuple
 
 from agentrt.cache.base import EvictionPolicy, LRUPolicy
 from agentrt.cache.pages import PageAllocator
+from agentrt.cache.tier import HostTier, TierEntry
 
 
 @dataclass(eq=False)
 class Node:
-    key: list[int] = field(default_factory=list)  # tokens; len == len(pages) * page_size
-    pages: list[int] = field(default_factory=list)
+    key: list[int] = field(default_factory=list)  # tokens; a whole number of pages
+    pages: list[int] = field(default_factory=list)  # pool pages ([] while demoted)
     parent: "Node | None" = None
     children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)  # by first page
     lock_ref: int = 0
     last_access: int = 0
     tag: str | None = None
+    start: int = 0  # token offset of key[0] in the sequence (the node's depth)
+    host: TierEntry | None = field(default=None, repr=False)  # the tier copy (demoted, or promoted and kept)
 
     @property
     def num_pages(self) -> int:
         return len(self.pages)
+
+    @property
+    def resident(self) -> bool:
+        return bool(self.pages)
 
 
 class PrefixMatch(NamedTuple):
@@ -43,11 +57,14 @@ class PrefixMatch(NamedTuple):
 
 
 class RadixCache:
-    def __init__(self, allocator: PageAllocator, policy: EvictionPolicy | None = None):
+    def __init__(self, allocator: PageAllocator, policy: EvictionPolicy | None = None,
+                 tier: HostTier | None = None):
         self.alloc, self.ps = allocator, allocator.page_size
         self.policy = policy or LRUPolicy()
+        self.tier = tier
         self._roots: dict[str | None, Node] = {}
         self._clock = 0
+        self.demoted_pages = self.dropped_pages = 0  # counters (pages moved out / lost)
 
     def _root(self, salt: str | None) -> Node:
         return self._roots.setdefault(salt, Node())
@@ -73,7 +90,7 @@ class RadixCache:
         node, pos, pages = self._root(salt), 0, []
         while True:
             child = node.children.get(tuple(tokens[pos:pos + self.ps]))
-            if child is None:
+            if child is None or not child.resident:
                 return self._finish_partial(tokens, pos, pages, node)
             i = 0
             while i < child.num_pages:
@@ -90,6 +107,8 @@ class RadixCache:
     def _finish_partial(self, tokens, pos, pages, node) -> PrefixMatch:
         best, best_child = 0, None
         for child in node.children.values():
+            if not child.resident:
+                continue
             m = self._page_match(tokens, pos, child.key, 0)
             if m > best:
                 best, best_child = m, child
@@ -103,8 +122,9 @@ class RadixCache:
     def insert(self, tokens: list[int], pages: list[int], salt: str | None = None,
                tag: str | None = None) -> int:
         """Cache the full pages of `tokens` (pages[i] holds tokens [i*ps, (i+1)*ps)). Pages the
-        tree already has for the same tokens are kept; the tree increfs the ones it adopts.
-        Returns how many tokens were newly cached."""
+        tree already has for the same tokens are kept; the tree increfs the ones it adopts (a
+        demoted node on the path becomes resident again with the caller's freshly computed
+        pages). Returns how many tokens were newly cached."""
         n_full = min(len(tokens) // self.ps, len(pages))
         node, pos = self._root(salt), 0
         while pos < n_full * self.ps:
@@ -112,18 +132,26 @@ class RadixCache:
             child = node.children.get(first)
             if child is None:
                 return self._add_leaf(node, tokens[pos:n_full * self.ps], pages[pos // self.ps:n_full], tag)
-            i = 0
-            while i < child.num_pages and pos < n_full * self.ps and \
+            i, size = 0, self._size(child)
+            while i < size and pos < n_full * self.ps and \
                     tokens[pos:pos + self.ps] == child.key[i * self.ps:(i + 1) * self.ps]:
                 pos, i = pos + self.ps, i + 1
-            if i < child.num_pages:
+            if i < size:
                 child = self._split(child, i)
+            if not child.resident:  # recomputed by the caller: adopt its pages
+                child.pages = list(pages[child.start // self.ps:pos // self.ps])
+                self.alloc.incref(child.pages)
             node = child
         self._tick(node)
         return 0
 
+    def _size(self, node: Node) -> int:
+        """The node's length in pages, resident or not."""
+        return len(node.key) // self.ps
+
     def _add_leaf(self, parent: Node, key: list[int], pages: list[int], tag) -> int:
-        leaf = Node(key=list(key), pages=list(pages), parent=parent, tag=tag)
+        leaf = Node(key=list(key), pages=list(pages), parent=parent, tag=tag,
+                    start=parent.start + len(parent.key))
         parent.children[tuple(key[:self.ps])] = leaf
         self.alloc.incref(leaf.pages)
         self._tick(leaf)
@@ -134,11 +162,28 @@ class RadixCache:
         """Split `node` after its i-th page; returns the new upper half."""
         cut = i * self.ps
         upper = Node(key=node.key[:cut], pages=node.pages[:i], parent=node.parent,
-                     lock_ref=node.lock_ref, last_access=node.last_access, tag=node.tag)
+                     lock_ref=node.lock_ref, last_access=node.last_access, tag=node.tag, start=node.start)
+        if node.host is not None:
+            self.tier.release(node.host)
+            upper.host, node.host = node.host.split(i)
+            self.tier.adopt(upper.host)
+            self.tier.adopt(node.host)
         node.parent.children[tuple(upper.key[:self.ps])] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[i:], upper
+        node.start = upper.start + cut
         upper.children[tuple(node.key[:self.ps])] = node
         return upper
+
+    def lock_match(self, m: PrefixMatch) -> Node:
+        """Lock the path a match uses, splitting its last node after the pages the match
+        covers: a match ending early in a long node must not pin the node's other pages.
+        Returns the locked node (unlock it when done)."""
+        node = m.node
+        k = -(-(m.length - node.start) // self.ps)
+        if node.parent is not None and 0 < k < self._size(node):
+            node = self._split(node, k)
+        self.lock(node)
+        return node
 
     def lock(self, node: Node) -> None:
         while node is not None:
@@ -153,28 +198,116 @@ class RadixCache:
             node = node.parent
 
     def evict(self, num_pages: int) -> int:
-        """Evict unlocked leaves in policy order until `num_pages` pages are actually freed
-        (refcount reached 0) or nothing is evictable; leaves that would free no page are kept.
-        Returns pages freed."""
+        """Tree-only eviction: unlocked resident leaves that would free a page, in policy order,
+        demoted to the tier (or dropped) until `num_pages` pages are free or none is left.
+        Returns pages freed. (The engine ranks sessions' tails with these: engine/memory.py.)"""
         freed = 0
         while freed < num_pages:
             # a leaf whose pages live sequences (sessions) still hold would free nothing now:
             # it stays, so its prefix is still found when that session is detached or reused
-            leaves = [n for n in self._nodes() if not n.children and n.lock_ref == 0 and n.parent
-                      and any(self.alloc.refcount(p) == 1 for p in n.pages)]
+            leaves = [n for n in self.resident_leaves() if any(self.alloc.refcount(p) == 1 for p in n.pages)]
             if not leaves:
                 break
             for leaf in self.policy.victim_order(leaves):
-                freed += self._remove(leaf)
+                freed += self.discard(leaf)
                 if freed >= num_pages:
                     break
         return freed
 
-    def _remove(self, leaf: Node) -> int:
+    def resident_leaves(self) -> list[Node]:
+        """Unlocked resident nodes without resident children: what can leave the pool next."""
+        return [n for n in self._nodes() if n.parent is not None and n.resident and n.lock_ref == 0
+                and not any(c.resident for c in n.children.values())]
+
+    def discard(self, leaf: Node) -> int:
+        """Take a resident leaf out of the pool: demoted to the tier when it has room, else
+        dropped with its (demoted) subtree. Returns pages freed."""
         before = self.alloc.num_free
-        del leaf.parent.children[tuple(leaf.key[:self.ps])]
-        self.alloc.decref(leaf.pages)
+        n = len(leaf.pages)
+        if self.tier is not None and self._demote(leaf):
+            self.demoted_pages += n
+        else:
+            self.dropped_pages += n
+            self._drop(leaf)
         return self.alloc.num_free - before
+
+    def _demote(self, leaf: Node) -> bool:
+        if leaf.host is None:  # (a promoted node kept its copy: nothing to write)
+            if not self.make_room(len(leaf.pages), keep=leaf):
+                return False
+            leaf.host = self.tier.save(leaf.pages)
+        self.alloc.decref(leaf.pages)
+        leaf.pages = []
+        return True
+
+    def make_room(self, n_pages: int, keep: Node | None = None) -> bool:
+        """Free tier room for n_pages: first the kept copies of resident nodes (oldest first),
+        then demoted leaves (policy order); never a locked node or `keep`."""
+        tier = self.tier
+        if n_pages > tier.capacity_pages:
+            return False
+        if tier.free_pages() >= n_pages:
+            return True
+        copies = sorted((x for x in self._nodes() if x.resident and x.host is not None and x is not keep),
+                        key=lambda x: x.last_access)
+        leaves = [x for x in self._nodes() if not x.resident and x.parent is not None and not x.children
+                  and x.lock_ref == 0 and x is not keep]
+        for x in copies:
+            tier.release(x.host)
+            x.host = None
+            if tier.free_pages() >= n_pages:
+                return True
+        for x in self.policy.victim_order(leaves):
+            self.dropped_pages += self._size(x)
+            self._drop(x)
+            if tier.free_pages() >= n_pages:
+                return True
+        return False
+
+    def _drop(self, node: Node) -> None:
+        """Remove node and its subtree from the tree, the pool and the tier."""
+        del node.parent.children[tuple(node.key[:self.ps])]
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            stack.extend(x.children.values())
+            self.alloc.decref(x.pages)
+            if x.host is not None:
+                self.tier.release(x.host)
+            x.pages, x.host = [], None
+
+    def host_path(self, tokens: list[int], salt: str | None = None) -> list[Node]:
+        """The demoted nodes that continue the resident match of `tokens`, top-down (each
+        matches at least its first page; the last may match only part of its key)."""
+        node, pos, path = self._root(salt), 0, []
+        while True:
+            child = node.children.get(tuple(tokens[pos:pos + self.ps]))
+            if child is None:
+                return path
+            m = self._common(tokens, pos, child.key)
+            if child.resident and path:
+                return path  # (cannot happen: a demoted node has no resident child)
+            if not child.resident:
+                path.append(child)
+            if m < len(child.key):
+                return path
+            node, pos = child, pos + m
+
+    @staticmethod
+    def _common(tokens: list[int], pos: int, key: list[int]) -> int:
+        n = 0
+        for a, b in zip(tokens[pos:pos + len(key)], key):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def promote(self, node: Node, pages: list[int]) -> None:
+        """Make a demoted node (whose parent is resident) resident in `pages` (fresh, refcount 1,
+        one per page of the node) by copying its tier entry back; the entry is kept."""
+        self.tier.load(node.host, pages)
+        node.pages = list(pages)
+        self._tick(node)
 
     def _nodes(self):
         stack = list(self._roots.values())
@@ -182,6 +315,10 @@ class RadixCache:
             n = stack.pop()
             yield n
             stack.extend(n.children.values())
+
+    def nodes(self):
+        """Every node, roots included (read-only use: policies, the engine's memory manager)."""
+        return self._nodes()
 
     def all_pages(self) -> list[int]:
         return [p for n in self._nodes() for p in n.pages]
@@ -192,11 +329,24 @@ class RadixCache:
                    for p in n.pages if self.alloc.refcount(p) == 1)
 
     def check_invariants(self) -> None:
+        entries = []
         for n in self._nodes():
-            if len(n.key) != len(n.pages) * self.ps:
+            if n.resident and len(n.key) != len(n.pages) * self.ps:
                 raise AssertionError("radix node key/pages length mismatch")
+            if n.host is not None:
+                entries.append(n.host)
+                if n.host.n_pages * self.ps != len(n.key):
+                    raise AssertionError("radix node's tier copy does not cover its key")
+            elif not n.resident and n.parent is not None:
+                raise AssertionError("radix node neither resident nor in the tier")
             if n.lock_ref < sum(c.lock_ref for c in n.children.values()):
                 raise AssertionError("radix lock_ref smaller than its children's")
             for k, c in n.children.items():
-                if c.parent is not n or tuple(c.key[:self.ps]) != k or not c.pages:
+                if c.parent is not n or tuple(c.key[:self.ps]) != k or not c.key:
                     raise AssertionError("radix child link broken")
+                if c.start != n.start + len(n.key):
+                    raise AssertionError("radix node start is not its parent's end")
+                if c.resident and not n.resident and n.parent is not None:
+                    raise AssertionError("resident radix node under a demoted one")
+        if self.tier is not None:
+            self.tier.check_invariants(entries)

@@ -5,6 +5,7 @@ engine's step thread (or a test) calls it. See docs/architecture.md for the life
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 
 import structlog
@@ -15,11 +16,14 @@ from agentrt.cache.kv_manager import KVManager, Sequence
 from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
 from agentrt.cache.response_cache import CachedResponse, ResponseCache
+from agentrt.cache.tier import CostModel, HostTier
 from agentrt.config import EngineConfig
 from agentrt.engine import scheduler as sched
+from agentrt.engine import hierarchy
 from agentrt.engine.memory import MemoryManager
 from agentrt.engine.prefix import attach_prefix, group_new_requests
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
+from agentrt.engine.retention import ToolRetention
 from agentrt.engine.speculation import choose_draft, verify
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
@@ -30,6 +34,8 @@ from agentrt.model.llama import LlamaModel
 from agentrt.sampling import sample_batch
 
 log = structlog.get_logger("agentrt.engine")
+PREFETCH_PAGES_PER_STEP = 16  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
+PREFETCH_PAGES_IDLE = 1024  # ... and an idle engine
 
 
 class EngineCore:
@@ -42,7 +48,9 @@ class EngineCore:
         # an explicit policy wins over cfg.eviction_policy; it ranks radix leaves and sessions
         self.policy = policy if policy is not None else make_policy(cfg.eviction_policy)
         self._on_request = getattr(self.policy, "on_request", None)
-        self.radix = RadixCache(self.alloc, self.policy) if cfg.enable_radix_cache else None
+        tier = HostTier(self.kvm.store, cfg.kv_tier_bytes) if cfg.kv_tier_bytes and cfg.enable_radix_cache else None
+        self.radix = RadixCache(self.alloc, self.policy, tier) if cfg.enable_radix_cache else None
+        self.costs, self.retention = CostModel(), ToolRetention(max_ttl_s=cfg.tool_ttl_max_s)
         from agentrt.cache.pool import SequencePool
 
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
@@ -74,6 +82,38 @@ class EngineCore:
         del self.sessions[sess.sid]
         self.pool.release(sess.sid)
 
+    def expect_tools(self, sess: EngineSession, tools: tuple[str, ...]) -> float:
+        """The session's turn ended in calls of `tools`: pin its KV for the retention TTL
+        (engine/retention.py); returns the TTL in seconds (0: not pinned)."""
+        if sess.busy or not self.cfg.tool_ttl or not tools:
+            return 0.0
+        tier = self.radix.tier if self.radix is not None else None
+        n = len(sess.seq.tokens)
+        reload_s = self.costs.recompute_s(n)
+        if tier is not None and tier.free_pages() >= len(sess.seq.pages):
+            reload_s = min(reload_s, 2 * len(sess.seq.pages) * tier.copy_s_per_page)
+        ttl = self.retention.ttl(tuple(tools), reload_s)
+        sess.tools, sess.tools_at = tuple(tools), time.monotonic()
+        sess.pin_until = sess.tools_at + ttl
+        self.counters.ttl_pins += ttl > 0
+        return ttl
+
+    def _returned(self, sess: EngineSession) -> None:
+        """A request on a session that was waiting on tools: learn the tools' duration."""
+        if not sess.tools:
+            return
+        now = time.monotonic()
+        self.retention.observe(sess.tools, now - sess.tools_at)
+        if sess.pin_until > sess.tools_at:
+            self.counters.ttl_hits += now <= sess.pin_until
+            self.counters.ttl_expired += now > sess.pin_until
+        sess.tools, sess.pin_until = (), 0.0
+
+    def idle(self) -> None:
+        """Work for an idle step loop: prefetch the predicted next agents' pages."""
+        if self.cfg.enable_prefetch:
+            hierarchy.prefetch(self, PREFETCH_PAGES_IDLE)
+
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
                     session: EngineSession | None = None, cache_salt: str | None = None,
@@ -87,6 +127,7 @@ class EngineCore:
         if hit is not None:
             return self._answer_from_cache(prompt, params, hit, emit, seq_id)
         if session is not None:
+            self._returned(session)
             session.busy, seq = True, session.seq
             cache_salt, tag = session.cache_salt, tag or session.tag
         else:
@@ -154,7 +195,11 @@ class EngineCore:
         plan = self._schedule()
         if not plan:
             return 0
+        t0, prefill = time.perf_counter(), sum(n for r, n in plan if not r.draft and n > 1)
         self._run(plan)
+        self.costs.observe(time.perf_counter() - t0, prefill)
+        if not prefill and self.cfg.enable_prefetch:  # a decode-only step: slack for a few copies
+            hierarchy.prefetch(self, PREFETCH_PAGES_PER_STEP)
         self.counters.steps += 1
         if self.cfg.debug_invariants:
             self.check_invariants()
@@ -166,10 +211,14 @@ class EngineCore:
             r = self.waiting[0]
             if not r.attached:
                 r.attached = True
-                reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse)
+                promoted = []
+                reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
+                                       lambda toks: promoted.extend(hierarchy.promote_prefix(self, toks, r.cache_salt)))
                 if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
                     r.cached_tokens = reused
                     self.counters.prompt_cached += reused
+                    if promoted:
+                        self.counters.prompt_promoted += max(0, min(reused, promoted[1]) - promoted[0])
                     if self._on_request is not None:
                         self._on_request(r.tag)
             if not sched.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
@@ -333,6 +382,7 @@ class EngineCore:
         self._cache(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, self._tick()
+            r.session.history = list(r.seq.tokens)
         else:
             self.kvm.release(r.seq)
             self.pool.release(r.seq.seq_id)

@@ -168,6 +168,9 @@ class Engine:
 
     def _serve(self) -> None:
         while True:
+            if not self.core.has_work() and self._inbox.empty():
+                with self._lock:  # idle: time for prefetch before blocking
+                    self.core.idle()
             try:
                 cmd = self._inbox.get(block=not self.core.has_work())
             except queue.Empty:

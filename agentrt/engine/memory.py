@@ -1,12 +1,22 @@
-"""Memory pressure inside a step. Order of remedies, cheapest first: free pages -> evict unlocked
-radix leaves -> detach idle sessions (their KV goes to the radix cache, where it is evictable)
--> preempt the youngest running request (its KV is dropped and recomputed when it is
-re-admitted). The engine's eviction policy (cache/base.py) orders both the leaves and the
-sessions. Pinned session memory therefore can never starve the engine: an idle session only
-keeps its KV while nobody else needs the pages."""
+"""Memory pressure inside a step. Order of remedies, cheapest first: free pages -> take
+resident radix leaves out of the pool (demoted to the KV tier, or dropped) -> preempt the
+youngest running request (its KV is dropped and recomputed when it is re-admitted).
+
+Sessions and the tree compete in one ranking (partial detach). An idle session's history is in
+the radix tree (inserted when each turn ends), so its newest turn is a leaf of the tree whose
+pages the session also holds. Such a leaf is a candidate like any cache leaf: taking it cuts
+the session back to the leaf's start (its tail first, newest turn first) while its head -- the
+system prompt and tools other agents share, an interior node -- stays resident. The eviction
+policy (cache/base.py) orders all candidates together; a session pinned by tool-aware retention
+(engine/retention.py) is ranked after every unpinned candidate, so a pin never preempts a running
+request. Running requests' and busy sessions' pages are never candidates. The next turn of a
+cut session gets its tail back from the tree, the tier (a copy) or, last, by recompute."""
 
 from __future__ import annotations
 
+import time
+
+from agentrt.engine import hierarchy
 from agentrt.engine import scheduler as sched
 from agentrt.engine.request import Request, State
 from agentrt.errors import OutOfKVMemory
@@ -18,33 +28,119 @@ class MemoryManager:
     def __init__(self, core):
         self.core = core
 
-    def reclaim(self, n_pages: int) -> bool:
-        """Try to have n_pages free, without touching running requests."""
+    def reclaim(self, n_pages: int, allow=None) -> bool:
+        """Try to have n_pages free, without touching running requests. `allow(leaf)` limits
+        the candidates (promotion and prefetch: then pinned sessions are not cut and no whole
+        session is dropped)."""
         core, alloc = self.core, self.core.alloc
         if alloc.num_free >= n_pages:
             return True
-        if core.radix is not None:
-            core.counters.evicted_pages += core.radix.evict(n_pages - alloc.num_free)
-        for s in self.detach_order():
-            if alloc.num_free >= n_pages:
+        if core.radix is None:
+            return self._drop_sessions(n_pages)
+        for pinned in (False, True) if allow is None else (False,):
+            while alloc.num_free < n_pages:
+                cands = self.candidates(pinned, allow)
+                if not cands or not self._take(cands, n_pages):
+                    break
+        if alloc.num_free < n_pages and allow is None:
+            self._trim_partial_pages(n_pages)
+        return alloc.num_free >= n_pages
+
+    def idle_sessions(self, pinned: bool = True) -> list:
+        """Sessions holding KV that no admitted request uses: idle, or busy with a request still
+        queued unattached (it holds nothing it needs yet; admission finds its KV again)."""
+        core = self.core
+        queued = {id(r.session) for r in core.waiting if r.session is not None and not r.attached}
+        now = time.monotonic()
+        return [s for s in core.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
+                and (pinned or s.pin_until <= now)]
+
+    def candidates(self, pinned: bool, allow) -> dict:
+        """Resident leaves whose pages would all be freed by cutting idle sessions back:
+        {leaf: [(session, page index to cut at), ...]}."""
+        core = self.core
+        idle = self.idle_sessions(pinned)
+        for s in idle:  # restored/forked sessions' pages enter the tree like any turn's
+            core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
+        owners: dict[int, list] = {}
+        for s in idle:
+            for i, p in enumerate(s.seq.pages):
+                owners.setdefault(p, []).append((s, i))
+        cands = {}
+        for leaf in core.radix.resident_leaves():
+            if allow is not None and not allow(leaf):
+                continue
+            cuts, ok = {}, True
+            for p in leaf.pages:
+                held = owners.get(p, ())
+                if core.alloc.refcount(p) - 1 != len(held):
+                    ok = False  # a running request (or a session not cut now) uses it
+                    break
+                for s, i in held:
+                    cuts[s] = min(i, cuts.get(s, i))
+            if ok:
+                cands[leaf] = list(cuts.items())
+        return cands
+
+    def _take(self, cands: dict, n_pages: int) -> bool:
+        """Take candidates in policy order until n_pages are free; False if none could go."""
+        core, took = self.core, False
+        for leaf in core.policy.victim_order(list(cands)):
+            for s, i in cands[leaf]:
+                if len(s.seq.pages) > i:
+                    core.kvm.truncate(s.seq, min(len(s.seq.tokens), i * core.cfg.page_size))
+                    core.counters.detached_sessions += 1
+            if not leaf.resident or any(core.alloc.refcount(p) != 1 for p in leaf.pages):
+                continue
+            core.counters.evicted_pages += core.radix.discard(leaf)
+            took = True
+            if core.alloc.num_free >= n_pages:
                 break
+        return took
+
+    def _trim_partial_pages(self, n_pages: int) -> None:
+        """Last resort before preemption: idle sessions give up what the tree does not hold
+        (a partially filled last page, pages of a turn that never entered the tree)."""
+        core = self.core
+        for s in self._order_sessions(self.idle_sessions()):
             core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
             core.kvm.release(s.seq)
             core.counters.detached_sessions += 1
-            if core.radix is not None:
-                core.counters.evicted_pages += core.radix.evict(n_pages - alloc.num_free)
-        return alloc.num_free >= n_pages
+            core.counters.evicted_pages += core.radix.evict(n_pages - core.alloc.num_free)
+            if core.alloc.num_free >= n_pages:
+                return
 
-    def detach_order(self) -> list:
-        """Idle (or queued, unattached) sessions holding KV, the first to detach first (the eviction policy's order;
-        least recently used for a policy without `order_sessions`)."""
+    def _drop_sessions(self, n_pages: int) -> bool:
+        """Without a radix tree an idle session's KV cannot be kept anywhere: whole sessions
+        are dropped, in the policy's order (their next turn recomputes)."""
         core = self.core
-        # a session whose request still waits unattached holds nothing it needs yet: its KV
-        # goes to the radix cache like an idle one's and is found again at admission
-        queued = {id(r.session) for r in core.waiting if r.session is not None and not r.attached}
-        idle = [s for s in core.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)]
-        order = getattr(core.policy, "order_sessions", None)
-        return order(idle) if order is not None else sorted(idle, key=lambda s: s.last_used)
+        for s in self._order_sessions(self.idle_sessions()):
+            if core.alloc.num_free >= n_pages:
+                break
+            core.kvm.release(s.seq)
+            core.counters.detached_sessions += 1
+        return core.alloc.num_free >= n_pages
+
+    def _order_sessions(self, sessions: list) -> list:
+        """The policy's session order (least recently used for a policy without one)."""
+        order = getattr(self.core.policy, "order_sessions", None)
+        return order(sessions) if order is not None else sorted(sessions, key=lambda s: s.last_used)
+
+    def restore_tail(self, es) -> None:
+        """See engine/hierarchy.py: a cut idle session gets its history's pages back."""
+        hierarchy.restore_tail(self.core, es)
+
+    def evictable_pages(self) -> int:
+        """Pages reclaim() could free now: tree pages held by nobody else but idle sessions."""
+        core = self.core
+        if core.radix is None:
+            return 0
+        idle = {}
+        for s in self.idle_sessions():
+            for p in s.seq.pages:
+                idle[p] = idle.get(p, 0) + 1
+        return sum(1 for n in core.radix.nodes() if n.lock_ref == 0
+                   for p in n.pages if core.alloc.refcount(p) == 1 + idle.get(p, 0))
 
     def fits(self, candidate: Request) -> bool:
         """Admission by footprint: the KV the running requests and the candidate hold (shared
@@ -115,9 +211,13 @@ class MemoryManager:
             if f.lock_node is not None:
                 core.radix.unlock(f.lock_node)
                 f.lock_node = None
+            gained = f.share_end - f.seq.num_cached
             core.kvm.release(f.seq)
             core.kvm.alias(f.seq, f.target[:f.share_end], lead.seq.pages)
-            core.counters.grouped_tokens += f.share_end
+            core.counters.grouped_tokens += gained
+            if not f.preemptions:  # served from KV computed once: cached, for usage and hit rate
+                f.cached_tokens += gained
+                core.counters.prompt_cached += gained
             f.leader = None
 
     def over_high_water(self) -> bool:
@@ -125,5 +225,4 @@ class MemoryManager:
         used = core.alloc.num_pages - core.alloc.num_free
         if not sched.over_high_water(used, 0, core.cfg):
             return False  # the tree walk below is only needed near the mark
-        evictable = core.radix.evictable_pages() if core.radix is not None else 0
-        return sched.over_high_water(used, evictable, core.cfg)
+        return sched.over_high_water(used, self.evictable_pages(), core.cfg)

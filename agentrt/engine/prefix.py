@@ -31,25 +31,27 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,
-                  session_reuse: bool) -> int:
+                  session_reuse: bool, promote=None) -> int:
     """Point req.seq at the longest reusable KV for its target; returns tokens reused.
 
     A session keeps the longest common prefix of what it holds and the new prompt and drops
     the rest (an edited or rolled-back history stays correct). The radix tree may offer a
     longer prefix (another agent's identical system prompt). At least one token is always
-    left to compute, because the next logits need a forward pass.
+    left to compute, because the next logits need a forward pass. `promote(tokens)` first
+    brings the demoted continuation of the tree's match back from the KV tier.
     """
     target, seq = req.target, req.seq
     limit = len(target) - 1
     keep = common_prefix(seq.tokens, target) if session_reuse else 0
     kvm.truncate(seq, min(keep, limit))
+    if radix is not None and promote is not None:
+        promote(target[:limit])
     if radix is not None:
         m = radix.match_prefix(target[:limit], req.cache_salt)
         if m.length > seq.num_cached:
             kvm.release(seq)
             kvm.alias(seq, target[:m.length], m.pages)
-            radix.lock(m.node)
-            req.lock_node = m.node
+            req.lock_node = radix.lock_match(m)
     return seq.num_cached
 
 

@@ -61,6 +61,12 @@ class EngineSession:
     busy: bool = False
     closed: bool = False
     last_used: int = 0
+    history: list[int] = field(default_factory=list)  # seq.tokens when its last turn ended
+    # tool-aware retention (engine/retention.py): the tools its last turn called, when, and
+    # until when (time.monotonic()) its KV is ranked after every unpinned candidate
+    tools: tuple[str, ...] = ()
+    tools_at: float = 0.0
+    pin_until: float = 0.0
 
 
 @dataclass(eq=False)

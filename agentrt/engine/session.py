@@ -12,6 +12,7 @@ import anyio
 
 from agentrt.checks import check_int, check_optional_str, check_timeout
 from agentrt.engine import branching, snapshot
+from agentrt.errors import ConfigError
 
 
 class Session:
@@ -39,6 +40,19 @@ class Session:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+    async def expect_tools(self, tools) -> float:
+        """Tell the engine this session's turn ended in calls of `tools` (names) and its next
+        request comes when they return: its KV is kept (pinned) for a TTL chosen from those
+        tools' observed durations and the cost of rebuilding it (engine/retention.py). Returns
+        the TTL in seconds (0: not pinned). `Conversation.round()` calls it for you."""
+        names = tuple(tools) if isinstance(tools, (list, tuple)) else None
+        if names is None or not all(isinstance(t, str) and t for t in names):
+            raise ConfigError(f"tools must be a list of tool names (non-empty strings), got {tools!r}")
+        engine, es = self._engine, self._es
+        if es.closed:
+            return 0.0
+        return await engine._invoke(lambda: engine.core.expect_tools(es, names))
 
     # ---- branching ------------------------------------------------------------------
     async def snapshot(self, path) -> Path:

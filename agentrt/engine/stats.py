@@ -22,6 +22,12 @@ class Counters:
     spec_proposed: int = 0
     spec_accepted: int = 0
     response_cache_hits: int = 0
+    promoted_pages: int = 0  # pages copied back from the KV tier (admission and prefetch)
+    prefetched_pages: int = 0  # of those, promoted ahead of a request by prefetch
+    prompt_promoted: int = 0  # prompt tokens served by pages promoted at their admission
+    ttl_pins: int = 0  # sessions pinned while their tools ran
+    ttl_hits: int = 0  # ... whose next request came before the pin expired
+    ttl_expired: int = 0  # ... whose next request came after
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,22 @@ class EngineStats:
     spec_accepted: int
     spec_acceptance: float
     response_cache_hits: int
+    tier_pages: int  # pages' worth of KV the tier holds now
+    tier_bytes: int
+    demoted_pages: int  # pages moved to the tier
+    dropped_pages: int  # pages that left the pool (or the tier) without a copy kept
+    promoted_pages: int
+    prefetched_pages: int
+    prompt_promoted: int
+    ttl_pins: int
+    ttl_hits: int
+    ttl_expired: int
+    tool_ttls: dict  # tool name -> the TTL (seconds) chosen last for it
 
     @classmethod
     def snapshot(cls, core) -> "EngineStats":
-        c, a = core.counters, core.alloc
+        c, a, radix = core.counters, core.alloc, core.radix
+        tier = radix.tier if radix is not None else None
         cached_only = core.radix.evictable_pages() if core.radix is not None else 0
         return cls(
             waiting=len(core.waiting), running=len(core.running), sessions=len(core.sessions),
@@ -65,4 +83,9 @@ class EngineStats:
             deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens,
             spec_proposed=c.spec_proposed, spec_accepted=c.spec_accepted,
             spec_acceptance=c.spec_accepted / c.spec_proposed if c.spec_proposed else 0.0,
-            response_cache_hits=c.response_cache_hits)
+            response_cache_hits=c.response_cache_hits,
+            tier_pages=tier.used // tier.page_bytes if tier else 0, tier_bytes=tier.used if tier else 0,
+            demoted_pages=radix.demoted_pages if radix else 0, dropped_pages=radix.dropped_pages if radix else 0,
+            promoted_pages=c.promoted_pages, prefetched_pages=c.prefetched_pages,
+            prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
+            ttl_expired=c.ttl_expired, tool_ttls=dict(core.retention.chosen))

@@ -30,6 +30,7 @@ histories by content (the LangGraph ledger).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -39,7 +40,7 @@ from typing import Any
 
 import anyio
 
-from agentrt.errors import ConfigError
+from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
@@ -197,7 +198,11 @@ class Conversation:
         if not state.stopped:
             for pe in state.feed(dec.flush(), closing=True):
                 yield pe
-        yield self._close(state, call_id, content)
+        end = self._close(state, call_id, content)
+        if end.calls and hasattr(self.session, "expect_tools"):  # keep the KV while the tools run
+            with contextlib.suppress(EngineClosed):
+                await self.session.expect_tools([c.name for c in end.calls])
+        yield end
 
     def _constraint(self, tools, tool_choice, parallel, constrained, json_schema):
         if json_schema is not None:

@@ -1,0 +1,138 @@
+"""Moving KV up the memory hierarchy: promotion at admission, prefetch while the loop has
+slack, and bringing back a session tail given up under pressure.
+
+* **Promotion** (`promote_prefix`): before a request's prefix is matched, the demoted nodes that
+  continue its resident match (`RadixCache.host_path`) are copied back into fresh pool pages
+  when the copy is cheaper than recomputing their tokens (`HostTier.copy_s_per_page`, measured
+  at start, against `CostModel`, learned from the step loop). The path is locked meanwhile, so
+  making room never takes the nodes being promoted or their ancestors.
+* **Prefetch** (`prefetch`): between steps, the demoted pages of the agents the policy predicts
+  next (`AgentAwarePolicy.distances`, closest first) are promoted, into free pages above the
+  high-water reserve and into pages of leaves predicted to be needed later than them -- never
+  at the expense of a running request, so a wrong prediction costs copies, not correctness.
+* **Tail restore** (`restore_tail`): a cut session points its page table at its history again
+  (tree pages, promoted from the tier where needed), e.g. before a snapshot.
+All of it runs in the engine's step thread.
+"""
+
+from __future__ import annotations
+
+from agentrt.cache.kv_manager import Sequence
+from agentrt.engine.scheduler import projected_cells
+
+
+def promote_prefix(core, tokens: list[int], salt: str | None) -> tuple[int, int]:
+    """Promote the demoted continuation of `tokens`' resident match; returns the token range
+    [start, end) now resident again ((0, 0): nothing promoted)."""
+    radix = core.radix
+    if radix is None or radix.tier is None:
+        return 0, 0
+    path = radix.host_path(tokens, salt)
+    if not path:
+        return 0, 0
+    start = path[0].start
+    end = min(len(tokens), path[-1].start + len(path[-1].key))
+    n_pages = sum(len(x.key) for x in path) // core.cfg.page_size
+    if n_pages * radix.tier.copy_s_per_page >= core.costs.recompute_s(end - start):
+        return 0, 0
+    # (an `allow` that admits every leaf: promotion never cuts whole sessions to make room)
+    return start, _promote_path(core, path, n_pages, allow=lambda leaf: True) or start
+
+
+def _promote_path(core, path: list, n_pages: int, allow) -> int:
+    """Promote `path` (top-down) as far as memory allows; returns the end of what is resident."""
+    radix, ps, end = core.radix, core.cfg.page_size, 0
+    radix.lock(path[-1])
+    try:
+        core.mem.reclaim(n_pages, allow)
+        for node in path:
+            n = len(node.key) // ps
+            if node.resident:
+                end = node.start + len(node.key)
+                continue
+            parent = node.parent
+            if core.alloc.num_free < n or node.host is None or not (parent.resident or parent.parent is None):
+                break  # (room ran out, or making room took an ancestor out of the pool)
+            radix.promote(node, core.alloc.alloc(n))
+            core.counters.promoted_pages += n
+            end = node.start + len(node.key)
+    finally:
+        radix.unlock(path[-1])
+    return end
+
+
+def prefetch(core, max_pages: int) -> int:
+    """Promote demoted pages of the agents predicted to run next; returns pages promoted."""
+    radix, policy = core.radix, core.policy
+    distances = getattr(policy, "distances", None)
+    if radix is None or radix.tier is None or not radix.tier.used or distances is None or max_pages <= 0:
+        return 0
+    dist = distances()
+    frontier = _frontier(radix, dist) if dist else {}
+    far, done, ps = len(dist) + 1, 0, core.cfg.page_size
+    for tag, d in sorted(dist.items(), key=lambda kv: kv[1]):
+        for path in frontier.get(tag, ()):
+            n = sum(len(x.key) for x in path) // ps
+            if done + n > max_pages:
+                continue
+            if n > _spare_pages(core) and n > _displaceable(core, d, far):
+                continue
+            end = _promote_path(core, path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d)
+            got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
+            core.counters.prefetched_pages += got
+            done += got
+        if done >= max_pages:
+            break
+    return done
+
+
+def _frontier(radix, dist: dict) -> dict[str, list[list]]:
+    """Tag -> paths to promote: each demoted node of a predicted tag whose parent is resident
+    (or a root), followed by its demoted descendants of the same tag along the most recently
+    used chain. One walk of the tree."""
+    out: dict[str, list[list]] = {}
+    for node in radix.nodes():
+        if node.parent is None or node.resident or node.tag not in dist or not (
+                node.parent.resident or node.parent.parent is None):
+            continue
+        path = [node]
+        while True:
+            kids = [c for c in path[-1].children.values() if c.tag == node.tag and not c.resident]
+            if not kids:
+                break
+            path.append(max(kids, key=lambda c: c.last_access))
+        out.setdefault(node.tag, []).append(path)
+    return out
+
+
+def _spare_pages(core) -> int:
+    """Free pages beyond a reserve for the running requests' growth and the high-water gap."""
+    cfg = core.cfg
+    reserve = int((1 - cfg.high_water) * cfg.num_pages)
+    reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in core.running)
+    return max(0, core.alloc.num_free - reserve)
+
+
+def _displaceable(core, d: int, far: int) -> int:
+    """Pages reclaim() could free from leaves predicted to be needed after distance d (idle,
+    unpinned sessions' tails included)."""
+    dist = core.policy.distances()
+    cands = core.mem.candidates(False, lambda leaf: dist.get(leaf.tag, far) > d)
+    return sum(len(leaf.pages) for leaf in cands)
+
+
+def restore_tail(core, es) -> None:
+    """Point an idle session's page table at its whole history again when pressure cut it:
+    the tree's pages (promoted from the tier first) replace the shorter table. What neither
+    holds any more stays cut (the next turn recomputes it)."""
+    hist, seq = es.history, es.seq
+    if core.radix is None or es.busy or len(hist) <= len(seq.tokens) or hist[:len(seq.tokens)] != seq.tokens:
+        return
+    promote_prefix(core, hist, es.cache_salt)
+    m = core.radix.match_prefix(hist, es.cache_salt)
+    if m.length <= len(seq.tokens):
+        return
+    tmp = Sequence(seq.seq_id)
+    core.kvm.alias(tmp, hist[:m.length], m.pages)
+    core.kvm.release(seq)
+    seq.tokens, seq.pages = tmp.tokens, tmp.pages

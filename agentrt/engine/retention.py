@@ -1,0 +1,55 @@
+"""Tool-aware retention (after Continuum, arXiv 2511.02230): keep an agent's KV while its tool
+runs, for a time-to-live worth what a reload would cost.
+
+When a turn ends in tool calls, the caller says so (`Session.expect_tools(names)`). The session
+is then *pinned* until `now + TTL`: memory pressure ranks its pages after every unpinned
+candidate (engine/memory.py), so they survive a tool that returns in time; at expiry they are
+ordinary candidates again, and a pin never makes the engine preempt a running request.
+
+The TTL weighs the two costs Continuum weighs:
+* the tool's observed duration distribution (per tool name, the last `window` calls, learned
+  from the time between `expect_tools` and the session's next request): a pin shorter than the
+  tool saves nothing, so the TTL covers its q-quantile (`quantile`, with `margin`);
+* the reload cost (the session's KV rebuilt by a tier copy when the tier can hold it, else by
+  recompute; both measured on this machine): holding pages is worth it only up to `hold_factor`
+  times that cost -- a cheap reload (the tier) earns a short pin, an expensive one a long one.
+A turn calling several tools waits for the slowest: the TTL is the largest of theirs. Before a
+tool has `min_samples` observations its duration is taken as `prior_s`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+
+class ToolRetention:
+    def __init__(self, *, max_ttl_s: float = 30.0, window: int = 32, quantile: float = 0.9,
+                 margin: float = 1.25, hold_factor: float = 50.0, prior_s: float = 1.0, min_samples: int = 3):
+        self.max_ttl_s, self.window, self.quantile, self.margin = max_ttl_s, window, quantile, margin
+        self.hold_factor, self.prior_s, self.min_samples = hold_factor, prior_s, min_samples
+        self._durations: dict[str, deque[float]] = {}
+        self.chosen: dict[str, float] = {}  # tool -> the TTL chosen last (reported in stats)
+
+    def expected(self, tool: str) -> float:
+        """The duration the TTL must cover for `tool` (its q-quantile, or the prior)."""
+        d = self._durations.get(tool)
+        if d is None or len(d) < self.min_samples:
+            return self.prior_s
+        qs = statistics.quantiles(sorted(d), n=100, method="inclusive")
+        return qs[min(98, max(0, round(self.quantile * 100) - 1))]
+
+    def ttl(self, tools: tuple[str, ...], reload_s: float) -> float:
+        """Seconds to pin a session whose turn called `tools` and whose KV costs reload_s to
+        rebuild: the slowest tool's covered duration, capped by the hold budget."""
+        cap = min(self.max_ttl_s, self.hold_factor * max(reload_s, 0.0))
+        ttl = min(cap, max(self.expected(t) for t in tools) * self.margin) if tools else 0.0
+        for t in tools:
+            self.chosen[t] = ttl
+        return ttl
+
+    def observe(self, tools: tuple[str, ...], seconds: float) -> None:
+        """The session came back `seconds` after its tools started (all of them ran that long
+        at most; the slowest exactly: each is recorded, an overestimate for the faster ones)."""
+        for t in tools:
+            self._durations.setdefault(t, deque(maxlen=self.window)).append(max(0.0, seconds))
