@@ -280,4 +280,4 @@ def test_engine_with_tier_prefetch_and_ttl_under_concurrent_agents_matches_the_o
     st = anyio.run(main)
     for prompt, out in outs:
         assert out == generate(model, prompt, sp)
-    assert st.demoted_pages > 0 and st.promoted_pages > 0 and st.ttl_pins == 12
+    assert st.demoted_pages > 0 and st.promoted_pages > 0 and st.ttl_pins == 16

@@ -34,7 +34,7 @@ from agentrt.model.llama import LlamaModel
 from agentrt.sampling import sample_batch
 
 log = structlog.get_logger("agentrt.engine")
-PREFETCH_PAGES_PER_STEP = 16  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
+PREFETCH_PAGES_PER_STEP = 8  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
 PREFETCH_PAGES_IDLE = 1024  # ... and an idle engine
 
 

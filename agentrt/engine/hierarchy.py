@@ -69,13 +69,16 @@ def prefetch(core, max_pages: int) -> int:
         return 0
     dist = distances()
     frontier = _frontier(radix, dist) if dist else {}
+    if not frontier:
+        return 0
     far, done, ps = len(dist) + 1, 0, core.cfg.page_size
+    leaves = core.mem.candidates(False, None)  # (one scan: what making room could take)
     for tag, d in sorted(dist.items(), key=lambda kv: kv[1]):
         for path in frontier.get(tag, ()):
             n = sum(len(x.key) for x in path) // ps
             if done + n > max_pages:
                 continue
-            if n > _spare_pages(core) and n > _displaceable(core, d, far):
+            if n > _spare_pages(core) and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
                 continue
             end = _promote_path(core, path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d)
             got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
@@ -111,14 +114,6 @@ def _spare_pages(core) -> int:
     reserve = int((1 - cfg.high_water) * cfg.num_pages)
     reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in core.running)
     return max(0, core.alloc.num_free - reserve)
-
-
-def _displaceable(core, d: int, far: int) -> int:
-    """Pages reclaim() could free from leaves predicted to be needed after distance d (idle,
-    unpinned sessions' tails included)."""
-    dist = core.policy.distances()
-    cands = core.mem.candidates(False, lambda leaf: dist.get(leaf.tag, far) > d)
-    return sum(len(leaf.pages) for leaf in cands)
 
 
 def restore_tail(core, es) -> None:
