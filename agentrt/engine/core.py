@@ -23,7 +23,7 @@ from agentrt.engine import hierarchy
 from agentrt.engine.memory import MemoryManager
 from agentrt.engine.prefix import attach_prefix, group_new_requests
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
-from agentrt.engine.retention import ToolRetention
+from agentrt.engine import retention
 from agentrt.engine.speculation import choose_draft, verify
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
@@ -50,7 +50,7 @@ class EngineCore:
         self._on_request = getattr(self.policy, "on_request", None)
         tier = HostTier(self.kvm.store, cfg.kv_tier_bytes) if cfg.kv_tier_bytes and cfg.enable_radix_cache else None
         self.radix = RadixCache(self.alloc, self.policy, tier) if cfg.enable_radix_cache else None
-        self.costs, self.retention = CostModel(), ToolRetention(max_ttl_s=cfg.tool_ttl_max_s)
+        self.costs, self.retention = CostModel(), retention.ToolRetention(max_ttl_s=cfg.tool_ttl_max_s)
         from agentrt.cache.pool import SequencePool
 
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
@@ -85,29 +85,7 @@ class EngineCore:
     def expect_tools(self, sess: EngineSession, tools: tuple[str, ...]) -> float:
         """The session's turn ended in calls of `tools`: pin its KV for the retention TTL
         (engine/retention.py); returns the TTL in seconds (0: not pinned)."""
-        if sess.busy or not self.cfg.tool_ttl or not tools:
-            return 0.0
-        tier = self.radix.tier if self.radix is not None else None
-        n = len(sess.seq.tokens)
-        reload_s = self.costs.recompute_s(n)
-        if tier is not None and tier.free_pages() >= len(sess.seq.pages):
-            reload_s = min(reload_s, 2 * len(sess.seq.pages) * tier.copy_s_per_page)
-        ttl = self.retention.ttl(tuple(tools), reload_s)
-        sess.tools, sess.tools_at = tuple(tools), time.monotonic()
-        sess.pin_until = sess.tools_at + ttl
-        self.counters.ttl_pins += ttl > 0
-        return ttl
-
-    def _returned(self, sess: EngineSession) -> None:
-        """A request on a session that was waiting on tools: learn the tools' duration."""
-        if not sess.tools:
-            return
-        now = time.monotonic()
-        self.retention.observe(sess.tools, now - sess.tools_at)
-        if sess.pin_until > sess.tools_at:
-            self.counters.ttl_hits += now <= sess.pin_until
-            self.counters.ttl_expired += now > sess.pin_until
-        sess.tools, sess.pin_until = (), 0.0
+        return retention.pin(self, sess, tuple(tools))
 
     def idle(self) -> None:
         """Work for an idle step loop: prefetch the predicted next agents' pages."""
@@ -127,7 +105,7 @@ class EngineCore:
         if hit is not None:
             return self._answer_from_cache(prompt, params, hit, emit, seq_id)
         if session is not None:
-            self._returned(session)
+            retention.returned(self, session)
             session.busy, seq = True, session.seq
             cache_salt, tag = session.cache_salt, tag or session.tag
         else:

@@ -35,16 +35,17 @@ def promote_prefix(core, tokens: list[int], salt: str | None) -> tuple[int, int]
     n_pages = sum(len(x.key) for x in path) // core.cfg.page_size
     if n_pages * radix.tier.copy_s_per_page >= core.costs.recompute_s(end - start):
         return 0, 0
-    # (an `allow` that admits every leaf: promotion never cuts whole sessions to make room)
-    return start, _promote_path(core, path, n_pages, allow=lambda leaf: True) or start
+    return start, _promote_path(core, path, n_pages, allow=None, pinned=True) or start
 
 
-def _promote_path(core, path: list, n_pages: int, allow) -> int:
-    """Promote `path` (top-down) as far as memory allows; returns the end of what is resident."""
+def _promote_path(core, path: list, n_pages: int, allow, pinned: bool = False) -> int:
+    """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
+    Room comes from the candidates reclaim() may take (pinned ones too for a request being
+    admitted: recomputing instead would take them anyway), never from dropping whole sessions."""
     radix, ps, end = core.radix, core.cfg.page_size, 0
     radix.lock(path[-1])
     try:
-        core.mem.reclaim(n_pages, allow)
+        core.mem.reclaim(n_pages, allow, pinned=pinned, trim=False)
         for node in path:
             n = len(node.key) // ps
             if node.resident:

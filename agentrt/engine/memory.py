@@ -28,32 +28,35 @@ class MemoryManager:
     def __init__(self, core):
         self.core = core
 
-    def reclaim(self, n_pages: int, allow=None) -> bool:
-        """Try to have n_pages free, without touching running requests. `allow(leaf)` limits
-        the candidates (promotion and prefetch: then pinned sessions are not cut and no whole
-        session is dropped)."""
+    def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
+        """Try to have n_pages free, without touching running requests. Candidates go in two
+        passes: unpinned first, then (with `pinned`) sessions pinned by a TTL or with a request
+        queued. `allow(leaf)` limits the candidates (prefetch: only leaves needed later);
+        `trim` lets the last resort drop what the tree does not hold of idle sessions."""
         core, alloc = self.core, self.core.alloc
         if alloc.num_free >= n_pages:
             return True
         if core.radix is None:
             return self._drop_sessions(n_pages)
-        for pinned in (False, True) if allow is None else (False,):
+        for protected in (False, True) if pinned else (False,):
             while alloc.num_free < n_pages:
-                cands = self.candidates(pinned, allow)
+                cands = self.candidates(protected, allow)
                 if not cands or not self._take(cands, n_pages):
                     break
-        if alloc.num_free < n_pages and allow is None:
+        if alloc.num_free < n_pages and trim:
             self._trim_partial_pages(n_pages)
         return alloc.num_free >= n_pages
 
     def idle_sessions(self, pinned: bool = True) -> list:
         """Sessions holding KV that no admitted request uses: idle, or busy with a request still
-        queued unattached (it holds nothing it needs yet; admission finds its KV again)."""
+        queued unattached (it holds nothing it needs yet; admission finds its KV again). Without
+        `pinned`, only those neither pinned by a TTL nor about to run (a queued request): the
+        first to give up pages."""
         core = self.core
         queued = {id(r.session) for r in core.waiting if r.session is not None and not r.attached}
         now = time.monotonic()
         return [s for s in core.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
-                and (pinned or s.pin_until <= now)]
+                and (pinned or (s.pin_until <= now and id(s) not in queued))]
 
     def candidates(self, pinned: bool, allow) -> dict:
         """Resident leaves whose pages would all be freed by cutting idle sessions back:

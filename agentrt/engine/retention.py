@@ -20,6 +20,7 @@ tool has `min_samples` observations its duration is taken as `prior_s`.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 
 
@@ -53,3 +54,31 @@ class ToolRetention:
         at most; the slowest exactly: each is recorded, an overestimate for the faster ones)."""
         for t in tools:
             self._durations.setdefault(t, deque(maxlen=self.window)).append(max(0.0, seconds))
+
+
+def pin(core, sess, tools: tuple[str, ...]) -> float:
+    """Pin an idle session whose turn called `tools` (in the step thread); returns the TTL."""
+    if sess.busy or not core.cfg.tool_ttl or not tools:
+        return 0.0
+    tier = core.radix.tier if core.radix is not None else None
+    reload_s = core.costs.recompute_s(len(sess.seq.tokens))
+    if tier is not None and tier.free_pages() >= len(sess.seq.pages):  # out and back by copy
+        reload_s = min(reload_s, 2 * len(sess.seq.pages) * tier.copy_s_per_page)
+    ttl = core.retention.ttl(tools, reload_s)
+    sess.tools, sess.tools_at = tools, time.monotonic()
+    sess.pin_until = sess.tools_at + ttl
+    core.counters.ttl_pins += ttl > 0
+    return ttl
+
+
+def returned(core, sess) -> None:
+    """A request arrived on a session that was waiting on tools: learn their duration; count
+    whether the pin was still on (a hit) or had expired."""
+    if not sess.tools:
+        return
+    now = time.monotonic()
+    core.retention.observe(sess.tools, now - sess.tools_at)
+    if sess.pin_until > sess.tools_at:
+        core.counters.ttl_hits += now <= sess.pin_until
+        core.counters.ttl_expired += now > sess.pin_until
+    sess.tools, sess.pin_until = (), 0.0
