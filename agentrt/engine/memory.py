@@ -8,8 +8,9 @@ pages the session also holds. Such a leaf is a candidate like any cache leaf: ta
 the session back to the leaf's start (its tail first, newest turn first) while its head -- the
 system prompt and tools other agents share, an interior node -- stays resident. The eviction
 policy (cache/base.py) orders all candidates together; a session pinned by tool-aware retention
-(engine/retention.py) is ranked after every unpinned candidate, so a pin never preempts a running
-request. Running requests' and busy sessions' pages are never candidates. The next turn of a
+(engine/retention.py), or with a request queued (about to run: cutting it now would only move
+its pages out and back), is taken only in a second pass, after every other candidate -- never
+instead of preempting a running request. Running requests' and busy sessions' pages are never candidates. The next turn of a
 cut session gets its tail back from the tree, the tier (a copy) or, last, by recompute."""
 
 from __future__ import annotations
