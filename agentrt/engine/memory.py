@@ -10,8 +10,9 @@ system prompt and tools other agents share, an interior node -- stays resident. 
 policy (cache/base.py) orders all candidates together; a session pinned by tool-aware retention
 (engine/retention.py), or with a request queued (about to run: cutting it now would only move
 its pages out and back), is taken only in a second pass, after every other candidate -- never
-instead of preempting a running request. Running requests' and busy sessions' pages are never candidates. The next turn of a
-cut session gets its tail back from the tree, the tier (a copy) or, last, by recompute."""
+instead of preempting a running request. Running requests' and busy sessions' pages are never
+candidates. The next turn of a cut session gets its tail back from the tree, the tier (a copy)
+or, last, by recompute."""
 
 from __future__ import annotations
 
