@@ -281,3 +281,23 @@ def test_engine_with_tier_prefetch_and_ttl_under_concurrent_agents_matches_the_o
     for prompt, out in outs:
         assert out == generate(model, prompt, sp)
     assert st.demoted_pages > 0 and st.promoted_pages > 0 and st.ttl_pins == 16
+
+
+def test_expect_tools_validates_its_argument_and_returns_the_ttl():
+    import anyio
+
+    from agentrt.engine.engine import Engine
+    from agentrt.errors import ConfigError
+
+    async def main():
+        async with Engine(tiny_model("qwen2"), EngineConfig(kv_cache_tokens=1024)) as eng:
+            async with await eng.open_session(tag="a") as s:
+                await eng.complete(list(range(1, 40)), SamplingParams(max_tokens=2), session=s)
+                for bad in ("search", [""], [3], None):
+                    with pytest.raises(ConfigError, match="tool names"):
+                        await s.expect_tools(bad)
+                ttl = await s.expect_tools(["search"])
+                assert 0 <= ttl <= EngineConfig().tool_ttl_max_s
+                assert eng.stats().ttl_pins == (ttl > 0)
+
+    anyio.run(main)
