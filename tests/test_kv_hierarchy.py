@@ -191,8 +191,9 @@ def test_tool_ttl_pins_a_session_and_learns_the_tools_duration():
     drain(core)
     hist += r.output
     core.costs.s_per_token = 1.0  # an expensive reload: worth a long pin
+    core.retention.prior_s = 20.0  # (a pin that outlives a slow machine running this test)
     ttl = core.expect_tools(a, ("search",))
-    assert ttl == pytest.approx(1.25)  # no observation yet: the 1 s prior, with the margin
+    assert ttl == pytest.approx(25.0)  # no observation yet: the prior, with the 1.25 margin
     held = len(a.seq.tokens)
     drain(core) if submit(core, [rng.randrange(V) for _ in range(64)], sp) else None  # 4 tree pages
     r = submit(core, [rng.randrange(V) for _ in range(70)], sp)  # needs 5 pages: 2 free + those 4
@@ -207,7 +208,7 @@ def test_tool_ttl_pins_a_session_and_learns_the_tools_duration():
     drain(core)
     assert r.output == generate(model, hist, sp)
     st = core.stats()
-    assert st.ttl_pins == 1 and st.ttl_expired == 1 and st.tool_ttls == {"search": pytest.approx(1.25)}
+    assert st.ttl_pins == 1 and st.ttl_expired == 1 and st.tool_ttls == {"search": pytest.approx(25.0)}
 
 
 def test_retention_ttl_covers_the_tool_quantile_capped_by_reload_cost():
@@ -280,7 +281,9 @@ def test_engine_with_tier_prefetch_and_ttl_under_concurrent_agents_matches_the_o
     st = anyio.run(main)
     for prompt, out in outs:
         assert out == generate(model, prompt, sp)
-    assert st.demoted_pages > 0 and st.promoted_pages > 0 and st.ttl_pins == 16
+    assert st.demoted_pages > 0 and st.promoted_pages > 0
+    # 16 hints; a session whose KV was all cut by then has nothing to keep (TTL 0: no pin)
+    assert 0 < st.ttl_pins <= 16 and st.ttl_hits + st.ttl_expired <= st.ttl_pins
 
 
 def test_expect_tools_validates_its_argument_and_returns_the_ttl():
