@@ -73,7 +73,7 @@ def prefetch(core, max_pages: int) -> int:
     if not frontier:
         return 0
     far, done, ps = len(dist) + 1, 0, core.cfg.page_size
-    leaves = core.mem.candidates(False, None)  # (one scan: what making room could take)
+    leaves = core.mem.candidates(0, None)  # (one scan: what making room could take)
     for tag, d in sorted(dist.items(), key=lambda kv: kv[1]):
         for path in frontier.get(tag, ()):
             n = sum(len(x.key) for x in path) // ps

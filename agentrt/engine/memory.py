@@ -8,9 +8,9 @@ pages the session also holds. Such a leaf is a candidate like any cache leaf: ta
 the session back to the leaf's start (its tail first, newest turn first) while its head -- the
 system prompt and tools other agents share, an interior node -- stays resident. The eviction
 policy (cache/base.py) orders all candidates together; a session pinned by tool-aware retention
-(engine/retention.py), or with a request queued (about to run: cutting it now would only move
-its pages out and back), is taken only in a second pass, after every other candidate -- never
-instead of preempting a running request. Running requests' and busy sessions' pages are never
+(engine/retention.py) is taken only in a second pass, after every other candidate, and one with
+a request queued (about to run: cutting it now would only move its pages out and back) only in
+a third -- never instead of preempting a running request. Running requests' and busy sessions' pages are never
 candidates. The next turn of a cut session gets its tail back from the tree, the tier (a copy)
 or, last, by recompute."""
 
@@ -31,40 +31,40 @@ class MemoryManager:
         self.core = core
 
     def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
-        """Try to have n_pages free, without touching running requests. Candidates go in two
-        passes: unpinned first, then (with `pinned`) sessions pinned by a TTL or with a request
-        queued. `allow(leaf)` limits the candidates (prefetch: only leaves needed later);
+        """Try to have n_pages free, without touching running requests. Candidates go in three
+        passes: unpinned first, then (with `pinned`) sessions pinned by a TTL, then sessions with
+        a request queued. `allow(leaf)` limits the candidates (prefetch: only leaves needed later);
         `trim` lets the last resort drop what the tree does not hold of idle sessions."""
         core, alloc = self.core, self.core.alloc
         if alloc.num_free >= n_pages:
             return True
         if core.radix is None:
             return self._drop_sessions(n_pages)
-        for protected in (False, True) if pinned else (False,):
+        for level in (0, 1, 2) if pinned else (0,):
             while alloc.num_free < n_pages:
-                cands = self.candidates(protected, allow)
+                cands = self.candidates(level, allow)
                 if not cands or not self._take(cands, n_pages):
                     break
         if alloc.num_free < n_pages and trim:
             self._trim_partial_pages(n_pages)
         return alloc.num_free >= n_pages
 
-    def idle_sessions(self, pinned: bool = True) -> list:
+    def idle_sessions(self, level: int = 2) -> list:
         """Sessions holding KV that no admitted request uses: idle, or busy with a request still
-        queued unattached (it holds nothing it needs yet; admission finds its KV again). Without
-        `pinned`, only those neither pinned by a TTL nor about to run (a queued request): the
-        first to give up pages."""
+        queued unattached (it holds nothing it needs yet; admission finds its KV again). By
+        `level`, what may give up pages: 0 neither pinned by a TTL nor about to run (a queued
+        request); 1 also the pinned; 2 also those about to run."""
         core = self.core
         queued = {id(r.session) for r in core.waiting if r.session is not None and not r.attached}
         now = time.monotonic()
         return [s for s in core.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
-                and (pinned or (s.pin_until <= now and id(s) not in queued))]
+                and (level >= 2 or id(s) not in queued) and (level >= 1 or s.pin_until <= now)]
 
-    def candidates(self, pinned: bool, allow) -> dict:
-        """Resident leaves whose pages would all be freed by cutting idle sessions back:
-        {leaf: [(session, page index to cut at), ...]}."""
+    def candidates(self, level: int, allow) -> dict:
+        """Resident leaves whose pages would all be freed by cutting idle sessions (of
+        idle_sessions(level)) back: {leaf: [(session, page index to cut at), ...]}."""
         core = self.core
-        idle = self.idle_sessions(pinned)
+        idle = self.idle_sessions(level)
         for s in idle:  # restored/forked sessions' pages enter the tree like any turn's
             core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
         owners: dict[int, list] = {}
