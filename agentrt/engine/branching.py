@@ -45,7 +45,7 @@ def fork_session(core, es: EngineSession, sid: int, tag: str | None = None) -> E
         del core.sessions[sid]
         raise
     child.last_used = es.last_used
-    _set_history(child)
+    _set_history(core, child)
     return child
 
 
@@ -57,7 +57,7 @@ def rollback_session(core, es: EngineSession, n_tokens: int) -> None:
         raise ConfigError(f"n_tokens must be an int in [0, {held}] (the session holds {held} tokens), "
                           f"got {n_tokens!r}")
     core.kvm.truncate(es.seq, held - n_tokens)
-    _set_history(es)  # (restore_tail must not bring the dropped tokens back)
+    _set_history(core, es)  # (restore_tail must not bring the dropped tokens back)
 
 
 def export_session(core, es: EngineSession) -> dict:
@@ -94,7 +94,7 @@ def import_session(core, sid: int, data: dict, tag: str | None, cache_salt: str 
         core.alloc.decref(pages)
         raise
     es.seq.pages, es.seq.tokens = pages, tokens
-    _set_history(es)
+    _set_history(core, es)
     return es
 
 
@@ -106,11 +106,12 @@ def _restore_tail(core, es: EngineSession) -> None:
         restore_tail(es)
 
 
-def _set_history(es: EngineSession) -> None:
-    """The history the memory hierarchy restores a cut session to (EngineSession.history, where
-    the engine keeps one) is what the session holds after a fork, rollback or import."""
-    if hasattr(es, "history"):
-        es.history = list(es.seq.tokens)
+def _set_history(core, es: EngineSession) -> None:
+    """After a fork, rollback or import, what the session holds is its history: the one the
+    memory hierarchy restores it to (EngineSession.history), and in the radix tree like every
+    finished turn's KV, so memory pressure can rank its pages with the rest (engine/memory.py)."""
+    es.history = list(es.seq.tokens)
+    core._cache(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:

@@ -64,9 +64,7 @@ class MemoryManager:
         """Resident leaves whose pages would all be freed by cutting idle sessions (of
         idle_sessions(level)) back: {leaf: [(session, page index to cut at), ...]}."""
         core = self.core
-        idle = self.idle_sessions(level)
-        for s in idle:  # restored/forked sessions' pages enter the tree like any turn's
-            core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
+        idle = self.idle_sessions(level)  # (their KV is in the tree: each turn's end inserts it)
         owners: dict[int, list] = {}
         for s in idle:
             for i, p in enumerate(s.seq.pages):
