@@ -28,6 +28,7 @@ from agentrt.session.overflow import ContextPolicy
 from agentrt.toolcall import ToolCallParser
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, tool
+from agentrt.workflow import Workflow, current_task, task_scope
 
 __version__ = "0.1.0"
 
@@ -61,8 +62,11 @@ __all__ = [
     "Toolset",
     "TurnResult",
     "Usage",
+    "Workflow",
+    "current_task",
     "detect_tool_format",
     "errors",
     "load_model",
+    "task_scope",
     "tool",
 ]

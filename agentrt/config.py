@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from agentrt.cache.base import POLICY_NAMES
+from agentrt.engine.policies import SCHEDULING_POLICIES
 from agentrt.checks import check_bool, check_choice, check_float, check_int
 from agentrt.errors import ConfigError
 
@@ -44,6 +45,13 @@ class EngineConfig:
     # its KV for a TTL from the tools' observed durations and the reload cost, at most this long
     tool_ttl: bool = True
     tool_ttl_max_s: float = 30.0
+    # workflow-aware scheduling (engine/policies.py): which ready requests are admitted and which
+    # agents' prefixes stay resident: "fcfs" (arrival order) | "lpm" (longest resident prefix
+    # first) | "srpt" (task with the least remaining work first) | "program_fcfs" (oldest task
+    # first) | "topas" (seed 004: joint prefix residency + admission over the task DAG)
+    scheduling_policy: str = "fcfs"
+    task_aging_s: float = 10.0  # topas: a task this old gains as much priority as one stage's work
+    topas_exhaustive_agents: int = 6  # topas: subsets of at most this many agents are enumerated
     debug_invariants: bool = False  # check every cache invariant after every step (tests)
     response_cache_size: int = 256  # full responses kept (0 = off; benchmarks of fresh work)
     # prompt-lookup speculation (greedy and sampled; constrained requests do not speculate)
@@ -81,6 +89,9 @@ class EngineConfig:
         check_choice("EngineConfig.forward_path", self.forward_path, ("auto", "fused", "eager"))
         check_choice("EngineConfig.tool_format", self.tool_format, ("auto", "hermes", "qwen", "llama3", "mistral"))
         check_choice("EngineConfig.eviction_policy", self.eviction_policy, tuple(POLICY_NAMES))
+        check_choice("EngineConfig.scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        put("task_aging_s", check_float("EngineConfig.task_aging_s (seconds)", self.task_aging_s, min=0.0,
+                                        min_open=True))
         # relations between fields
         if self.chunk_min > self.chunk_max:
             raise ConfigError(f"EngineConfig.chunk_min ({self.chunk_min}) must be <= chunk_max ({self.chunk_max})")
@@ -108,7 +119,7 @@ class EngineConfig:
 _INTS = {"kv_cache_tokens": 1, "page_size": 1, "max_transient_seqs": 1, "max_session_seqs": 0, "n_batch": 1,
          "chunk_min": 1, "chunk_max": 1, "latency_sensitive_max_tokens": 0, "fair_chunk_cap": 1,
          "prefix_group_k": 1, "response_cache_size": 0, "spec_max_draft": 0, "spec_token_budget": 0,
-         "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0}
+         "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0, "topas_exhaustive_agents": 1}
 # float fields: (min, max, min excluded)
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}

@@ -18,7 +18,8 @@ PUBLIC = [
     "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineStats", "EvictionPolicy", "LRUPolicy",
     "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
     "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
-    "TurnResult", "Usage", "detect_tool_format", "errors", "load_model", "tool",
+    "TurnResult", "Usage", "Workflow", "current_task", "detect_tool_format", "errors", "load_model",
+    "task_scope", "tool",
 ]
 
 

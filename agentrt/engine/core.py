@@ -26,6 +26,7 @@ from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine import retention
 from agentrt.engine.speculation import choose_draft, verify
 from agentrt.engine.stats import Counters, EngineStats
+from agentrt.engine.tasks import TaskTracker
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.model.batch import SeqChunk, build_batch
@@ -58,6 +59,7 @@ class EngineCore:
         self.running: list[Request] = []
         self.sessions: dict[int, EngineSession] = {}
         self.counters = Counters()
+        self.tasks = TaskTracker()
         self.mem = MemoryManager(self)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self._rids, self._clock = itertools.count(1), 0
@@ -95,7 +97,8 @@ class EngineCore:
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
                     session: EngineSession | None = None, cache_salt: str | None = None,
-                    tag: str | None = None, constraint=None, generator=None) -> Request:
+                    tag: str | None = None, constraint=None, generator=None,
+                    task: str | None = None, workflow: str | None = None) -> Request:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
         session requests use the session's sequence. Validation raises before any work."""
         validate_request(self, prompt, params, seq_id, session)
@@ -113,7 +116,9 @@ class EngineCore:
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos)
         req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
                       cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
-                      stop_ids=stops, arrival=self._tick())
+                      stop_ids=stops, arrival=self._tick(), task=task, workflow=workflow,
+                      submitted_s=time.monotonic())
+        self.tasks.observe(task, workflow, tag, req.submitted_s)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
         return req

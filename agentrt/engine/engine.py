@@ -31,6 +31,7 @@ from agentrt.engine.session import Session, restore_session
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed
 from agentrt.sampling import SamplingParams, make_generator
 from agentrt.engine.prefix import fnv1a
+from agentrt.workflow import Workflow, task_of
 
 log = structlog.get_logger("agentrt.engine")
 _NOTHING = object()  # sentinel: the inbox had no command
@@ -313,14 +314,18 @@ class Engine:
     async def generate(self, prompt: list[int], params: SamplingParams | None = None, *,
                        session: Session | None = None, cache_salt: str | None = None,
                        tag: str | None = None, constraint=None,
-                       timeout: float | None = None) -> AsyncIterator[TokenEvent]:
+                       timeout: float | None = None, task: str | None = None,
+                       workflow: str | None = None) -> AsyncIterator[TokenEvent]:
         """Stream token events; the last has finish_reason and usage. Leaving the iteration
         early (break, cancel, exception) cancels the request and frees what it holds at the
-        engine's next step. Use `contextlib.aclosing` when breaking out of the loop."""
+        engine's next step. Use `contextlib.aclosing` when breaking out of the loop.
+        `task`/`workflow` (default: the caller's `agentrt.task_scope`) and `tag` (the stage)
+        are what workflow-aware scheduling (EngineConfig.scheduling_policy) sees."""
         self._check_open()
         # types, finite ranges, a session of this engine: ConfigError before any work
         prompt, params = check_generate_args(self, prompt, params, session=session, cache_salt=cache_salt,
-                                             tag=tag, timeout=timeout)
+                                             tag=tag, timeout=timeout, task=task, workflow=workflow)
+        task, workflow = task_of(task, workflow)
         seq_id = None
         if session is None:
             t = self.config.acquire_timeout if timeout is None else timeout
@@ -336,7 +341,8 @@ class Engine:
                 gen = None if params.greedy else make_generator(_seed(prompt, params))
                 box["req"] = self.core.add_request(
                     prompt, params, emit, seq_id=seq_id, session=session and session._es,
-                    cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen)
+                    cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen,
+                    task=task, workflow=workflow)
             except BaseException as e:
                 if seq_id is not None:
                     self.core.pool.release(seq_id)
@@ -403,6 +409,13 @@ class Engine:
                 chat = chat.with_tool_format(dataclasses.replace(chat.tool_format, bare=self.config.bare_tool_calls))
             self._chat = chat
         return self._chat
+
+    def declare_workflow(self, workflow: Workflow) -> None:
+        """Tell the scheduler the DAG of the tasks that name `workflow.name` (agentrt.workflow);
+        tasks without a declared workflow are scheduled on the transitions the engine learns."""
+        if not isinstance(workflow, Workflow):
+            raise ConfigError(f"declare_workflow takes an agentrt.Workflow, got {type(workflow).__name__}")
+        self.core.tasks.declare(workflow)  # (dict assignments: safe beside the step thread)
 
     def stop(self, request_id: int) -> None:
         """End a live request early (finish_reason "early_stop", e.g. when a tool-call parser

@@ -99,6 +99,11 @@ class Request:
     attached: bool = False  # prefix reuse done for the current admission
     preemptions: int = 0  # times its KV was dropped for memory (capped: see MemoryManager)
     lock_node: object | None = None  # radix node locked while this request uses its pages
+    # workflow facts (agentrt/workflow.py): the task it serves; its stage is `tag`
+    task: str | None = None
+    workflow: str | None = None
+    submitted_s: float = 0.0  # time.monotonic() at add_request
+    admitted_s: float = 0.0  # ... at its (latest) admission
 
     @property
     def target(self) -> list[int]:

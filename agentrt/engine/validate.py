@@ -49,7 +49,7 @@ def check_prompt(prompt) -> list[int]:
 
 
 def check_generate_args(engine, prompt, params, *, session=None, cache_salt=None, tag=None,
-                        timeout=None) -> tuple[list[int], SamplingParams]:
+                        timeout=None, task=None, workflow=None) -> tuple[list[int], SamplingParams]:
     """Engine.generate / complete arguments, checked before any work: (prompt as a list of
     ints, params) or ConfigError. Call it first thing in Engine.generate."""
     params = check_params(params)
@@ -57,6 +57,8 @@ def check_generate_args(engine, prompt, params, *, session=None, cache_salt=None
     check_session(engine, session)
     check_optional_str("cache_salt", cache_salt)
     check_optional_str("tag", tag)
+    check_optional_str("task", task)
+    check_optional_str("workflow", workflow)
     check_timeout("timeout (seconds; None: EngineConfig.acquire_timeout)", timeout)
     return prompt, params
 

@@ -1,0 +1,123 @@
+"""What the engine knows of tasks (agentrt/workflow.py): each task's arrival and current stage,
+the workflows (declared, or learned from observed stage transitions), and each stage's service
+time learned from the requests served. Scheduling policies (engine/policies.py) read it:
+`remaining(task, stage)` is the expected service on the task's longest remaining path.
+Bounded: at most `max_tasks` tasks are remembered (the least recently seen is forgotten)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from agentrt.errors import ConfigError
+from agentrt.workflow import Workflow
+
+EWMA = 0.3  # weight of a new observation in a stage's service estimate
+
+
+@dataclass
+class TaskState:
+    task_id: str
+    workflow: str | None
+    arrival: float  # time.monotonic() of its first request
+    stage: str | None = None  # the stage of its latest request
+    requests: int = 0
+
+
+@dataclass
+class LearnedDag:
+    """Stage transitions seen in tasks without a declared workflow; an edge that would close a
+    cycle (a stage revisited later in a task) is not added."""
+
+    edges: dict[str, set[str]] = field(default_factory=dict)
+    _wf: Workflow | None = None
+
+    def add(self, src: str | None, dst: str) -> None:
+        self.edges.setdefault(dst, set())
+        if src is None or src == dst or dst in self.edges.get(src, ()) or self._reaches(dst, src):
+            return
+        self.edges.setdefault(src, set()).add(dst)
+        self._wf = None
+
+    def _reaches(self, a: str, b: str) -> bool:
+        seen, todo = {a}, [a]
+        while todo:
+            for x in self.edges.get(todo.pop(), ()):
+                if x == b:
+                    return True
+                if x not in seen:
+                    seen.add(x)
+                    todo.append(x)
+        return False
+
+    def workflow(self) -> Workflow:
+        if self._wf is None:
+            self._wf = Workflow("learned", {s: tuple(sorted(v)) for s, v in self.edges.items()})
+        return self._wf
+
+
+class TaskTracker:
+    def __init__(self, max_tasks: int = 4096):
+        self.max_tasks = max_tasks
+        self.tasks: OrderedDict[str, TaskState] = OrderedDict()
+        self.workflows: dict[str, Workflow] = {}
+        self.learned = LearnedDag()
+        self.stage_cost: dict[str, float] = {}  # stage -> expected service seconds per request
+
+    def declare(self, wf: Workflow) -> None:
+        if not isinstance(wf, Workflow):
+            raise ConfigError(f"declare_workflow takes an agentrt.Workflow, got {type(wf).__name__}")
+        self.workflows[wf.name] = wf
+        for s, c in wf.cost.items():
+            self.stage_cost.setdefault(s, c)
+
+    def observe(self, task_id: str | None, workflow: str | None, stage: str | None, now: float) -> None:
+        """A request of `task_id` at `stage` arrived."""
+        if task_id is None:
+            return
+        t = self.tasks.get(task_id)
+        if t is None:
+            t = self.tasks[task_id] = TaskState(task_id, workflow, now)
+            while len(self.tasks) > self.max_tasks:
+                self.tasks.popitem(last=False)
+        else:
+            self.tasks.move_to_end(task_id)
+        if stage is not None and (t.workflow is None or t.workflow not in self.workflows):
+            self.learned.add(t.stage, stage)
+        t.stage = stage if stage is not None else t.stage
+        t.requests += 1
+
+    def served(self, stage: str | None, seconds: float) -> None:
+        """A request of `stage` took `seconds` from admission to its end."""
+        if stage is None or seconds < 0:
+            return
+        old = self.stage_cost.get(stage)
+        self.stage_cost[stage] = seconds if old is None else (1 - EWMA) * old + EWMA * seconds
+
+    def workflow_of(self, task_id: str | None) -> Workflow | None:
+        t = self.tasks.get(task_id) if task_id is not None else None
+        if t is None:
+            return None
+        wf = self.workflows.get(t.workflow) if t.workflow is not None else None
+        return wf if wf is not None else self.learned.workflow()
+
+    def cost(self, stage: str | None) -> float:
+        """Expected service seconds of one request of `stage` (the mean over stages if unseen)."""
+        if stage in self.stage_cost:
+            return self.stage_cost[stage]
+        return sum(self.stage_cost.values()) / len(self.stage_cost) if self.stage_cost else 1.0
+
+    def remaining(self, task_id: str | None, stage: str | None) -> float:
+        """Expected service on the task's longest remaining path, `stage` included."""
+        wf = self.workflow_of(task_id)
+        if wf is None or stage is None or stage not in wf.edges:
+            return self.cost(stage)
+        return wf.longest_path(stage, self.stage_cost, self.cost(None))
+
+    def successors(self, task_id: str | None, stage: str | None) -> tuple[str, ...]:
+        wf = self.workflow_of(task_id)
+        return wf.successors(stage) if wf is not None and stage is not None else ()
+
+    def arrival(self, task_id: str | None, default: float) -> float:
+        t = self.tasks.get(task_id) if task_id is not None else None
+        return t.arrival if t is not None else default
