@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 import agentrt.engine.core as core_mod
+import agentrt.engine.scheduler as sched_mod
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine
@@ -120,7 +121,7 @@ def test_a_sampling_failure_on_one_row_fails_only_that_request(monkeypatch):
 def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
     """A draft that breaks verification: its request (on a session) fails, the draft's KV is
     rolled back, the session stays usable and exact on its next turn."""
-    real_choose, real_verify = core_mod.choose_draft, core_mod.verify
+    real_choose, real_verify = sched_mod.choose_draft, core_mod.verify
 
     def choose(r, *a):
         return [5, 6, 7] if r.tag == "bad" else real_choose(r, *a)
@@ -130,7 +131,7 @@ def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
             raise TypeError("slice indices must be integers")
         return real_verify(r, *a)
 
-    monkeypatch.setattr(core_mod, "choose_draft", choose)
+    monkeypatch.setattr(sched_mod, "choose_draft", choose)
     monkeypatch.setattr(core_mod, "verify", verify)
     core = _core()
     sid = core.pool.acquire("session", 0)
@@ -146,7 +147,7 @@ def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
     assert sess.seq.tokens == prompts[2] and not sess.busy  # the prefill's KV, no draft past it
     assert len(sess.seq.pages) == core.kvm.pages_for(len(prompts[2]))
     # the session's next turn is exact
-    monkeypatch.setattr(core_mod, "choose_draft", real_choose)
+    monkeypatch.setattr(sched_mod, "choose_draft", real_choose)
     monkeypatch.setattr(core_mod, "verify", real_verify)
     again = submit(core, prompts[2] + [9, 10], SamplingParams(max_tokens=6), session=sess)
     drain(core)
@@ -156,14 +157,14 @@ def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
 
 
 def test_a_failing_draft_choice_fails_only_its_request(monkeypatch):
-    real = core_mod.choose_draft
+    real = sched_mod.choose_draft
 
     def choose(r, *a):
         if r.tag == "bad":
             raise TypeError("slice indices must be integers or None")
         return real(r, *a)
 
-    monkeypatch.setattr(core_mod, "choose_draft", choose)
+    monkeypatch.setattr(sched_mod, "choose_draft", choose)
     core = _core()
     prompts = _prompts(3, seed=3)
     params = [SamplingParams(max_tokens=8)] * 3

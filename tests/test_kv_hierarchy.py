@@ -18,6 +18,7 @@ from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
 from agentrt.cache.tier import HostTier
 from agentrt.config import EngineConfig
+from agentrt.engine import hierarchy
 from agentrt.engine.core import EngineCore
 from agentrt.engine.retention import ToolRetention
 from agentrt.model.config import ModelConfig
@@ -233,7 +234,7 @@ def test_restore_tail_brings_back_a_cut_session():
     r = submit(core, [rng.randrange(V) for _ in range(180)], sp)
     drain(core)
     assert len(a.seq.tokens) < len(full)
-    core.mem.restore_tail(a)
+    hierarchy.restore_tail(core, a)
     core.check_invariants()
     assert a.seq.tokens == full[:len(a.seq.tokens)] and len(a.seq.tokens) >= len(full) // 16 * 16 - 16
     prompt = full + [rng.randrange(V) for _ in range(8)]

@@ -105,6 +105,20 @@ class RadixCache(TierMoves):
                 pos, i = pos + self.ps, i + 1
             node = child
 
+    def peek(self, tokens: list[int], salt: str | None = None) -> int:
+        """Tokens of `tokens` whose KV the pool holds now, in whole pages. A read: no access
+        time changes, nothing is locked (schedulers ask it of requests they may not admit)."""
+        node, pos, ps = self._roots.get(salt), 0, self.ps
+        while node is not None:
+            child = node.children.get(tuple(tokens[pos:pos + ps]))
+            if child is None or not child.resident:
+                break
+            i = 0
+            while i < child.num_pages and tokens[pos:pos + ps] == child.key[i * ps:(i + 1) * ps]:
+                pos, i = pos + ps, i + 1
+            node = child if i == child.num_pages else None
+        return pos
+
     def _finish_partial(self, tokens, pos, pages, node) -> PrefixMatch:
         best, best_child = 0, None
         for child in node.children.values():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from agentrt.engine import hierarchy
 from agentrt.engine.request import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy
 
@@ -101,9 +102,8 @@ def import_session(core, sid: int, data: dict, tag: str | None, cache_salt: str 
 def _restore_tail(core, es: EngineSession) -> None:
     """A tail the session gave up under memory pressure comes back first (when the engine's
     memory manager can do that), so a fork or snapshot holds the session's whole history."""
-    restore_tail = getattr(core.mem, "restore_tail", None)
-    if restore_tail is not None:
-        restore_tail(es)
+    if core.radix is not None:
+        hierarchy.restore_tail(core, es)
 
 
 def _set_history(core, es: EngineSession) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 
 import structlog
 import torch
@@ -18,13 +17,14 @@ from agentrt.cache.radix import RadixCache
 from agentrt.cache.response_cache import CachedResponse, ResponseCache
 from agentrt.cache.tier import CostModel, HostTier
 from agentrt.config import EngineConfig
-from agentrt.engine import scheduler as sched
 from agentrt.engine import hierarchy
 from agentrt.engine.memory import MemoryManager
-from agentrt.engine.prefix import attach_prefix, group_new_requests
+from agentrt.engine.policies import make_scheduling_policy
+from agentrt.engine.prefix import attach_prefix
+from agentrt.engine.scheduler import Queues, Scheduler
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine import retention
-from agentrt.engine.speculation import choose_draft, verify
+from agentrt.engine.speculation import verify
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.tasks import TaskTracker
 from agentrt.engine.validate import validate_request
@@ -55,14 +55,28 @@ class EngineCore:
         from agentrt.cache.pool import SequencePool
 
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.queues = Queues()
         self.sessions: dict[int, EngineSession] = {}
         self.counters = Counters()
         self.tasks = TaskTracker()
-        self.mem = MemoryManager(self)
+        self.mem = MemoryManager(cfg, self.alloc, self.kvm, self.radix, self.policy, self.counters,
+                                 self.sessions, self.queues)
+        self.scheduler = Scheduler(
+            cfg, self.queues, self.mem, self.kvm, self.radix, self.tasks,
+            make_scheduling_policy(cfg.scheduling_policy, aging_s=cfg.task_aging_s,
+                                   exhaustive_agents=cfg.topas_exhaustive_agents),
+            attach=self._attach, fail=self.fail, tick=self._tick, reload_s=lambda: self.costs.recompute_s(1),
+            context=model.cfg.max_position_embeddings)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self._rids, self._clock = itertools.count(1), 0
+
+    @property
+    def waiting(self):
+        return self.queues.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        return self.queues.running
 
     # ---- sessions -------------------------------------------------------------------
     def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None) -> EngineSession:
@@ -118,7 +132,7 @@ class EngineCore:
                       cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
                       stop_ids=stops, arrival=self._tick(), task=task, workflow=workflow,
                       submitted_s=time.monotonic())
-        self.tasks.observe(task, workflow, tag, req.submitted_s)
+        self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
         return req
@@ -173,83 +187,42 @@ class EngineCore:
 
     # ---- one iteration --------------------------------------------------------------
     def step(self) -> int:
-        """Run one iteration; returns how many tokens went through the model."""
-        self._admit()
-        plan = self._schedule()
-        if not plan:
+        """One iteration, schedule -> run -> postprocess; returns the tokens that went through
+        the model."""
+        plan = self.scheduler.schedule()
+        for r, err in plan.failed:
+            self._finish(r, "error", error=err)
+        if not plan.items:
             return 0
-        t0, prefill = time.perf_counter(), sum(n for r, n in plan if not r.draft and n > 1)
-        self._run(plan)
+        t0, prefill = time.perf_counter(), plan.prefill_tokens
+        chunks, rows = self._run(plan.items)
+        self._postprocess(plan.items, chunks, rows)
         self.costs.observe(time.perf_counter() - t0, prefill)
         if not prefill and self.cfg.enable_prefetch:  # a decode-only step: slack for a few copies
             hierarchy.prefetch(self, PREFETCH_PAGES_PER_STEP)
         self.counters.steps += 1
         if self.cfg.debug_invariants:
             self.check_invariants()
-        return sum(n for _, n in plan)
+        return sum(n for _, n in plan.items)
 
-    def _admit(self) -> None:
-        admitted = []
-        while self.waiting:
-            r = self.waiting[0]
-            if not r.attached:
-                r.attached = True
-                promoted = []
-                reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
-                                       lambda toks: promoted.extend(hierarchy.promote_prefix(self, toks, r.cache_salt)))
-                if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
-                    r.cached_tokens = reused
-                    self.counters.prompt_cached += reused
-                    if promoted:
-                        self.counters.prompt_promoted += max(0, min(reused, promoted[1]) - promoted[0])
-                    if self._on_request is not None:
-                        self._on_request(r.tag)
-            if not sched.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
-                break
-            self.waiting.popleft()
-            r.state, r.admitted_at = State.RUNNING, self._tick()
-            self.running.append(r)
-            admitted.append(r)
-        if self.cfg.enable_prefix_grouping and len(admitted) > 1:
-            group_new_requests(admitted, self.cfg.prefix_group_k)
+    def _attach(self, r: Request) -> None:
+        """Point a request about to be admitted at the KV it can reuse (once per admission)."""
+        if r.attached:
+            return
+        r.attached = True
+        promoted = []
+        reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
+                               lambda toks: promoted.extend(hierarchy.promote_prefix(self, toks, r.cache_salt)))
+        if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
+            r.cached_tokens = reused
+            self.counters.prompt_cached += reused
+            if promoted:
+                self.counters.prompt_promoted += max(0, min(reused, promoted[1]) - promoted[0])
+            if self._on_request is not None:
+                self._on_request(r.tag)
 
-    def _schedule(self) -> list[tuple[Request, int]]:
-        """Decodes first (each needs at most one page), then prefill chunks while memory
-        allows. Memory is taken by evicting cache, then idle sessions, then preempting."""
-        self.mem.resolve_followers()
-        decodes = [r for r in self.running if not r.in_prefill]
-        prefills = [r for r in self.running if r.in_prefill and r.leader is None]
-        plan: dict[Request, int] = {}
-        ctx = self.model.cfg.max_position_embeddings
-        for r in decodes:
-            if r.state is not State.RUNNING:
-                continue
-            try:
-                r.draft = choose_draft(r, len(decodes), self.cfg, ctx)
-            except Exception as e:
-                self.fail(r, e)
-                continue
-            # a draft never preempts anyone: without room it is dropped, then the token is reserved
-            if r.draft and not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, False):
-                r.draft = []
-            if r.draft or self.mem.reserve(r, r.seq.num_cached + 1, plan, True):
-                if r.state is State.RUNNING:
-                    plan[r] = 1 + len(r.draft)
-        chunk = sched.chunk_size(prefills, decodes, self.cfg)
-        for r in prefills:
-            if r.state is not State.RUNNING:
-                continue
-            if plan and self.mem.over_high_water():
-                self.counters.deferred_chunks += 1
-                break
-            n = min(r.remaining, chunk)
-            if not self.mem.reserve(r, r.seq.num_cached + n, plan, not plan):
-                self.counters.deferred_chunks += 1
-                break
-            plan[r] = n
-        return [(r, n) for r, n in plan.items() if r.state is State.RUNNING]
-
-    def _run(self, plan: list[tuple[Request, int]]) -> None:
+    def _run(self, plan: list[tuple[Request, int]]) -> tuple[list[SeqChunk], list]:
+        """The model's forward over the planned chunks: (chunks, each chunk's logits rows)."""
         chunks = []
         for r, n in plan:
             c, tgt = r.seq.num_cached, r.target
@@ -260,7 +233,10 @@ class EngineCore:
         fb = build_batch(chunks, self.cfg.page_size)
         path = None if self.cfg.forward_path == "auto" else self.cfg.forward_path
         logits = self.model(fb.input_ids, fb.positions, self.kvm.store, fb.meta, fb.logits_rows, path=path)
-        rows = logits.split(list(fb.logits_count))
+        return chunks, logits.split(list(fb.logits_count))
+
+    def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
+        """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
         plain, plain_rows = [], []
         for (r, _), ch, lg in zip(plan, chunks, rows):
             try:
@@ -356,7 +332,9 @@ class EngineCore:
         if r.state is State.WAITING:
             self.waiting.remove(r)
         elif r.state is State.RUNNING:
-            self.running.remove(r)
+            if r in self.running:  # (a request the memory manager failed has left it already)
+                self.running.remove(r)
+            self.tasks.served(r.tag, time.monotonic() - r.admitted_s)
         r.state, r.finish_reason = State.FINISHED, reason
         self.mem.drop_links(r)
         if self.responses is not None and r.constraint is None and reason in ("stop", "length"):

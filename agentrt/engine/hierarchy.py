@@ -18,7 +18,7 @@ All of it runs in the engine's step thread.
 from __future__ import annotations
 
 from agentrt.cache.kv_manager import Sequence
-from agentrt.engine.scheduler import projected_cells
+from agentrt.engine.sizing import projected_cells
 
 
 def promote_prefix(core, tokens: list[int], salt: str | None) -> tuple[int, int]:

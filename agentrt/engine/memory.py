@@ -18,27 +18,33 @@ from __future__ import annotations
 
 import time
 
-from agentrt.engine import hierarchy
-from agentrt.engine import scheduler as sched
 from agentrt.engine.request import Request, State
+from agentrt.engine.sizing import over_high_water, projected_cells
 from agentrt.errors import OutOfKVMemory
 
 MAX_PREEMPTIONS = 32  # per request; beyond it the request fails instead of livelocking
 
 
 class MemoryManager:
-    def __init__(self, core):
-        self.core = core
+    """Explicit collaborators, one direction: the allocator, KV manager, radix tree, eviction
+    policy, counters, the engine's sessions and its request queues (`queues.waiting`,
+    `queues.running`: the scheduler). It frees memory and returns what must fail; the core
+    finishes those requests."""
+
+    def __init__(self, cfg, alloc, kvm, radix, policy, counters, sessions: dict, queues):
+        self.cfg, self.alloc, self.kvm, self.radix = cfg, alloc, kvm, radix
+        self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
+        self.keep: frozenset[str] | None = None  # agents whose prefixes the scheduler keeps (last)
 
     def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
         """Try to have n_pages free, without touching running requests. Candidates go in three
         passes: unpinned first, then (with `pinned`) sessions pinned by a TTL, then sessions with
         a request queued. `allow(leaf)` limits the candidates (prefetch: only leaves needed later);
         `trim` lets the last resort drop what the tree does not hold of idle sessions."""
-        core, alloc = self.core, self.core.alloc
+        alloc = self.alloc
         if alloc.num_free >= n_pages:
             return True
-        if core.radix is None:
+        if self.radix is None:
             return self._drop_sessions(n_pages)
         for level in (0, 1, 2) if pinned else (0,):
             while alloc.num_free < n_pages:
@@ -54,29 +60,27 @@ class MemoryManager:
         queued unattached (it holds nothing it needs yet; admission finds its KV again). By
         `level`, what may give up pages: 0 neither pinned by a TTL nor about to run (a queued
         request); 1 also the pinned; 2 also those about to run."""
-        core = self.core
-        queued = {id(r.session) for r in core.waiting if r.session is not None and not r.attached}
+        queued = {id(r.session) for r in self.queues.waiting if r.session is not None and not r.attached}
         now = time.monotonic()
-        return [s for s in core.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
+        return [s for s in self.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
                 and (level >= 2 or id(s) not in queued) and (level >= 1 or s.pin_until <= now)]
 
     def candidates(self, level: int, allow) -> dict:
         """Resident leaves whose pages would all be freed by cutting idle sessions (of
         idle_sessions(level)) back: {leaf: [(session, page index to cut at), ...]}."""
-        core = self.core
         idle = self.idle_sessions(level)  # (their KV is in the tree: each turn's end inserts it)
         owners: dict[int, list] = {}
         for s in idle:
             for i, p in enumerate(s.seq.pages):
                 owners.setdefault(p, []).append((s, i))
         cands = {}
-        for leaf in core.radix.resident_leaves():
+        for leaf in self.radix.resident_leaves():
             if allow is not None and not allow(leaf):
                 continue
             cuts, ok = {}, True
             for p in leaf.pages:
                 held = owners.get(p, ())
-                if core.alloc.refcount(p) - 1 != len(held):
+                if self.alloc.refcount(p) - 1 != len(held):
                     ok = False  # a running request (or a session not cut now) uses it
                     break
                 for s, i in held:
@@ -87,145 +91,146 @@ class MemoryManager:
 
     def _take(self, cands: dict, n_pages: int) -> bool:
         """Take candidates in policy order until n_pages are free; False if none could go."""
-        core, took = self.core, False
-        for leaf in core.policy.victim_order(list(cands)):
+        took = False
+        for leaf in self._victim_order(list(cands)):
             for s, i in cands[leaf]:
                 if len(s.seq.pages) > i:
-                    core.kvm.truncate(s.seq, min(len(s.seq.tokens), i * core.cfg.page_size))
-                    core.counters.detached_sessions += 1
-            if not leaf.resident or any(core.alloc.refcount(p) != 1 for p in leaf.pages):
+                    self.kvm.truncate(s.seq, min(len(s.seq.tokens), i * self.cfg.page_size))
+                    self.counters.detached_sessions += 1
+            if not leaf.resident or any(self.alloc.refcount(p) != 1 for p in leaf.pages):
                 continue
-            core.counters.evicted_pages += core.radix.discard(leaf)
+            self.counters.evicted_pages += self.radix.discard(leaf)
             took = True
-            if core.alloc.num_free >= n_pages:
+            if self.alloc.num_free >= n_pages:
                 break
         return took
+
+    def _victim_order(self, leaves: list) -> list:
+        """The eviction policy's order, with the prefixes of agents the scheduling policy keeps
+        (engine/policies.py: Decision.keep) after every other leaf."""
+        order = self.policy.victim_order(leaves)
+        if not self.keep:
+            return order
+        return [x for x in order if x.tag not in self.keep] + [x for x in order if x.tag in self.keep]
 
     def _trim_partial_pages(self, n_pages: int) -> None:
         """Last resort before preemption: idle sessions give up what the tree does not hold
         (a partially filled last page, pages of a turn that never entered the tree)."""
-        core = self.core
         for s in self._order_sessions(self.idle_sessions()):
-            core._cache(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
-            core.kvm.release(s.seq)
-            core.counters.detached_sessions += 1
-            core.counters.evicted_pages += core.radix.evict(n_pages - core.alloc.num_free)
-            if core.alloc.num_free >= n_pages:
+            if s.seq.tokens:
+                self.radix.insert(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
+            self.kvm.release(s.seq)
+            self.counters.detached_sessions += 1
+            self.counters.evicted_pages += self.radix.evict(n_pages - self.alloc.num_free)
+            if self.alloc.num_free >= n_pages:
                 return
 
     def _drop_sessions(self, n_pages: int) -> bool:
         """Without a radix tree an idle session's KV cannot be kept anywhere: whole sessions
         are dropped, in the policy's order (their next turn recomputes)."""
-        core = self.core
         for s in self._order_sessions(self.idle_sessions()):
-            if core.alloc.num_free >= n_pages:
+            if self.alloc.num_free >= n_pages:
                 break
-            core.kvm.release(s.seq)
-            core.counters.detached_sessions += 1
-        return core.alloc.num_free >= n_pages
+            self.kvm.release(s.seq)
+            self.counters.detached_sessions += 1
+        return self.alloc.num_free >= n_pages
 
     def _order_sessions(self, sessions: list) -> list:
         """The policy's session order (least recently used for a policy without one)."""
-        order = getattr(self.core.policy, "order_sessions", None)
+        order = getattr(self.policy, "order_sessions", None)
         return order(sessions) if order is not None else sorted(sessions, key=lambda s: s.last_used)
-
-    def restore_tail(self, es) -> None:
-        """See engine/hierarchy.py: a cut idle session gets its history's pages back."""
-        hierarchy.restore_tail(self.core, es)
 
     def evictable_pages(self) -> int:
         """Pages reclaim() could free now: tree pages held by nobody else but idle sessions."""
-        core = self.core
-        if core.radix is None:
+        if self.radix is None:
             return 0
         idle = {}
         for s in self.idle_sessions():
             for p in s.seq.pages:
                 idle[p] = idle.get(p, 0) + 1
-        return sum(1 for n in core.radix.nodes() if n.lock_ref == 0
-                   for p in n.pages if core.alloc.refcount(p) == 1 + idle.get(p, 0))
+        return sum(1 for n in self.radix.nodes() if n.lock_ref == 0
+                   for p in n.pages if self.alloc.refcount(p) == 1 + idle.get(p, 0))
 
     def fits(self, candidate: Request) -> bool:
         """Admission by footprint: the KV the running requests and the candidate hold (shared
         pages once; a busy session's history cannot be detached) plus the cells they may still
         add stays under the high-water mark. Without it, requests that cannot run together
         are admitted and preempt each other over and over. An idle engine always admits."""
-        core = self.core
-        if not core.running:
+        running = self.queues.running
+        if not running:
             return True
-        group, ps = [*core.running, candidate], core.cfg.page_size
+        group, ps = [*running, candidate], self.cfg.page_size
         held = {p for x in group for p in x.seq.pages}
         # new pages: whole pages for the cells to come, +1 for a shared partial page's copy
-        new = sum(-(-sched.projected_cells(x) // ps) + 1 for x in group)
-        return len(held) + new <= core.cfg.high_water * core.cfg.num_pages
+        new = sum(-(-projected_cells(x) // ps) + 1 for x in group)
+        return len(held) + new <= self.cfg.high_water * self.cfg.num_pages
 
-    def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool) -> bool:
+    def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool, failed: list) -> bool:
         """Make r's positions up to `end` writable. With may_preempt, younger running requests
-        (then r itself) are preempted until it fits; preempted requests leave `plan`."""
-        core = self.core
+        (then r itself) are preempted until it fits; preempted requests leave `plan`, and those
+        that must fail instead go to `failed` as (request, error) for the caller to finish."""
         while True:
-            if self.reclaim(core.kvm.write_cost(r.seq, end)):
-                core.kvm.prepare_write(r.seq, end)
+            if self.reclaim(self.kvm.write_cost(r.seq, end)):
+                self.kvm.prepare_write(r.seq, end)
                 return True
             if not may_preempt:
                 return False
-            victim = max(core.running, key=lambda x: x.admitted_at)
-            self.preempt(victim)
+            victim = max(self.queues.running, key=lambda x: x.admitted_at)
+            err = self.preempt(victim)
+            if err is not None:
+                failed.append((victim, err))
             plan.pop(victim, None)
             if victim is r:
                 return False
 
-    def preempt(self, r: Request) -> None:
-        """Drop r's KV and queue it again; a request preempted MAX_PREEMPTIONS times cannot fit
-        beside what the pool must keep, and fails with OutOfKVMemory instead of looping."""
-        core = self.core
+    def preempt(self, r: Request) -> OutOfKVMemory | None:
+        """Drop r's KV and queue it again. A request preempted MAX_PREEMPTIONS times cannot fit
+        beside what the pool must keep: it leaves the running list with its KV freed, and the
+        returned OutOfKVMemory is for the caller to finish it with (instead of looping)."""
         r.preemptions += 1
-        if r.preemptions > MAX_PREEMPTIONS:
-            core._finish(r, "error", error=OutOfKVMemory(
-                f"request {r.rid} ({len(r.target)} tokens) was preempted {MAX_PREEMPTIONS} times: the KV pool "
-                f"({core.cfg.kv_cache_tokens} tokens) cannot hold it beside the other running requests; raise "
-                "EngineConfig.kv_cache_tokens or lower the concurrency"))
-            core.counters.preemptions += 1
-            return
-        core.running.remove(r)
+        self.counters.preemptions += 1
+        self.queues.running.remove(r)
         self.drop_links(r)
-        core.kvm.release(r.seq)
+        self.kvm.release(r.seq)
+        if r.preemptions > MAX_PREEMPTIONS:
+            return OutOfKVMemory(
+                f"request {r.rid} ({len(r.target)} tokens) was preempted {MAX_PREEMPTIONS} times: the KV pool "
+                f"({self.cfg.kv_cache_tokens} tokens) cannot hold it beside the other running requests; raise "
+                "EngineConfig.kv_cache_tokens or lower the concurrency")
         r.state, r.attached = State.WAITING, False
-        core.waiting.appendleft(r)
-        core.counters.preemptions += 1
+        self.queues.waiting.appendleft(r)
+        return None
 
     def drop_links(self, r: Request) -> None:
         """Unlock r's radix path and cut leader/follower links that involve it."""
         if r.lock_node is not None:
-            self.core.radix.unlock(r.lock_node)
+            self.radix.unlock(r.lock_node)
             r.lock_node = None
         r.leader = None
-        for f in self.core.running:
+        for f in self.queues.running:
             if f.leader is r:
                 f.leader = None
 
     def resolve_followers(self) -> None:
         """A follower whose leader now holds the shared block aliases it (metadata only)."""
-        core = self.core
-        for f in core.running:
+        for f in self.queues.running:
             lead = f.leader
             if lead is None or lead.seq.num_cached < f.share_end:
                 continue
             if f.lock_node is not None:
-                core.radix.unlock(f.lock_node)
+                self.radix.unlock(f.lock_node)
                 f.lock_node = None
             gained = f.share_end - f.seq.num_cached
-            core.kvm.release(f.seq)
-            core.kvm.alias(f.seq, f.target[:f.share_end], lead.seq.pages)
-            core.counters.grouped_tokens += gained
+            self.kvm.release(f.seq)
+            self.kvm.alias(f.seq, f.target[:f.share_end], lead.seq.pages)
+            self.counters.grouped_tokens += gained
             if not f.preemptions:  # served from KV computed once: cached, for usage and hit rate
                 f.cached_tokens += gained
-                core.counters.prompt_cached += gained
+                self.counters.prompt_cached += gained
             f.leader = None
 
     def over_high_water(self) -> bool:
-        core = self.core
-        used = core.alloc.num_pages - core.alloc.num_free
-        if not sched.over_high_water(used, 0, core.cfg):
+        used = self.alloc.num_pages - self.alloc.num_free
+        if not over_high_water(used, 0, self.cfg):
             return False  # the tree walk below is only needed near the mark
-        return sched.over_high_water(used, self.evictable_pages(), core.cfg)
+        return over_high_water(used, self.evictable_pages(), self.cfg)

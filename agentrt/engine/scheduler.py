@@ -1,46 +1,176 @@
-"""Scheduling policy of one iteration, as pure functions of the engine's state: which waiting
-requests are admitted (cell budget), and how many prompt tokens each prefill gets (adaptive
-chunking). The step loop (core.py) applies them and handles memory."""
+"""The scheduler: owns the request queues, admission and batch planning. One `schedule()` per
+step returns the Plan the core runs:
+
+1. **Decide** (engine/policies.py): the scheduling policy orders the ready requests and names
+   the agents whose prefixes stay resident (`MemoryManager.keep`). FCFS takes arrival order
+   without building a view; the others see a `SchedulingView` built here, and their decision
+   time is recorded (`decision_us`).
+2. **Admit** in that order while each request fits the cell budget (sizing.admissible) and the
+   footprint check (MemoryManager.fits); the first that does not fit ends the admission.
+   Requests admitted together that share a block are grouped (prefix.group_new_requests).
+3. **Plan the batch**: decodes first (each needs at most a page; its draft only if memory
+   allows), then prefill chunks (sizing.chunk_size) while memory allows. Memory comes from the
+   memory manager: free pages, then cache and idle sessions' tails, then preempting the
+   youngest running request; requests that must fail instead are returned in `Plan.failed`.
+"""
 
 from __future__ import annotations
 
-from agentrt.config import EngineConfig
-from agentrt.engine.request import Request
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from agentrt.engine import sizing
+from agentrt.engine.policies import FCFS, Ready, SchedulingView
+from agentrt.engine.prefix import common_prefix, group_new_requests
+from agentrt.engine.request import Request, State
+from agentrt.engine.speculation import choose_draft
+
+REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
 
 
-def projected_cells(r: Request) -> int:
-    """KV cells (tokens; one per layer each) the request may still add: its uncomputed
-    target plus the tokens it may still generate. Reused cells are already resident and are
-    not counted twice (the seed counts prompt + max_tokens; sessions would otherwise be
-    refused work that fits)."""
-    return r.remaining + r.params.max_tokens - len(r.output)
+@dataclass
+class Queues:
+    waiting: deque = field(default_factory=deque)  # of Request, arrival order
+    running: list = field(default_factory=list)
 
 
-def admissible(candidate: Request, running: list[Request], cfg: EngineConfig) -> bool:
-    """Cell-budget admission: admitted requests' projected cells stay under
-    cell_budget_fraction of the pool. An idle engine always admits (no starvation)."""
-    if not running:
-        return True
-    budget = cfg.cell_budget_fraction * cfg.num_pages * cfg.page_size
-    used = sum(projected_cells(r) for r in running)
-    return used + projected_cells(candidate) <= budget
+@dataclass
+class Plan:
+    items: list[tuple[Request, int]]  # (request, tokens it feeds this step)
+    failed: list[tuple[Request, BaseException]]  # out of memory for good: the core finishes them
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for r, n in self.items if not r.draft and n > 1)
 
 
-def is_latency_sensitive(r: Request, cfg: EngineConfig) -> bool:
-    return r.params.max_tokens <= cfg.latency_sensitive_max_tokens
+class Scheduler:
+    def __init__(self, cfg, queues: Queues, mem, kvm, radix, tasks, policy, *, attach, fail,
+                 tick, reload_s, context: int):
+        self.cfg, self.queues, self.mem, self.kvm, self.radix = cfg, queues, mem, kvm, radix
+        self.tasks, self.policy = tasks, policy
+        self.attach, self.fail, self.tick, self.reload_s = attach, fail, tick, reload_s
+        self.context = context
+        self.decision_us: deque[float] = deque(maxlen=4096)
+        self._last: tuple | None = None  # (queue signature, time, order)
 
+    @property
+    def waiting(self) -> deque:
+        return self.queues.waiting
 
-def chunk_size(prefills: list[Request], decodes: list[Request], cfg: EngineConfig) -> int:
-    """clamp(n_batch / N, chunk_min, chunk_max) for N requests with prefill work; under
-    contention with a latency-sensitive request present, at most fair_chunk_cap."""
-    n = max(len(prefills), 1)
-    chunk = max(cfg.chunk_min, min(cfg.chunk_max, cfg.n_batch // n))
-    contended = len(prefills) + len(decodes) > 1
-    if contended and any(is_latency_sensitive(r, cfg) for r in prefills + decodes):
-        chunk = min(chunk, cfg.fair_chunk_cap)
-    return chunk
+    @property
+    def running(self) -> list:
+        return self.queues.running
 
+    def schedule(self) -> Plan:
+        self.admit()
+        return self.plan()
 
-def over_high_water(used_pages: int, evictable_pages: int, cfg: EngineConfig) -> bool:
-    """Occupancy net of evictable cache above the high-water mark: prefill chunks wait."""
-    return (used_pages - evictable_pages) > cfg.high_water * cfg.num_pages
+    # ---- admission ------------------------------------------------------------------
+    def admit(self) -> None:
+        admitted = []
+        for r in self._decide():
+            if r.state is not State.WAITING:
+                continue
+            self.attach(r)
+            if not sizing.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
+                break
+            self.waiting.remove(r)
+            r.state, r.admitted_at, r.admitted_s = State.RUNNING, self.tick(), time.monotonic()
+            self.running.append(r)
+            admitted.append(r)
+        if self.cfg.enable_prefix_grouping and len(admitted) > 1:
+            group_new_requests(admitted, self.cfg.prefix_group_k)
+
+    def _decide(self) -> list[Request]:
+        if not self.waiting:
+            return []
+        if isinstance(self.policy, FCFS):
+            return list(self.waiting)
+        sig, now = (tuple(r.rid for r in self.waiting), tuple(r.rid for r in self.running)), time.monotonic()
+        if self._last is not None and self._last[0] == sig and now - self._last[1] < REDECIDE_S:
+            return self._last[2]
+        t0 = time.perf_counter()
+        decision = self.policy.decide(self.view(now))
+        self.decision_us.append((time.perf_counter() - t0) * 1e6)
+        self.mem.keep = decision.keep
+        self._last = (sig, now, decision.order)
+        first = decision.order[0] if decision.order else None
+        for r in self.waiting:  # a request attached earlier and not first now lets go of its match
+            if r.attached and r is not first:
+                self._detach(r)
+        return decision.order
+
+    def _detach(self, r: Request) -> None:
+        self.mem.drop_links(r)
+        if r.session is None:
+            self.kvm.release(r.seq)
+        r.attached = False
+
+    # ---- what policies see ------------------------------------------------------------
+    def view(self, now: float) -> SchedulingView:
+        ready = [self._ready(r, False) for r in self.waiting]
+        running = [self._ready(r, True) for r in self.running]
+        stages = {s for x in ready + running for s in (x.stage, *x.successors) if s is not None}
+        prefix_len = {a: self.tasks.prefix_len(a) for a in stages}
+        resident = {a: self._resident_prefix(a) for a in stages}
+        budget = int(self.cfg.high_water * self.cfg.num_pages) * self.cfg.page_size
+        return SchedulingView(ready, running, prefix_len, resident, budget, self.reload_s(), now)
+
+    def _ready(self, r: Request, running: bool) -> Ready:
+        tasks, tgt = self.tasks, r.target
+        plen = tasks.prefix_len(r.tag)
+        if running or r.attached:
+            resident = r.seq.num_cached
+        else:
+            resident = self.radix.peek(tgt, r.cache_salt) if self.radix is not None else 0
+            if r.session is not None:
+                resident = max(resident, common_prefix(r.session.seq.tokens, tgt))
+        held = len(r.seq.tokens) if running else len(tgt)
+        cells = max(0, held - plen) + (sizing.projected_cells(r) if running else r.params.max_tokens)
+        return Ready(r, r.tag, r.task, r.submitted_s, tasks.arrival(r.task, r.submitted_s), resident, cells,
+                     tasks.remaining(r.task, r.tag), tasks.cost(r.tag), tasks.successors(r.task, r.tag))
+
+    def _resident_prefix(self, stage: str) -> int:
+        tokens, salt = self.tasks.prefix_of(stage)
+        return self.radix.peek(tokens, salt) if self.radix is not None and tokens else 0
+
+    # ---- the batch ------------------------------------------------------------------
+    def plan(self) -> Plan:
+        """Decodes first (each needs at most one page), then prefill chunks while memory
+        allows. Memory is taken by evicting cache, then idle sessions, then preempting."""
+        self.mem.resolve_followers()
+        decodes = [r for r in self.running if not r.in_prefill]
+        prefills = [r for r in self.running if r.in_prefill and r.leader is None]
+        plan: dict[Request, int] = {}
+        failed: list = []
+        for r in decodes:
+            if r.state is State.RUNNING and r in self.running:
+                self._plan_decode(r, len(decodes), plan, failed)
+        chunk = sizing.chunk_size(prefills, decodes, self.cfg)
+        for r in prefills:
+            if r.state is not State.RUNNING or r not in self.running:
+                continue
+            if plan and self.mem.over_high_water():
+                self.mem.counters.deferred_chunks += 1
+                break
+            n = min(r.remaining, chunk)
+            if not self.mem.reserve(r, r.seq.num_cached + n, plan, not plan, failed):
+                self.mem.counters.deferred_chunks += 1
+                break
+            plan[r] = n
+        return Plan([(r, n) for r, n in plan.items() if r.state is State.RUNNING and r in self.running], failed)
+
+    def _plan_decode(self, r: Request, n_decodes: int, plan: dict, failed: list) -> None:
+        try:
+            r.draft = choose_draft(r, n_decodes, self.cfg, self.context)
+        except Exception as e:
+            self.fail(r, e)
+            return
+        # a draft never preempts anyone: without room it is dropped, then the token is reserved
+        if r.draft and not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, False, failed):
+            r.draft = []
+        if r.draft or self.mem.reserve(r, r.seq.num_cached + 1, plan, True, failed):
+            if r.state is State.RUNNING and r in self.running:
+                plan[r] = 1 + len(r.draft)

@@ -65,12 +65,18 @@ class EngineStats:
     ttl_hits: int
     ttl_expired: int
     tool_ttls: dict  # tool name -> the TTL (seconds) chosen last for it
+    scheduling_policy: str  # EngineConfig.scheduling_policy
+    decisions: int  # scheduling decisions timed (0 under fcfs, which takes arrival order as is)
+    decision_us_p50: float  # median time of one decision (view + policy), microseconds
+    decision_us_p99: float
+    tasks: int  # tasks the engine remembers (engine/tasks.py)
 
     @classmethod
     def snapshot(cls, core) -> "EngineStats":
         c, a, radix = core.counters, core.alloc, core.radix
         tier = radix.tier if radix is not None else None
         cached_only = core.radix.evictable_pages() if core.radix is not None else 0
+        times = sorted(core.scheduler.decision_us)
         return cls(
             waiting=len(core.waiting), running=len(core.running), sessions=len(core.sessions),
             pages_total=a.num_pages, pages_free=a.num_free, pages_cached_only=cached_only,
@@ -88,4 +94,11 @@ class EngineStats:
             demoted_pages=radix.demoted_pages if radix else 0, dropped_pages=radix.dropped_pages if radix else 0,
             promoted_pages=c.promoted_pages, prefetched_pages=c.prefetched_pages,
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
-            ttl_expired=c.ttl_expired, tool_ttls=dict(core.retention.chosen))
+            ttl_expired=c.ttl_expired, tool_ttls=dict(core.retention.chosen),
+            scheduling_policy=core.cfg.scheduling_policy, decisions=len(times),
+            decision_us_p50=_quantile(times, 0.5), decision_us_p99=_quantile(times, 0.99),
+            tasks=len(core.tasks.tasks))
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from agentrt.engine.prefix import common_prefix
 from agentrt.errors import ConfigError
 from agentrt.workflow import Workflow
 
 EWMA = 0.3  # weight of a new observation in a stage's service estimate
+MAX_PREFIX = 16384  # tokens of a stage's static prefix remembered at most
 
 
 @dataclass
@@ -63,6 +65,8 @@ class TaskTracker:
         self.workflows: dict[str, Workflow] = {}
         self.learned = LearnedDag()
         self.stage_cost: dict[str, float] = {}  # stage -> expected service seconds per request
+        # stage -> (its static prefix: the common prefix of its prompts so far, their cache salt)
+        self.prefixes: dict[str, tuple[list[int], str | None]] = {}
 
     def declare(self, wf: Workflow) -> None:
         if not isinstance(wf, Workflow):
@@ -71,8 +75,11 @@ class TaskTracker:
         for s, c in wf.cost.items():
             self.stage_cost.setdefault(s, c)
 
-    def observe(self, task_id: str | None, workflow: str | None, stage: str | None, now: float) -> None:
-        """A request of `task_id` at `stage` arrived."""
+    def observe(self, task_id: str | None, workflow: str | None, stage: str | None, now: float,
+                prompt: list[int] = (), salt: str | None = None) -> None:
+        """A request of `task_id` at `stage` with `prompt` arrived."""
+        if stage is not None and prompt:
+            self._learn_prefix(stage, prompt, salt)
         if task_id is None:
             return
         t = self.tasks.get(task_id)
@@ -86,6 +93,20 @@ class TaskTracker:
             self.learned.add(t.stage, stage)
         t.stage = stage if stage is not None else t.stage
         t.requests += 1
+
+    def _learn_prefix(self, stage: str, prompt, salt) -> None:
+        old = self.prefixes.get(stage)
+        if old is None or old[1] != salt:
+            self.prefixes[stage] = (list(prompt[:MAX_PREFIX]), salt)
+        elif old[0] and prompt[:len(old[0])] != old[0]:
+            self.prefixes[stage] = (old[0][:common_prefix(old[0], list(prompt[:len(old[0])]))], salt)
+
+    def prefix_of(self, stage: str | None) -> tuple[list[int], str | None]:
+        """The stage's static prefix (tokens every request of it began with) and cache salt."""
+        return self.prefixes.get(stage, ([], None))
+
+    def prefix_len(self, stage: str | None) -> int:
+        return len(self.prefixes[stage][0]) if stage in self.prefixes else 0
 
     def served(self, stage: str | None, seconds: float) -> None:
         """A request of `stage` took `seconds` from admission to its end."""

@@ -57,8 +57,10 @@ def check_generate_args(engine, prompt, params, *, session=None, cache_salt=None
     check_session(engine, session)
     check_optional_str("cache_salt", cache_salt)
     check_optional_str("tag", tag)
-    check_optional_str("task", task)
-    check_optional_str("workflow", workflow)
+    for name, v in (("task", task), ("workflow", workflow)):
+        check_optional_str(name, v)
+        if v == "":
+            raise ConfigError(f"{name} must be a non-empty string or None (None: the caller's agentrt.task_scope)")
     check_timeout("timeout (seconds; None: EngineConfig.acquire_timeout)", timeout)
     return prompt, params
 

@@ -1,0 +1,145 @@
+"""Scheduling policies (engine/policies.py, engine/topas.py) on hand-built views where the right
+decision is known, TOPAS's aging bound under adversarial arrivals, and the workflow facts
+(agentrt.Workflow, engine/tasks.py) they rest on."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrt import Workflow, task_scope
+from agentrt.engine.policies import SCHEDULING_POLICIES, Ready, SchedulingView, make_scheduling_policy
+from agentrt.engine.tasks import TaskTracker
+from agentrt.engine.topas import Topas
+from agentrt.errors import ConfigError
+
+PREFIX = 1000  # tokens of every agent's static prefix
+RELOAD = 1e-3  # seconds to recompute one prefix token: a prefix move costs 1 s
+COST = 0.3  # seconds of one request's own service
+
+
+def ready(name, stage, *, remaining, task_arrival=0.0, arrival=0.0, resident=0, successors=()):
+    return Ready(name, stage, f"t-{name}", arrival, task_arrival, resident, 100, remaining, COST, successors)
+
+
+def view(ready_list, *, resident=None, running=(), budget=1500, now=0.0):
+    resident = resident or {}
+    stages = {s for r in [*ready_list, *running] for s in (r.stage, *r.successors)} | set(resident)
+    return SchedulingView(list(ready_list), list(running), {a: PREFIX for a in stages},
+                          {a: resident.get(a, 0) for a in stages}, budget, RELOAD, now)
+
+
+def chain_ready():
+    """The seed's A -> B -> C with A's prefix resident: requests of each stage, oldest last."""
+    return [ready("a1", "A", remaining=0.9, arrival=3, task_arrival=3, resident=PREFIX),
+            ready("b1", "B", remaining=0.6, arrival=2, task_arrival=1),
+            ready("c1", "C", remaining=0.3, arrival=1, task_arrival=0)]
+
+
+def test_baseline_orders():
+    rs = chain_ready()
+    v = view(rs, resident={"A": PREFIX})
+    assert make_scheduling_policy("fcfs").decide(v).order == ["a1", "b1", "c1"]
+    assert make_scheduling_policy("lpm").decide(v).order[0] == "a1"  # locality first
+    assert make_scheduling_policy("srpt").decide(v).order == ["c1", "b1", "a1"]  # least work left first
+    assert make_scheduling_policy("program_fcfs").decide(v).order == ["c1", "b1", "a1"]  # oldest task first
+    for name in SCHEDULING_POLICIES[:4]:
+        assert make_scheduling_policy(name).decide(v).keep is None
+
+
+def test_topas_batches_the_resident_prefix_instead_of_thrashing():
+    """Three ready requests share the resident prefix A; one B request of an older task needs a
+    1 s reload that would evict A (the budget holds one prefix). SRPT would switch to B; TOPAS
+    serves the A batch and keeps A resident."""
+    rs = [ready(f"a{i}", "A", remaining=0.9, resident=PREFIX) for i in range(3)]
+    rs.append(ready("b1", "B", remaining=0.6, task_arrival=-1.0))
+    d = Topas().decide(view(rs, resident={"A": PREFIX}))
+    assert sorted(d.order) == ["a0", "a1", "a2"] and d.keep == frozenset({"A"})
+    assert make_scheduling_policy("srpt").decide(view(rs, resident={"A": PREFIX})).order[0] == "b1"
+
+
+def test_topas_moves_to_the_downstream_stage_when_it_pays():
+    """Locality-first (LPM) would stay at the entry stage A; with six old tasks waiting at their
+    last stage C, TOPAS moves the budget to C's prefix."""
+    rs = [ready("a1", "A", remaining=0.9, resident=PREFIX, task_arrival=50.0)]
+    rs += [ready(f"c{i}", "C", remaining=0.3, task_arrival=0.0) for i in range(6)]
+    v = view(rs, resident={"A": PREFIX}, budget=2000, now=60.0)
+    d = Topas().decide(v)
+    assert d.order and all(x.startswith("c") for x in d.order) and "C" in d.keep
+    assert make_scheduling_policy("lpm").decide(v).order[0] == "a1"
+
+
+def test_topas_keeps_a_running_agents_prefix_and_looks_ahead():
+    """A running request of stage A leads to B next: B's resident prefix is kept (lookahead)
+    while an unrelated resident prefix X is not."""
+    run = ready("a0", "A", remaining=0.9, resident=PREFIX, successors=("B",))
+    d = Topas().decide(view([ready("a1", "A", remaining=0.9, resident=PREFIX)], running=[run],
+                            resident={"A": PREFIX, "B": PREFIX, "X": PREFIX}, budget=4000))
+    assert d.order == ["a1"] and {"A", "B"} <= d.keep and "X" not in d.keep
+
+
+def test_topas_idle_engine_always_admits():
+    """Nothing running, the only ready request needs a reload worth more than it: admitted anyway."""
+    d = Topas().decide(view([ready("b1", "B", remaining=5.0)], budget=500))
+    assert d.order == ["b1"]
+
+
+def test_topas_aging_bounds_waiting_under_adversarial_arrivals():
+    """A new entry-stage task arrives at every scheduling point and A stays resident: without
+    aging TOPAS would batch A forever. A waiting B request is admitted within a bounded time,
+    and sooner with a shorter aging constant."""
+    def waited(aging_s: float) -> float:
+        topas, now = Topas(aging_s=aging_s), 0.0
+        b = ready("b", "B", remaining=0.6, task_arrival=0.0)
+        while now < 1000:
+            rs = [ready(f"a{now}", "A", remaining=0.9, resident=PREFIX, task_arrival=now, arrival=now), b]
+            d = topas.decide(view(rs, resident={"A": PREFIX}, budget=1500, now=now))
+            if "b" in d.order:
+                return now
+            now += COST  # one A request served per scheduling point
+        return float("inf")
+
+    slow, fast = waited(10.0), waited(1.0)
+    assert fast < slow < 100.0
+
+
+def test_topas_search_greedy_beyond_exhaustive():
+    rs = [ready(f"r{i}", f"S{i}", remaining=1.0 + i) for i in range(9)]
+    v = view(rs, budget=10_000)
+    exhaustive, greedy = Topas(exhaustive_agents=9).decide(v), Topas(exhaustive_agents=3).decide(v)
+    assert greedy.order and set(greedy.order) <= set(exhaustive.order) | set(greedy.order)
+    assert len(greedy.keep) >= 1
+
+
+def test_workflow_dag_and_learned_transitions():
+    wf = Workflow.from_edges("diamond", [("A", "B"), ("A", "C"), ("B", "D"), ("C", "D")])
+    assert wf.entries == ("A",) and wf.longest_path("A", {"B": 3.0}) == 5.0
+    with pytest.raises(ConfigError, match="cycle"):
+        Workflow.chain("loop", "A", "B", "A")
+    with pytest.raises(ConfigError):
+        Workflow("x", {"A": (7,)})
+    tr = TaskTracker()
+    for task in ("t1", "t2"):
+        for stage in ("plan", "code", "plan", "review"):  # a revisit does not close a cycle
+            tr.observe(task, None, stage, 0.0, [1, 2, 3, hash(task) % 50], None)
+    learned = tr.workflow_of("t1")
+    assert "code" in learned.successors("plan") and "review" in learned.successors("code") + learned.successors("plan")
+    assert tr.prefix_len("plan") == 3  # the tokens all its prompts began with
+    tr.served("code", 2.0)
+    assert tr.remaining("t1", "code") >= 2.0
+    tr.declare(Workflow.chain("rev", "plan", "code", "review", cost={"review": 4.0}))
+    tr.observe("t3", "rev", "plan", 1.0)
+    assert tr.remaining("t3", "plan") == pytest.approx(tr.cost("plan") + 2.0 + 4.0)
+
+
+def test_task_scope_nesting_and_validation():
+    from agentrt import current_task
+
+    assert current_task() is None
+    with task_scope("job-1", workflow="rev") as outer:
+        with task_scope() as inner:
+            assert inner == outer
+        with task_scope("job-2") as other:
+            assert other.task_id == "job-2" and other.workflow is None
+    with pytest.raises(ConfigError):
+        with task_scope(""):
+            pass
