@@ -3,20 +3,28 @@
 An actor is a task in the Runtime's task group. Its mailbox is an anyio memory object stream
 with a bound (back-pressure: `tell` waits for space, `tell_nowait` raises MailboxFull). Each
 message runs inside its own cancel scope, so `cancel()` stops the current message only.
+
+Tasks (agentrt/workflow.py): a message carries the sender's task (`current_task()` when it is
+sent), or a fresh task when sent from outside any `task_scope` (one user request = one task);
+the actor handles it inside that task's scope, so the model requests of the turn, and the
+messages it sends to other actors (say, from a tool), belong to the same task. `workflow=`
+names the workflow of a fresh task (inside a task, its workflow is the task's).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
 import structlog
 
-from agentrt.errors import ActorStopped, AskTimeout, MailboxFull, RequestCancelled
+from agentrt.errors import ActorStopped, AskTimeout, ConfigError, MailboxFull, RequestCancelled
 from agentrt.runtime.supervision import RestartTracker, Supervision
+from agentrt.workflow import TaskContext, current_task, new_task_id, task_scope
 
 log = structlog.get_logger("agentrt.runtime")
 
@@ -40,12 +48,27 @@ class ActorContext:
     reset_state: bool = False  # set on a restart whose policy is session="reset"
 
 
+def message_task(workflow: str | None = None) -> TaskContext:
+    """The task a message sent now belongs to: the sender's, or a fresh one of `workflow`."""
+    if workflow is not None and (not isinstance(workflow, str) or not workflow):
+        raise ConfigError(f"workflow must be a workflow's name (a non-empty str) or None, got {workflow!r}")
+    outer = current_task()
+    if outer is None:
+        return TaskContext(new_task_id(), workflow)
+    if workflow is not None and outer.workflow not in (None, workflow):
+        raise ConfigError(f"this message is sent inside task {outer.task_id!r} of workflow {outer.workflow!r}, "
+                          f"so it cannot start workflow {workflow!r}: a task follows one workflow; leave "
+                          "workflow= out, or send it from outside the task_scope to start a new task")
+    return TaskContext(outer.task_id, workflow or outer.workflow)
+
+
 @dataclass(eq=False)
 class Envelope:
     message: Any
     reply: Any = None  # memory object send stream for ask/ask_stream; None for tell
     streaming: bool = False
     settled: bool = field(default=False)
+    task: TaskContext | None = None  # the task the message belongs to (None: no task)
 
     def answer(self, value: Any) -> None:
         self._send(("ok", value))
@@ -93,22 +116,25 @@ class ActorRef:
         """True while the actor handles a message (False between messages)."""
         return self._scope is not None
 
-    async def tell(self, message: Any) -> None:
+    async def tell(self, message: Any, *, workflow: str | None = None) -> None:
         """Queue a message, waiting while the mailbox is full."""
-        await self._put(Envelope(message))
+        await self._put(Envelope(message, task=message_task(workflow)))
 
-    def tell_nowait(self, message: Any) -> None:
+    def tell_nowait(self, message: Any, *, workflow: str | None = None) -> None:
+        env = Envelope(message, task=message_task(workflow))
         try:
-            self._send.send_nowait(Envelope(message))
+            self._send.send_nowait(env)
         except anyio.WouldBlock:
             raise MailboxFull(f"actor {self.name!r} has a full mailbox; use `await tell()` to wait") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ActorStopped(f"actor {self.name!r} has stopped") from None
 
-    async def ask(self, message: Any, timeout: float | None = None) -> Any:
-        """Send and wait for the answer; AskTimeout after `timeout` s (the message is cancelled)."""
+    async def ask(self, message: Any, timeout: float | None = None, *, workflow: str | None = None) -> Any:
+        """Send and wait for the answer; AskTimeout after `timeout` s (the message is cancelled).
+        `workflow`: the workflow of the fresh task a message from outside any task starts."""
+        task = message_task(workflow)
         send, recv = anyio.create_memory_object_stream(1)
-        env = Envelope(message, send)
+        env = Envelope(message, send, task=task)
         await self._put(env)
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
             async with recv:
@@ -121,10 +147,11 @@ class ActorRef:
             raise value
         return value
 
-    async def ask_stream(self, message: Any) -> AsyncIterator[Any]:
+    async def ask_stream(self, message: Any, *, workflow: str | None = None) -> AsyncIterator[Any]:
         """Send and yield the behaviour's events as they come; ends with the final answer."""
+        task = message_task(workflow)
         send, recv = anyio.create_memory_object_stream(math.inf)
-        env = Envelope(message, send, streaming=True)
+        env = Envelope(message, send, streaming=True, task=task)
         await self._put(env)
         async with recv:
             async for kind, value in recv:
@@ -197,7 +224,8 @@ class ActorRef:
                     log.warning("actor stop did not finish within shutdown_timeout", actor=self.name)
 
     async def _handle(self, env: Envelope, ctx: ActorContext) -> bool:
-        with anyio.CancelScope() as scope:
+        task = task_scope(env.task.task_id, env.task.workflow) if env.task is not None else nullcontext()
+        with anyio.CancelScope() as scope, task:
             self._scope = scope
             try:
                 if env.streaming and hasattr(self.behavior, "stream"):

@@ -167,10 +167,12 @@ class Conversation:
     async def round(self, params: SamplingParams, *, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                     constrained: bool = True, json_schema: Any = None, stop: Sequence[str] = (),
                     call_id: Callable[[int], str] = lambda i: f"call_{i}",
-                    content: Callable[[str], str] = lambda text: text, reasoning: bool = False) -> AsyncIterator[Any]:
+                    content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
+                    tag: str | None = None, task: str | None = None, workflow: str | None = None) -> AsyncIterator[Any]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
         docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
-        reasoning=True also streams a leading <think> block as ReasoningDelta events."""
+        reasoning=True also streams a leading <think> block as ReasoningDelta events. `tag` (the
+        stage; default the session's), `task`, `workflow`: as in Engine.generate."""
         if not self._open:
             self.append([])  # (re)open the assistant turn
         self.fit(params.max_tokens)
@@ -183,8 +185,9 @@ class Conversation:
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = _Round(parser, tuple(stop), reasoning)
         state.constrained = constraint is not None
-        async with aclosing(engine.generate(self.tokens, params, session=self.session,
-                                            constraint=constraint)) as events:
+        request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow)) if v is not None}
+        async with aclosing(engine.generate(self.tokens, params, session=self.session, constraint=constraint,
+                                            **request)) as events:
             async for ev in events:
                 for tok in ev.token_ids if not state.stopped else ():
                     state.generated.append(tok)

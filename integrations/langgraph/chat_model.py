@@ -7,7 +7,9 @@ thread and node.
         await agent.ainvoke({"messages": [...]}, {"configurable": {"thread_id": "t1"}})
 
 or `ChatAgentrt.from_model("smollm2-135m")`, which runs its own engine on a private event loop
-(then the sync `invoke`/`stream` work from any thread). Every path is built on `_astream`:
+(then the sync `invoke`/`stream` work from any thread). Each call carries its task and stage
+(workflow.py): the enclosing `agentrt.task_scope`, else the graph run it is made in; the stage is
+the model's `name` if set, else the LangGraph node's name. Every path is built on `_astream`:
 `_agenerate` aggregates its chunks; the sync paths run it on the engine's loop.
 """
 
@@ -33,6 +35,7 @@ from .host import EngineHost
 from .messages import normalize_tool_choice, structured_schema, to_openai, tools_to_openai
 from .sessions import SessionPolicy, SessionRouter, session_key
 from .stream import CallSpec, run_call, split_rejected
+from .workflow import GraphTasks, node_name
 
 _CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens", "temperature",
                 "top_p", "top_k", "seed", "stream", "ls_structured_output_format", "session"}
@@ -49,6 +52,7 @@ class _Shared:
         self.host = host
         self.fmt = engine.chat_format()  # the engine's template and tool-call format
         self.router = SessionRouter(engine, policy)
+        self.tasks = GraphTasks()
 
 
 class ChatAgentrt(BaseChatModel):
@@ -111,7 +115,7 @@ class ChatAgentrt(BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        spec, sh = self._spec(messages, stop, kwargs), self._shared
+        spec, sh = self._call(messages, stop, kwargs)
         async for chunk in sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router)):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -124,7 +128,7 @@ class ChatAgentrt(BaseChatModel):
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        spec, sh = self._spec(messages, stop, kwargs), self._shared
+        spec, sh = self._call(messages, stop, kwargs)
         for chunk in sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router)):
             if run_manager is not None:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -133,6 +137,13 @@ class ChatAgentrt(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         return _result(list(self._stream(messages, stop, run_manager, **kwargs)))
+
+    def _call(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[CallSpec, _Shared]:
+        """The call's spec with its task (resolved here, on the caller's side: the engine's loop
+        may run in another thread, where the caller's task_scope is not seen)."""
+        spec, sh = self._spec(messages, stop, kwargs), self._shared
+        spec.task = sh.tasks.context(ensure_config())
+        return spec, sh
 
     def _spec(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> CallSpec:
         unknown = set(kwargs) - _CALL_KWARGS
@@ -147,11 +158,13 @@ class ChatAgentrt(BaseChatModel):
         params = SamplingParams(
             max_tokens=kwargs.get("max_tokens", self.max_tokens), temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p), top_k=kwargs.get("top_k", self.top_k), seed=kwargs.get("seed", self.seed))
+        config = ensure_config()
         return CallSpec(
             messages=to_openai(messages), tools=tools, tool_choice=choice,
             parallel_tool_calls=kwargs.get("parallel_tool_calls", self.parallel_tool_calls),
             constrained=self.constrained, json_schema=_response_schema(kwargs.get("response_format")), params=params,
-            stop=tuple(stop or ()), key=_key(kwargs.get("session")), model_name=self.model_name)
+            stop=tuple(stop or ()), key=_key(kwargs.get("session"), config), model_name=self.model_name,
+            tag=self.name or node_name(config))
 
     # ---- binding -------------------------------------------------------------------------
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, parallel_tool_calls: bool | None = None,
@@ -239,13 +252,13 @@ def _profile(engine, max_tokens: int) -> dict[str, Any]:
             "tool_choice": True, "structured_output": False}
 
 
-def _key(session: Any) -> str | None:
+def _key(session: Any, config) -> str | None:
     """An explicit `session=` call argument, else the LangGraph run config's routing key."""
     if session is not None:
         if not isinstance(session, str) or not session:
             raise ConfigError(f"session must be a non-empty str, got {session!r}")
         return session
-    return session_key(ensure_config())
+    return session_key(config)
 
 
 async def _one(coro) -> AsyncIterator[Any]:

@@ -10,12 +10,17 @@ agent is restarted with a fresh session and reads the whole history again.
 Handoffs: `agent_node(..., handoffs=["math"])` gives the agent a `transfer_to_math(task)` tool
 that ends its turn; the node then returns `Command(goto="math", update=...)`, and the target
 agent reads the task as its new message.
+
+Tasks (workflow.py): the agent's turn belongs to the enclosing `agentrt.task_scope`, else to the
+graph run (one invoke = one task); its stage is the agent's name (its session's tag), so name
+the node after the agent (`add_node(agent_node(...))` does) for a declared workflow to match.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -23,8 +28,10 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from agentrt.errors import ConfigError
 from agentrt.runtime.agent import Agent
 from agentrt.tools import Tool
+from agentrt.workflow import task_scope
 
 from .messages import content_text
+from .workflow import GraphTasks
 
 HANDOFF_PREFIX = "transfer_to_"
 
@@ -59,9 +66,15 @@ class AgentBinding:
         self.name = agent.name
         self._read: dict[str, list[str]] = {}  # thread -> ids of the graph messages read so far
         self.last_result: dict[str, Any] = {}  # thread -> the agent's last TurnResult (usage etc.)
+        self.tasks = GraphTasks()
 
-    async def run(self, messages: Sequence[BaseMessage], thread: str) -> tuple[list[BaseMessage], str | None]:
-        """One turn on the thread's agent: (messages to add to the graph, handoff target)."""
+    async def run(self, messages: Sequence[BaseMessage], config) -> tuple[list[BaseMessage], str | None]:
+        """One turn on the thread's agent, in the run's task: (messages to add, handoff target)."""
+        task = self.tasks.context(config)
+        with task_scope(task.task_id, task.workflow) if task is not None else nullcontext():
+            return await self._turn(messages, _thread(config))
+
+    async def _turn(self, messages: Sequence[BaseMessage], thread: str) -> tuple[list[BaseMessage], str | None]:
         ids = [m.id or f"#{i}" for i, m in enumerate(messages)]
         read = self._read.get(thread, [])
         ref = await self.runtime.actor(self.name, thread, lambda key: self.template.fresh())
@@ -121,7 +134,7 @@ def agent_node(agent: Agent, runtime, *, handoffs: Sequence[str] | Mapping[str, 
     binding = AgentBinding(agent, runtime, handoffs, output)
 
     async def node(state: dict[str, Any], config) -> Any:
-        msgs, target = await binding.run(state["messages"], _thread(config))
+        msgs, target = await binding.run(state["messages"], config)
         update = {"messages": msgs}
         return Command(goto=target, update=update) if target else update
 
@@ -137,7 +150,7 @@ def agent_task(agent: Agent, runtime, *, output: str = "full_history"):
     binding = AgentBinding(agent, runtime, (), output)
 
     async def run_agent(messages: list[BaseMessage]) -> list[BaseMessage]:
-        msgs, _ = await binding.run(messages, _thread(get_config()))
+        msgs, _ = await binding.run(messages, get_config())
         return msgs
 
     run_agent.__name__ = agent.name

@@ -71,6 +71,7 @@ class RoutedSession:
     session: Any
     conversation: Conversation
     tools_key: str = ""
+    tag: str | None = None  # the session's tag when not its key (the LangGraph node it serves)
     last_used: float = field(default_factory=time.monotonic)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
@@ -101,27 +102,28 @@ class SessionRouter:
         self.engine, self.policy = engine, policy
         self.sessions: dict[str, RoutedSession] = {}
 
-    async def acquire(self, key: str) -> RoutedSession | None:
+    async def acquire(self, key: str, tag: str | None = None) -> RoutedSession | None:
         """The key's session, locked by the caller (None: use a transient request, e.g. when a
-        parallel call holds the key's session or no session can be opened)."""
+        parallel call holds the key's session or no session can be opened). A new session is
+        tagged `tag` (the node it serves: its agent, for the cache and the scheduler) or the key."""
         await self.release_idle()
         rs = self.sessions.get(key)
         if rs is None:
-            session = await self._open(key)
+            session = await self._open(key, tag)
             if session is None:
                 return None
-            rs = self.sessions[key] = RoutedSession(key, session, Conversation(self.engine, session=session))
+            rs = self.sessions[key] = RoutedSession(key, session, Conversation(self.engine, session=session), tag=tag)
         if rs.lock.locked():
             return None
         rs.last_used = time.monotonic()
         return rs
 
-    async def _open(self, key: str):
+    async def _open(self, key: str, tag: str | None = None):
         for _ in range(2):
             if len(self.sessions) >= self.policy.max_sessions and not await self._release_lru():
                 return None
             try:
-                return await self.engine.open_session(tag=key, timeout=0.0)
+                return await self.engine.open_session(tag=tag or key, timeout=0.0)
             except PoolExhausted:
                 if not await self._release_lru():
                     return None
@@ -164,21 +166,21 @@ class SessionRouter:
             await self.release(dst)
             for rs in sources:
                 key = dst + rs.key[len(src):]
-                conv = await self._fork_conversation(rs.conversation, key)
-                self.sessions[key] = RoutedSession(key, conv.session, conv, rs.tools_key)
+                conv = await self._fork_conversation(rs.conversation, key, rs.tag or key)
+                self.sessions[key] = RoutedSession(key, conv.session, conv, rs.tools_key, rs.tag)
         finally:
             for rs in sources:
                 rs.lock.release()
         return len(sources)
 
-    async def _fork_conversation(self, conv: Conversation, key: str) -> Conversation:
+    async def _fork_conversation(self, conv: Conversation, key: str, tag: str) -> Conversation:
         """conv.fork() into a session id of the pool, closing idle sessions for room as _open does."""
         while True:
             if len(self.sessions) >= self.policy.max_sessions and not await self._release_lru():
                 raise PoolExhausted(f"no session can be released for {key!r}: every routed session is in use; "
                                     "raise SessionPolicy.max_sessions or wait for running calls")
             try:
-                return await conv.fork(tag=key, timeout=0.0)
+                return await conv.fork(tag=tag, timeout=0.0)
             except PoolExhausted:
                 if not await self._release_lru():
                     raise

@@ -27,6 +27,7 @@ from agentrt.engine.prefix import fnv1a
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
+from agentrt.workflow import TaskContext
 
 _REJECTED = "(rejected: "
 
@@ -45,11 +46,13 @@ class CallSpec:
     stop: Sequence[str]
     key: str | None
     model_name: str
+    tag: str | None = None  # the request's stage (the LangGraph node), None: the session's tag
+    task: TaskContext | None = None  # resolved on the caller's side (the engine's loop may be another)
 
 
 async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGenerationChunk]:
     """Generate one assistant message for spec, yielding LangChain chunks (engine loop only)."""
-    rs = await router.acquire(spec.key) if spec.key is not None else None
+    rs = await router.acquire(spec.key, spec.tag) if spec.key is not None else None
     if rs is None:  # a transient request: the radix cache still shares prefixes
         conv = Conversation(engine, tools=spec.tools, chat=fmt)
         conv.append(spec.messages)
@@ -65,9 +68,10 @@ async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGen
 async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGenerationChunk]:
     chunker = Chunker(f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}")
     end = None
+    task, workflow = (spec.task.task_id, spec.task.workflow) if spec.task is not None else (None, None)
     rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
                         constrained=spec.constrained, json_schema=spec.json_schema, stop=spec.stop,
-                        call_id=chunker.call_id)
+                        call_id=chunker.call_id, tag=spec.tag, task=task, workflow=workflow)
     async with aclosing(rounds) as events:
         async for ev in events:
             if isinstance(ev, RoundEnd):
