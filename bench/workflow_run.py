@@ -1,0 +1,114 @@
+"""Running one workload through one scheduling policy (bench_workflows.py): a fresh engine per
+run, tasks started at their arrival times, each stage after its predecessors; JCT per task =
+completion of its last stage - its arrival."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import anyio
+import numpy as np
+
+from agentrt import Engine, SamplingParams
+from bench.workflow_workload import Dag, Sizes, TaskPlan
+
+
+def jct_summary(jcts: list[float]) -> dict:
+    if not jcts:
+        return {"mean_jct_s": None, "p50_jct_s": None, "p99_jct_s": None}
+    a = np.asarray(jcts)
+    return {"mean_jct_s": float(a.mean()), "p50_jct_s": float(np.percentile(a, 50)),
+            "p99_jct_s": float(np.percentile(a, 99))}
+
+
+def engine_stats(eng) -> dict:
+    st = eng.stats()
+    dec = getattr(st, "decision_us_p50", None)
+    return {"hit_rate": st.hit_rate, "prompt_submitted": st.prompt_submitted, "prompt_computed": st.prompt_computed,
+            "decode_tokens": st.decode_tokens, "steps": st.steps, "preemptions": st.preemptions,
+            "evicted_pages": st.evicted_pages, "decision_us_p50": dec}
+
+
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (time with at least one model call in flight)."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, timeout: float,
+                  sequential: bool = False) -> dict:
+    """All tasks through one engine built from cfg; `sequential`: one task at a time (calibration)."""
+    sp = SamplingParams(max_tokens=sizes.out_tokens, ignore_eos=True)
+    jct: dict[str, float] = {}
+    intervals: list[tuple[float, float]] = []
+    async with Engine(lm, cfg) as eng:
+        eng.declare_workflow(dag.workflow)
+
+        async def stage(task: TaskPlan, s: str, done: dict) -> None:
+            for p in dag.preds[s]:
+                await done[p].wait()
+            prompt = list(dag.prefixes[s])
+            calls = task.stages[s].calls
+            for k, call in enumerate(calls):
+                prompt += call.suffix
+                t = time.perf_counter()
+                out = await eng.complete(prompt, sp, tag=s, task=task.task_id, workflow=dag.name)
+                intervals.append((t, time.perf_counter()))
+                prompt += fmt.encode_assistant_tokens(out.token_ids)
+                if k < len(calls) - 1 or len(calls) == 1:  # the tool the call asked for
+                    await anyio.sleep(call.tool_s)
+            done[s].set()
+
+        async def run_task(task: TaskPlan, start: float) -> None:
+            await anyio.sleep(max(0.0, start - time.perf_counter()))
+            done = {s: anyio.Event() for s in dag.preds}
+            async with anyio.create_task_group() as tg:
+                for s in dag.order:
+                    tg.start_soon(stage, task, s, done)
+            jct[task.task_id] = time.perf_counter() - start
+
+        t0 = time.perf_counter()
+        with anyio.move_on_after(timeout) as scope:
+            if sequential:
+                for task in tasks:
+                    await run_task(task, time.perf_counter())
+            else:
+                async with anyio.create_task_group() as tg:
+                    for task in tasks:
+                        tg.start_soon(run_task, task, t0 + task.arrival)
+        wall = time.perf_counter() - t0
+        stats = engine_stats(eng)
+    done = [jct[t.task_id] for t in tasks if t.task_id in jct]
+    out = {"tasks": len(tasks), "completed": len(done), "timed_out": scope.cancelled_caught,
+           "wall_s": wall, "busy_s": busy_time(intervals), "jct_s": done, **jct_summary(done), **stats}
+    if len(done) < len(tasks):
+        out["error"] = f"{len(tasks) - len(done)} of {len(tasks)} tasks unfinished after {timeout:.0f} s"
+    return out
+
+
+def reductions(policies: dict, target: str = "topas") -> dict:
+    """1 - target / best baseline, for mean and p99 JCT (None when a side did not run)."""
+    out = {}
+    for q in ("mean", "p99"):
+        key = f"{q}_jct_s"
+        base = {p: r[key] for p, r in policies.items() if p != target and r.get(key) is not None
+                and not r.get("error")}
+        t = policies.get(target, {})
+        if base and t.get(key) is not None and not t.get("error"):
+            best = min(base, key=base.get)
+            out[f"{q}_jct_reduction_vs_best_baseline"] = 1.0 - t[key] / base[best]
+            out[f"{q}_best_baseline"] = best
+        else:
+            out[f"{q}_jct_reduction_vs_best_baseline"] = None
+            out[f"{q}_best_baseline"] = None
+    return out
+
+
+def median_or_none(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
