@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 import agentrt.engine.core as core_mod
+import agentrt.engine.sample_step as step_mod
 import agentrt.engine.scheduler as sched_mod
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
@@ -98,14 +99,14 @@ def test_a_raising_grammar_fails_only_its_request():
 
 def test_a_sampling_failure_on_one_row_fails_only_that_request(monkeypatch):
     """Sampling raising for one row (as NaN probabilities do), greedy and sampled rows both."""
-    real = core_mod.sample_batch
+    real = step_mod.sample_batch
 
     def flaky(logits, params, gens, argmax):
         if any(p.seed == 666 for p in params):
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return real(logits, params, gens, argmax)
 
-    monkeypatch.setattr(core_mod, "sample_batch", flaky)
+    monkeypatch.setattr(step_mod, "sample_batch", flaky)
     for bad_params in (SamplingParams(max_tokens=8, seed=666),  # a greedy row: batched argmax
                        SamplingParams(max_tokens=8, temperature=0.8, seed=666)):  # a sampled row
         core = _core()

@@ -22,7 +22,9 @@ from agentrt.engine.memory import MemoryManager
 from agentrt.engine.policies import make_scheduling_policy
 from agentrt.engine.prefix import attach_prefix
 from agentrt.engine.scheduler import Queues, Scheduler
+from agentrt.engine.invariants import check_core
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
+from agentrt.engine.sample_step import finish_reason, sample_rows
 from agentrt.engine import retention
 from agentrt.engine.speculation import verify
 from agentrt.engine.stats import Counters, EngineStats
@@ -32,7 +34,6 @@ from agentrt.errors import AgentrtError, ConfigError
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
 from agentrt.model.llama import LlamaModel
-from agentrt.sampling import sample_batch
 
 log = structlog.get_logger("agentrt.engine")
 PREFETCH_PAGES_PER_STEP = 8  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
@@ -271,23 +272,8 @@ class EngineCore:
         self.counters.decode_tokens += len(ch.tokens) - in_prompt
 
     def _sample_and_emit(self, reqs: list[Request], logits) -> None:
-        """Rows already masked by their constraints. Greedy rows share one argmax; a sampled
-        row is drawn alone (as sample_batch does), so one row's failure (bad params, NaN
-        probabilities) fails that request only and leaves the others' draws unchanged."""
-        toks: list[int | None] = [None] * len(reqs)
-        greedy = [i for i, r in enumerate(reqs) if _is_greedy(r)]
-        if greedy:
-            try:
-                ids = sample_batch(logits[greedy], [reqs[i].params for i in greedy], [None] * len(greedy),
-                                   self.model.ops.argmax)
-            except Exception:  # find the failing row: argmax is per row, the others are unchanged
-                ids = [self._sample_one(reqs[i], logits[i]) for i in greedy]
-            for i, t in zip(greedy, ids):
-                toks[i] = t
-        for i, r in enumerate(reqs):
-            if i not in greedy:
-                toks[i] = self._sample_one(r, logits[i])
-        for r, t in zip(reqs, toks):
+        """Sample every row (engine/sample_step.py), then advance constraints and emit."""
+        for r, t in zip(reqs, sample_rows(reqs, logits, self.model.ops.argmax, self.fail)):
             if t is None or r.state is State.FINISHED:
                 continue
             try:
@@ -297,35 +283,16 @@ class EngineCore:
             except Exception as e:
                 self.fail(r, e)
 
-    def _sample_one(self, r: Request, row) -> int | None:
-        try:
-            return sample_batch(row[None], [r.params], [r.generator], self.model.ops.argmax)[0]
-        except Exception as e:
-            self.fail(r, e)
-            return None
-
     def _emit_tokens(self, r: Request, toks: list[int]) -> None:
         """Append sampled tokens, stopping at the first that finishes the request."""
         for i, t in enumerate(toks):
             r.output.append(t)
             if r.ngrams is not None:
                 r.ngrams.extend([t])
-            reason = self._finish_reason(r, t, last=i == len(toks) - 1)
+            reason = finish_reason(r, t, i == len(toks) - 1, self.model.cfg.max_position_embeddings)
             if reason is not None:
                 return self._finish(r, reason, last=tuple(toks[:i + 1]))
         r.emit(TokenEvent(r.rid, tuple(toks)))
-
-    def _finish_reason(self, r: Request, t: int, last: bool = True) -> str | None:
-        """Why r ends after token t (None: it goes on). The grammar state is that after the
-        step's last token, so it is consulted for that token only."""
-        done = last and r.constraint is not None and r.constraint.is_terminated()
-        if t in r.stop_ids or done:
-            return "stop"
-        if len(r.output) >= r.params.max_tokens:
-            return "length"
-        if len(r.target) >= self.model.cfg.max_position_embeddings:
-            return "length"
-        return None
 
     def _finish(self, r: Request, reason: str, last: tuple[int, ...] = (), error: BaseException | None = None) -> None:
         """The one exit path of a request: frees or hands over everything it holds."""
@@ -364,23 +331,4 @@ class EngineCore:
 
     def check_invariants(self) -> None:
         """Pages: free xor referenced, refcounts == holders; pool ids free xor in use."""
-        holders = [r.seq.pages for r in itertools.chain(self.waiting, self.running) if r.session is None]
-        holders += [s.seq.pages for s in self.sessions.values()]
-        if self.radix is not None:
-            self.radix.check_invariants()
-            holders.append(self.radix.all_pages())
-        if hasattr(self.policy, "check_invariants"):
-            self.policy.check_invariants()
-        self.alloc.check_invariants(holders)
-        in_use = {r.seq.seq_id for r in itertools.chain(self.waiting, self.running) if r.session is None}
-        self.pool.check_invariants(in_use | set(self.sessions))
-        for s in self.sessions.values():
-            if len(s.seq.pages) < self.kvm.pages_for(s.seq.num_cached):
-                raise AssertionError("session pages do not cover its tokens")
-
-
-def _is_greedy(r: Request) -> bool:
-    try:
-        return bool(r.params.greedy)
-    except Exception:
-        return False  # sampled alone, where its failure fails it only
+        check_core(self)
