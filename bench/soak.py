@@ -113,8 +113,8 @@ async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int) -> dict:
         with anyio.fail_after(30):
             while eng.stats().running or eng.stats().waiting:
                 await anyio.sleep(0.01)
-        await eng._invoke(eng.core.check_invariants)
-        leaked_ids, leaked_pages = await eng._invoke(lambda: _leaks(eng.core, n_agents))
+        await eng.run_in_step_thread(eng.core.check_invariants)
+        leaked_ids, leaked_pages = await eng.run_in_step_thread(lambda: _leaks(eng.core, n_agents))
     return {**counts, "agents": n_agents, "turns": turns, "next_output_mismatches": mismatches,
             "detached_sessions": stats.detached_sessions, "evicted_pages": stats.evicted_pages,
             "preemptions": stats.preemptions, "kv_pool_tokens": cfg.kv_cache_tokens,

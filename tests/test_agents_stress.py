@@ -81,8 +81,8 @@ def test_sixteen_agents_with_flaky_tools_and_cancellations():
             with anyio.fail_after(30):
                 while eng.stats().running or eng.stats().waiting:
                     await anyio.sleep(0.01)
-            await eng._invoke(eng.core.check_invariants)
-            await eng._invoke(lambda: assert_quiescent(eng.core))
+            await eng.run_in_step_thread(eng.core.check_invariants)
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
             assert eng.core.pool.num_free("session") == 16
     anyio.run(main)
     assert outcomes["ok"] >= 40 and outcomes["cancelled"] >= 5

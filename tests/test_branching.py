@@ -44,8 +44,8 @@ async def check_clean(eng, sessions: int = 0) -> None:
     with anyio.fail_after(30):
         while eng.stats().running or eng.stats().waiting:
             await anyio.sleep(0.01)
-    await eng._invoke(eng.core.check_invariants)
-    await eng._invoke(lambda: assert_quiescent(eng.core))
+    await eng.run_in_step_thread(eng.core.check_invariants)
+    await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
     pool = eng.core.pool
     assert pool.num_free("session") == eng.config.max_session_seqs - sessions
     assert len(eng.core.sessions) == sessions
@@ -146,7 +146,7 @@ def test_fork_shares_pages_then_copies_on_write_and_both_branches_match_the_orac
         assert child.tokens == held and ce.tag == "a" and ce.sid != pe.sid
         assert ce.seq.pages == pe.seq.pages[:len(ce.seq.pages)]
         assert all(alloc.refcount(p) == 2 for p in ce.seq.pages)  # (no radix cache here)
-        await eng._invoke(eng.core.check_invariants)
+        await eng.run_in_step_thread(eng.core.check_invariants)
         prompts = {"parent": hist + reply + [5, 6, 7], "child": hist + reply + [200, 17]}
         got = {}
 
@@ -228,7 +228,7 @@ def test_fork_waiting_for_a_pool_slot_is_cancellable_and_leaks_nothing():
                 tg.start_soon(s.fork)
                 await anyio.sleep(delay)
                 tg.cancel_scope.cancel()
-            await eng._invoke(lambda: None)  # the undo ran (the inbox is FIFO)
+            await eng.run_in_step_thread(lambda: None)  # the undo ran (the inbox is FIFO)
             extra = [x for x in eng.core.sessions.values() if x is not s._es]
             for es in extra:  # a fork that completed before the cancel reached it is a session
                 await eng.close_session(es)

@@ -26,7 +26,7 @@ def run(fn):
     async def main():
         async with Engine(tiny_model_with_tokenizer(), CFG) as eng:
             await fn(eng)
-            await eng._invoke(lambda: assert_quiescent(eng.core))
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
             assert not eng.core.sessions
             assert eng.core.pool.num_free("session") == CFG.max_session_seqs
     anyio.run(main)

@@ -21,8 +21,8 @@ def _run(fn, **cfg):
         async with Engine(tiny_model("llama"), EngineConfig(**cfg)) as eng:
             await fn(eng)
             await _settle(eng)
-            await eng._invoke(eng.core.check_invariants)
-            await eng._invoke(lambda: assert_quiescent(eng.core))
+            await eng.run_in_step_thread(eng.core.check_invariants)
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
     anyio.run(main)
 
 

@@ -209,7 +209,7 @@ def test_a_raising_grammar_raises_from_its_stream_and_the_others_continue():
             # the engine goes on: a later request is exact
             assert (await eng.complete(prompts[1], sp)).token_ids == generate(model, prompts[1], sp)
             await _settle(eng)
-            await eng._invoke(lambda: assert_quiescent(eng.core))
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
     anyio.run(main)
 
 
@@ -271,7 +271,7 @@ def test_a_session_of_another_engine_is_rejected_with_config_error():
                     with pytest.raises(ConfigError, match="another engine|on this engine"):
                         await b.complete(prompt + [3], sp, session=sa)
                     with pytest.raises(ConfigError):
-                        await b._invoke(lambda: b.core.close_session(sa._es))
+                        await b.run_in_step_thread(lambda: b.core.close_session(sa._es))
                     # both engines go on
                     assert (await b.complete(prompt, sp)).token_ids == generate(model, prompt, sp)
                     got = await a.complete(prompt + [3], sp, session=sa)
@@ -280,8 +280,8 @@ def test_a_session_of_another_engine_is_rejected_with_config_error():
                         await b.complete(prompt, sp, session=sb)
             for eng in (a, b):
                 await _settle(eng)
-                await eng._invoke(eng.core.check_invariants)
-                await eng._invoke(lambda: assert_quiescent(eng.core))
+                await eng.run_in_step_thread(eng.core.check_invariants)
+                await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
                 assert eng.core.pool.num_free("session") == eng.config.max_session_seqs
     anyio.run(main)
 
@@ -305,7 +305,7 @@ def test_open_session_wait_is_cancellable_by_the_callers_timeout():
             with anyio.fail_after(10):
                 while eng.core.pool.num_free("session") != 2:  # the undo runs after the open
                     await anyio.sleep(0.01)
-            await eng._invoke(eng.core.check_invariants)
+            await eng.run_in_step_thread(eng.core.check_invariants)
             assert not eng.core.sessions
             async with await eng.open_session() as s:  # still usable
                 await eng.complete([1, 2, 3], SamplingParams(max_tokens=2), session=s)

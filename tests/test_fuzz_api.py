@@ -81,13 +81,13 @@ def test_random_calls_give_typed_errors_and_keep_invariants(ops):
                     pass
                 except Exception as exc:  # noqa: BLE001 - the point: nothing untyped may escape
                     untyped.append(exc)
-                await eng._invoke(eng.core.check_invariants)
+                await eng.run_in_step_thread(eng.core.check_invariants)
             for s in sessions:
                 await s.close()
             with anyio.fail_after(30):
                 while eng.stats().running or eng.stats().waiting:
                     await anyio.sleep(0.01)
-            await eng._invoke(lambda: assert_quiescent(eng.core))
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
 
     anyio.run(main)
     assert not untyped, [f"{type(e).__name__}: {e}" for e in untyped]

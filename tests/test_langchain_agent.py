@@ -127,8 +127,7 @@ def run(fn):
     async def main():
         async with Engine(tiny_model_with_tokenizer(), CFG) as eng:
             out = await fn(eng)
-            with eng._lock:
-                assert_quiescent(eng.core)
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
             return out
     return anyio.run(main)
 
@@ -209,7 +208,7 @@ def test_sync_invoke_and_message_stream_through_an_owned_engine():
                   if isinstance(c, AIMessageChunk)]
     finally:
         model.close()
-    assert host.engine._closed
+    assert host.engine.closed
     _, ai, result, answer = out["messages"]
     assert ai.tool_calls[0]["name"] == "get_weather" and result.content == get_weather.invoke(ai.tool_calls[0]["args"])
     assert all(meta["langgraph_node"] == "model" for _, meta in chunks)

@@ -49,8 +49,7 @@ def run(fn):
             model = ChatAgentrt(engine=eng, max_tokens=8)
             out = await fn(model, eng)
             await model.arelease()
-            with eng._lock:
-                assert_quiescent(eng.core)
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
             return out
     return anyio.run(main)
 
@@ -232,7 +231,7 @@ def test_sync_and_cross_loop_calls_through_an_owned_engine():
         assert chunks[-1].usage_metadata["input_tokens"] == sync.usage_metadata["input_tokens"]
     finally:
         model.close()
-    assert host.engine._closed
+    assert host.engine.closed
 
 
 class FanState(TypedDict):

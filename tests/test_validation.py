@@ -172,8 +172,8 @@ def _run(fn):
             with anyio.fail_after(30):
                 while eng.stats().running or eng.stats().waiting:
                     await anyio.sleep(0.01)
-            await eng._invoke(eng.core.check_invariants)
-            await eng._invoke(lambda: assert_quiescent(eng.core))
+            await eng.run_in_step_thread(eng.core.check_invariants)
+            await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
     anyio.run(main)
 
 

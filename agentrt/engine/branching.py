@@ -1,6 +1,6 @@
 """Session branching inside the engine: fork, rollback, export and import of a session's KV.
 
-Every function here runs in the engine's step thread (through `Engine._invoke`), between two
+Every function here runs in the engine's step thread (through `Engine.run_in_step_thread`), between two
 steps, so it sees the core at rest: no request is half-way through a forward. Each is all or
 nothing: on any failure it gives back what it took, and the caller's undo gives back the pool id.
 

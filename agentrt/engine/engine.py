@@ -3,9 +3,10 @@
 The step loop runs in one dedicated OS thread, not in an anyio task. Why: a step is a
 CPU-bound torch forward of tens of milliseconds; inside an event-loop task it would freeze
 every actor, tool call and stream for that long. torch releases the GIL inside its kernels, so
-in a thread the loop stays responsive while the model runs. The thread owns EngineCore; other
-tasks talk to it through a command queue, and each step's token events come back to the event
-loop in one batch through an anyio BlockingPortal (one cross-thread hop per step, not per token).
+in a thread the loop stays responsive while the model runs. The thread (`StepThread`, loop.py)
+owns EngineCore; other tasks talk to it through a command queue, and each step's token events
+come back to the event loop in one batch through an anyio BlockingPortal (one cross-thread hop
+per step, not per token).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 import math
-import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -21,20 +21,17 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.from_thread
-import structlog
 
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
+from agentrt.engine.loop import StepThread
 from agentrt.engine.request import TokenEvent, Usage
 from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.engine.session import Session, restore_session
-from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed
+from agentrt.errors import AgentrtError, ConfigError, EngineClosed
 from agentrt.sampling import SamplingParams, make_generator
 from agentrt.engine.prefix import fnv1a
 from agentrt.workflow import Workflow, task_of
-
-log = structlog.get_logger("agentrt.engine")
-_NOTHING = object()  # sentinel: the inbox had no command
 
 
 @dataclass(frozen=True)
@@ -54,16 +51,8 @@ class Engine:
             eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else ()
         self.config = config or EngineConfig()
         self.core = EngineCore(self.model, self.config, policy, eos_token_ids)
-        # commands for the step thread: (run, fail) pairs; fail(error) answers the caller
-        # instead when the engine dies before running it. None = shut down.
-        self._inbox: queue.SimpleQueue[tuple[Callable[[], None], Callable] | None] = queue.SimpleQueue()
-        self._inbox_lock = threading.Lock()  # orders puts against close and death: none is lost
-        self._failed: BaseException | None = None  # why the step thread died
-        self._outbox: list[tuple[Callable, object]] = []
-        self._lock = threading.Lock()  # held by the step thread while it mutates the core
-        self._thread: threading.Thread | None = None
+        self._steps = StepThread(self.core)  # the step loop's thread, inbox and outbox
         self._portal = self._portal_cm = None
-        self._closed = False
         self._grammars = None
         self._chat = None
 
@@ -72,30 +61,32 @@ class Engine:
         self._portal_cm = anyio.from_thread.BlockingPortal()
         self._portal = await self._portal_cm.__aenter__()
         self._loop_thread_id = threading.get_ident()  # (the thread running this event loop)
-        self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
-        self._thread.start()
+        self._steps.start(self._portal)
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._closed or self._thread is None:
+        if self._steps.closed or not self._steps.started:
             return
-        with self._inbox_lock:
-            self._closed = True
-            self._inbox.put(None)
+        self._steps.close()
         # wake every open_session/generate waiting for a pool slot with EngineClosed, now
         self.core.pool.close(lambda: EngineClosed("the engine closed while waiting for a sequence slot"))
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._thread.join)
+            await anyio.to_thread.run_sync(self._steps.join)
         # outside the shield: the portal's task group must exit from its own cancel scope
         await self._portal_cm.__aexit__(None, None, None)
 
     @property
     def started(self) -> bool:
         """True once the engine was entered (`async with`), whether closed since or not."""
-        return self._thread is not None
+        return self._steps.started
+
+    @property
+    def closed(self) -> bool:
+        """True once the engine was closed (aclose / leaving `async with`)."""
+        return self._steps.closed
 
     @property
     def portal(self):
@@ -110,158 +101,21 @@ class Engine:
 
     def session_tokens(self, es) -> list[int]:
         """A copy of the token ids whose KV an engine session holds (read under the step lock)."""
-        with self._lock:
+        with self._steps.lock:
             return list(es.seq.tokens)
 
     async def close_session(self, es) -> None:
         """Release an engine session's sequence (a no-op once the engine is closed)."""
         await self._close_session(es)
 
+    async def run_in_step_thread(self, fn: Callable[[], object]) -> object:
+        """Run fn() in the step thread, between two steps (it never races the step loop), and
+        return its result or raise its exception. The wait is shielded from cancellation: fn's
+        effect is never lost. EngineClosed / EngineFailed when the engine cannot run it."""
+        return await self._steps.invoke(fn)
+
     def _check_open(self) -> None:
-        if self._thread is None:
-            raise ConfigError("use the engine inside `async with Engine(...) as engine:`")
-        if self._failed is not None:
-            raise self._failure()
-        if self._closed:
-            raise EngineClosed("the engine is closed; create a new Engine")
-
-    def _failure(self) -> EngineFailed:
-        """A fresh EngineFailed for one caller (never one instance raised in many tasks)."""
-        e = EngineFailed(f"the engine's step thread stopped on an internal error "
-                         f"({type(self._failed).__name__}: {self._failed}); see the log and create a new Engine")
-        e.__cause__ = self._failed
-        return e
-
-    # ---- the step thread ------------------------------------------------------------
-    def _loop(self) -> None:
-        try:
-            self._serve()
-        except BaseException as e:  # the thread must not die silently: answer every caller
-            log.exception("engine step thread died")
-            self._die(e)
-
-    def _die(self, exc: BaseException) -> None:
-        """Every pending and later call gets EngineFailed at once: the commands not run yet,
-        the live requests' streams (the core's state is not trusted, so nothing is freed),
-        the pool's waiters; later calls raise from _check_open."""
-        with self._inbox_lock:
-            self._failed = exc
-            pending = []
-            while True:
-                try:
-                    pending.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-        for item in pending:
-            if item is not None:
-                try:
-                    item[1](self._failure())
-                except Exception:
-                    log.exception("engine: answering a pending command failed")
-        for r in list(self.core.waiting) + list(self.core.running):
-            try:
-                r.emit(TokenEvent(r.rid, (), finish_reason="error", error=self._failure()))
-            except Exception:
-                log.exception("engine: answering a live request failed")
-        # the pool's async waiters are woken on the event loop (anyio events are not thread-safe)
-        self._outbox.append((lambda _: self.core.pool.close(self._failure), None))
-        self._flush()
-
-    def _serve(self) -> None:
-        while True:
-            if not self.core.has_work() and self._inbox.empty():
-                with self._lock:  # idle: time for prefetch before blocking
-                    self.core.idle()
-            try:
-                cmd = self._inbox.get(block=not self.core.has_work())
-            except queue.Empty:
-                cmd = _NOTHING
-            while cmd is not _NOTHING:
-                if cmd is None:
-                    return self._shutdown()
-                self._run_cmd(cmd[0])
-                try:
-                    cmd = self._inbox.get_nowait()
-                except queue.Empty:
-                    cmd = _NOTHING
-            if self.core.has_work():
-                self._step()
-            self._flush()
-
-    def _run_cmd(self, cmd: Callable[[], None]) -> None:
-        # commands answer their callers themselves; one that raises hit a bug while mutating
-        # the core, so it ends the thread (every caller gets EngineFailed) rather than going on
-        # over state that may be corrupt
-        with self._lock:
-            cmd()
-
-    def _step(self) -> None:
-        # a fault attributable to one request fails it alone inside the step (EngineCore.fail);
-        # anything raised here is not, so the core may be inconsistent: the thread ends and
-        # _die answers every caller with EngineFailed (never a hang, never a silent corruption)
-        with self._lock:
-            self.core.step()
-
-    def _shutdown(self) -> None:
-        with self._lock:
-            for r in list(self.core.waiting) + list(self.core.running):
-                self.core.cancel(r.rid, "cancelled")
-        self._flush()
-
-    def _flush(self) -> None:
-        if self._outbox:
-            batch, self._outbox = self._outbox, []
-            self._portal.start_task_soon(_deliver, batch)
-
-    def _submit(self, cmd: Callable[[], None], fail: Callable[[BaseException], None] = lambda e: None) -> None:
-        """Queue cmd for the step thread; if the thread dies first, fail(EngineFailed) runs there
-        instead (it must answer its caller through the outbox)."""
-        with self._inbox_lock:
-            self._check_open()
-            self._inbox.put((cmd, fail))
-
-    def _submit_cleanup(self, cmd: Callable[[], None]) -> None:
-        """Queue a cleanup command; dropped once the engine is closed or dead."""
-        with self._inbox_lock:
-            if not self._closed and self._failed is None:
-                self._inbox.put((cmd, lambda e: None))
-
-    async def _invoke(self, fn: Callable[[], object], *, undo: Callable[[dict], None] | None = None) -> object:
-        """Run fn in the step thread and return its result (or raise its exception). Without
-        `undo` the wait is shielded (fn's effect must not be lost). With it, the caller's
-        cancellation or timeout ends the wait at once and undo(box) runs in the step thread
-        after fn (the inbox is FIFO): box holds fn's "value" or "error"."""
-        done, box = anyio.Event(), {}
-
-        def answer() -> None:
-            self._outbox.append((lambda _: done.set(), None))
-
-        def cmd() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as e:  # handed back to the caller
-                box["error"] = e
-            answer()
-
-        def fail(e: BaseException) -> None:
-            box["error"] = e
-            answer()
-
-        self._submit(cmd, fail)
-        if undo is None:
-            with anyio.CancelScope(shield=True):
-                await done.wait()
-        else:
-            try:
-                await done.wait()
-            except BaseException:
-                self._submit_cleanup(lambda: undo(box))
-                raise
-        if "error" in box:
-            if undo is not None:
-                self._submit_cleanup(lambda: undo(box))
-            raise box["error"]
-        return box.get("value")
+        self._steps.check_open()
 
     # ---- public API -----------------------------------------------------------------
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
@@ -300,14 +154,14 @@ class Engine:
             self.core.pool.release(sid)
             raise
         # cancellable: a caller's timeout ends the wait at once; undo frees the id (no leak)
-        es = await self._invoke(lambda: make(sid), undo=undo)
+        es = await self._steps.invoke(lambda: make(sid), undo=undo)
         return Session(self, es)
 
     async def _close_session(self, es) -> None:
-        if self._closed or self._failed is not None:
+        if self._steps.closed or self._steps.failed is not None:
             return
         try:
-            await self._invoke(lambda: self.core.close_session(es))
+            await self._steps.invoke(lambda: self.core.close_session(es))
         except EngineClosed:
             pass  # closed (or failed) meanwhile: nothing is left to release
 
@@ -332,9 +186,10 @@ class Engine:
             seq_id = await self.core.pool.acquire_async("transient", t)
         send, recv = anyio.create_memory_object_stream[TokenEvent](math.inf)
         box: dict = {}
+        post = self._steps.post
 
         def emit(ev: TokenEvent) -> None:
-            self._outbox.append((send.send_nowait, ev))
+            post(send.send_nowait, ev)
 
         def submit() -> None:
             try:
@@ -346,13 +201,13 @@ class Engine:
             except BaseException as e:
                 if seq_id is not None:
                     self.core.pool.release(seq_id)
-                self._outbox.append((send.send_nowait, TokenEvent(0, (), "error", error=e)))
+                post(send.send_nowait, TokenEvent(0, (), "error", error=e))
 
         def fail(e: BaseException) -> None:
-            self._outbox.append((send.send_nowait, TokenEvent(0, (), "error", error=e)))
+            post(send.send_nowait, TokenEvent(0, (), "error", error=e))
 
         try:
-            self._submit(submit, fail)
+            self._steps.submit(submit, fail)
         except BaseException:
             if seq_id is not None:
                 self.core.pool.release(seq_id)
@@ -370,7 +225,7 @@ class Engine:
         finally:
             # runs in the step thread after `submit` (the inbox is FIFO), so the request is
             # known there even when this consumer is cancelled before it was created
-            self._submit_cleanup(lambda: "req" in box and self.core.cancel(box["req"].rid))
+            self._steps.submit_cleanup(lambda: "req" in box and self.core.cancel(box["req"].rid))
 
     async def complete(self, prompt: list[int], params: SamplingParams | None = None,
                        **kw) -> Completion:
@@ -421,7 +276,7 @@ class Engine:
         """End a live request early (finish_reason "early_stop", e.g. when a tool-call parser
         says no useful output can follow). Its stream still ends with the final event and usage;
         tokens of the step in flight may arrive first. A finished request is left alone."""
-        self._submit(lambda: self.core.cancel(request_id, "early_stop"))
+        self._steps.submit(lambda: self.core.cancel(request_id, "early_stop"))
 
     @property
     def max_context_tokens(self) -> int:
@@ -432,7 +287,7 @@ class Engine:
         return min(core.model.cfg.max_position_embeddings, pool)
 
     def stats(self):
-        with self._lock:
+        with self._steps.lock:
             return self.core.stats()
 
 
@@ -440,10 +295,3 @@ def _seed(prompt: list[int], params: SamplingParams) -> int:
     """Prompt-deterministic seed: FNV-1a of the prompt tokens, mixed with the user's seed."""
     return fnv1a(prompt) ^ ((params.seed or 0) * 0x9E3779B97F4A7C15)
 
-
-async def _deliver(batch) -> None:
-    for fn, arg in batch:
-        try:
-            fn(arg)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the consumer went away; its request is being cancelled

@@ -52,7 +52,7 @@ class Session:
         engine, es = self._engine, self._es
         if es.closed:
             return 0.0
-        return await engine._invoke(lambda: engine.core.expect_tools(es, names))
+        return await engine.run_in_step_thread(lambda: engine.core.expect_tools(es, names))
 
     # ---- branching ------------------------------------------------------------------
     async def snapshot(self, path) -> Path:
@@ -61,7 +61,7 @@ class Session:
         there. SessionBusy while a turn runs on the session. Returns the path."""
         path = snapshot.check_target(path)
         engine = self._engine
-        data = await engine._invoke(lambda: branching.export_session(engine.core, self._es))
+        data = await engine.run_in_step_thread(lambda: branching.export_session(engine.core, self._es))
         fingerprint = await anyio.to_thread.run_sync(snapshot.model_fingerprint, engine.model)
         return await anyio.to_thread.run_sync(snapshot.write_snapshot, path, data, fingerprint)
 
@@ -82,7 +82,7 @@ class Session:
         while a turn runs on the session."""
         n = check_int("n_tokens", n_tokens, min=0)
         engine = self._engine
-        await engine._invoke(lambda: branching.rollback_session(engine.core, self._es, n))
+        await engine.run_in_step_thread(lambda: branching.rollback_session(engine.core, self._es, n))
 
 
 async def restore_session(engine, path, tag: str | None, cache_salt: str | None,

@@ -1,0 +1,219 @@
+"""StepThread: the engine's step loop in one dedicated OS thread (see engine.py for why).
+
+The thread owns the EngineCore: other tasks hand it commands through an inbox (a FIFO queue of
+(run, fail) pairs), and what it answers (token events, a command's completion) goes through an
+outbox delivered to the event loop in one batch per step through an anyio BlockingPortal. If the
+thread dies, every pending and later caller gets EngineFailed; nothing hangs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import anyio
+import structlog
+
+from agentrt.engine.core import EngineCore
+from agentrt.engine.request import TokenEvent
+from agentrt.errors import ConfigError, EngineClosed, EngineFailed
+
+log = structlog.get_logger("agentrt.engine")
+_NOTHING = object()  # sentinel: the inbox had no command
+
+
+class StepThread:
+    """Runs `core`'s steps and the commands submitted to it, in one thread started by start()."""
+
+    def __init__(self, core: EngineCore):
+        self.core = core
+        # commands for the step thread: (run, fail) pairs; fail(error) answers the caller
+        # instead when the engine dies before running it. None = shut down.
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], None], Callable] | None] = queue.SimpleQueue()
+        self._inbox_lock = threading.Lock()  # orders puts against close and death: none is lost
+        self.failed: BaseException | None = None  # why the step thread died
+        self._outbox: list[tuple[Callable, object]] = []
+        self.lock = threading.Lock()  # held by the step thread while it mutates the core
+        self._thread: threading.Thread | None = None
+        self._portal = None
+        self.closed = False
+
+    # ---- lifecycle (event loop side) -------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self, portal) -> None:
+        """Start the thread; its outbox batches are delivered through `portal`."""
+        self._portal = portal
+        self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Refuse later commands and tell the thread to shut down after those queued."""
+        with self._inbox_lock:
+            self.closed = True
+            self._inbox.put(None)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def check_open(self) -> None:
+        if self._thread is None:
+            raise ConfigError("use the engine inside `async with Engine(...) as engine:`")
+        if self.failed is not None:
+            raise self.failure()
+        if self.closed:
+            raise EngineClosed("the engine is closed; create a new Engine")
+
+    def failure(self) -> EngineFailed:
+        """A fresh EngineFailed for one caller (never one instance raised in many tasks)."""
+        e = EngineFailed(f"the engine's step thread stopped on an internal error "
+                         f"({type(self.failed).__name__}: {self.failed}); see the log and create a new Engine")
+        e.__cause__ = self.failed
+        return e
+
+    # ---- the step thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # the thread must not die silently: answer every caller
+            log.exception("engine step thread died")
+            self._die(e)
+
+    def _die(self, exc: BaseException) -> None:
+        """Every pending and later call gets EngineFailed at once: the commands not run yet,
+        the live requests' streams (the core's state is not trusted, so nothing is freed),
+        the pool's waiters; later calls raise from check_open."""
+        with self._inbox_lock:
+            self.failed = exc
+            pending = []
+            while True:
+                try:
+                    pending.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+        for item in pending:
+            if item is not None:
+                try:
+                    item[1](self.failure())
+                except Exception:
+                    log.exception("engine: answering a pending command failed")
+        for r in list(self.core.waiting) + list(self.core.running):
+            try:
+                r.emit(TokenEvent(r.rid, (), finish_reason="error", error=self.failure()))
+            except Exception:
+                log.exception("engine: answering a live request failed")
+        # the pool's async waiters are woken on the event loop (anyio events are not thread-safe)
+        self._outbox.append((lambda _: self.core.pool.close(self.failure), None))
+        self._flush()
+
+    def _serve(self) -> None:
+        while True:
+            if not self.core.has_work() and self._inbox.empty():
+                with self.lock:  # idle: time for prefetch before blocking
+                    self.core.idle()
+            try:
+                cmd = self._inbox.get(block=not self.core.has_work())
+            except queue.Empty:
+                cmd = _NOTHING
+            while cmd is not _NOTHING:
+                if cmd is None:
+                    return self._shutdown()
+                self._run_cmd(cmd[0])
+                try:
+                    cmd = self._inbox.get_nowait()
+                except queue.Empty:
+                    cmd = _NOTHING
+            if self.core.has_work():
+                self._step()
+            self._flush()
+
+    def _run_cmd(self, cmd: Callable[[], None]) -> None:
+        # commands answer their callers themselves; one that raises hit a bug while mutating
+        # the core, so it ends the thread (every caller gets EngineFailed) rather than going on
+        # over state that may be corrupt
+        with self.lock:
+            cmd()
+
+    def _step(self) -> None:
+        # a fault attributable to one request fails it alone inside the step (EngineCore.fail);
+        # anything raised here is not, so the core may be inconsistent: the thread ends and
+        # _die answers every caller with EngineFailed (never a hang, never a silent corruption)
+        with self.lock:
+            self.core.step()
+
+    def _shutdown(self) -> None:
+        with self.lock:
+            for r in list(self.core.waiting) + list(self.core.running):
+                self.core.cancel(r.rid, "cancelled")
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._outbox:
+            batch, self._outbox = self._outbox, []
+            self._portal.start_task_soon(_deliver, batch)
+
+    # ---- commands ---------------------------------------------------------------------
+    def post(self, fn: Callable[[object], object], arg: object = None) -> None:
+        """In the step thread: have fn(arg) run on the event loop after this step (batched)."""
+        self._outbox.append((fn, arg))
+
+    def submit(self, cmd: Callable[[], None], fail: Callable[[BaseException], None] = lambda e: None) -> None:
+        """Queue cmd for the step thread; if the thread dies first, fail(EngineFailed) runs there
+        instead (it must answer its caller through the outbox)."""
+        with self._inbox_lock:
+            self.check_open()
+            self._inbox.put((cmd, fail))
+
+    def submit_cleanup(self, cmd: Callable[[], None]) -> None:
+        """Queue a cleanup command; dropped once the engine is closed or dead."""
+        with self._inbox_lock:
+            if not self.closed and self.failed is None:
+                self._inbox.put((cmd, lambda e: None))
+
+    async def invoke(self, fn: Callable[[], object], *, undo: Callable[[dict], None] | None = None) -> object:
+        """Run fn in the step thread and return its result (or raise its exception). Without
+        `undo` the wait is shielded (fn's effect must not be lost). With it, the caller's
+        cancellation or timeout ends the wait at once and undo(box) runs in the step thread
+        after fn (the inbox is FIFO): box holds fn's "value" or "error"."""
+        done, box = anyio.Event(), {}
+
+        def answer() -> None:
+            self._outbox.append((lambda _: done.set(), None))
+
+        def cmd() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # handed back to the caller
+                box["error"] = e
+            answer()
+
+        def fail(e: BaseException) -> None:
+            box["error"] = e
+            answer()
+
+        self.submit(cmd, fail)
+        if undo is None:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        else:
+            try:
+                await done.wait()
+            except BaseException:
+                self.submit_cleanup(lambda: undo(box))
+                raise
+        if "error" in box:
+            if undo is not None:
+                self.submit_cleanup(lambda: undo(box))
+            raise box["error"]
+        return box.get("value")
+
+
+async def _deliver(batch) -> None:
+    for fn, arg in batch:
+        try:
+            fn(arg)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the consumer went away; its request is being cancelled
