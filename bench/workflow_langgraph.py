@@ -3,7 +3,7 @@
 tool (a sleep), then a short answer: two model calls per node). Each graph invocation is one task
 (`agentrt.task_scope`, its own LangGraph thread), started at its Poisson arrival time; its
 agents' actors are stopped (sessions closed) when it ends. The workflow is declared to the engine
-(`Workflow.chain("langgraph", "planner", "worker", "reviewer")`)."""
+(`declare_graph`: the DAG derived from the compiled graph; by hand where the adapter lacks it)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,15 @@ async def run_langgraph(lm, cfg, arrivals: list[float], prefix_tokens: int, max_
     qs = questions(lm.tokenizer, len(arrivals), seed)
     jct: dict[str, float] = {}
     async with Engine(lm, cfg) as eng, Runtime(eng) as rt:
-        eng.declare_workflow(WORKFLOW)
         app = build_app(rt, lm.tokenizer, prefix_tokens, max_tokens)
+        try:  # the workflow derived from the compiled graph (planner -> worker -> reviewer)
+            from agentrt.integrations.langgraph import declare_graph, workflow_of
+
+            source, edges = "declare_graph", dict(workflow_of(app, WORKFLOW.name).edges)
+            app = declare_graph(eng, app, WORKFLOW.name)
+        except ImportError:  # an adapter without it: the same DAG, declared by hand
+            source, edges = "declare_workflow", dict(WORKFLOW.edges)
+            eng.declare_workflow(WORKFLOW)
 
         async def run_task(i: int, start: float) -> None:
             await anyio.sleep(max(0.0, start - time.perf_counter()))
@@ -101,7 +108,7 @@ async def run_langgraph(lm, cfg, arrivals: list[float], prefix_tokens: int, max_
         stats = engine_stats(eng)
         await rt.stop_all()
     done = list(jct.values())
-    out = {"tasks": len(arrivals), "completed": len(done), "timed_out": scope.cancelled_caught, "wall_s": wall,
+    out = {"workflow_source": source, "workflow_edges": edges, "tasks": len(arrivals), "completed": len(done), "timed_out": scope.cancelled_caught, "wall_s": wall,
            "jct_s": done, **jct_summary(done), **stats}
     if len(done) < len(arrivals):
         out["error"] = f"{len(arrivals) - len(done)} of {len(arrivals)} tasks unfinished after {timeout:.0f} s"
