@@ -2,7 +2,7 @@
 on the same multi-agent workloads, one run, on the embedded SmolLM2 (native quantization).
 
 Synthetic DAGs (bench/workflow_workload.py): chain A->B->C, fan-out/fan-in A->{B1,B2,B3}->D,
-diamond A->{B,C}->D; every stage an agent with its own ~800-token static prefix making 1-2
+diamond A->{B,C}->D; every stage an agent with its own static prefix (400 tokens; --quick 300) making 1-2
 tool-calling calls (forced output length, simulated tools). Poisson task arrivals at two or more
 load levels, calibrated against the measured service time (one task at a time, FCFS); the same
 tasks and arrival times for every policy. The KV pool holds about `--pool-prefixes` agents'
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, machine, write_results  # noqa: E402
 from bench.workflow_report import headline, plot, print_tables  # noqa: E402
-from bench.workflow_run import reductions, run_dag  # noqa: E402
+from bench.workflow_run import combine_reps, reductions, run_dag  # noqa: E402
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens  # noqa: E402
 from agentrt import DEFAULT_MODEL, Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
 from agentrt.engine.policies import SCHEDULING_POLICIES  # noqa: E402
@@ -46,12 +46,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dags", default=",".join(DAGS))
     ap.add_argument("--policies", default=",".join(SCHEDULING_POLICIES))
     ap.add_argument("--loads", default=None, help="arrival rates as fractions of the measured capacity "
-                                                  "(default 0.8,1.4; full 0.6,1.2): the capacity is measured one task at a time, "
+                                                  "(default 0.8,1.4): the capacity is measured one task at a time, "
                          "so batching lets the engine take somewhat more")
     ap.add_argument("--rates", default=None, help="absolute arrival rates (tasks/s), instead of --loads")
-    ap.add_argument("--tasks", type=int, default=None, help="tasks per run (default 3; full 8)")
-    ap.add_argument("--prefix-tokens", type=int, default=None, help="per agent (default 300; full 800)")
-    ap.add_argument("--out-tokens", type=int, default=None, help="forced output per call (default 8; full 16)")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; full 10)")
+    ap.add_argument("--reps", type=int, default=None, help="paired repetitions per policy, each with its own "
+                    "tasks and arrivals (default 1; full 2); figures are medians over them")
+    ap.add_argument("--prefix-tokens", type=int, default=None, help="per agent (--quick 300; full 400)")
+    ap.add_argument("--out-tokens", type=int, default=None, help="forced output per call (--quick 8; full 12)")
     ap.add_argument("--pool-prefixes", type=float, default=2.0, help="KV pool = this many prefixes + working set")
     ap.add_argument("--working-tokens", type=int, default=None,
                     help="working set of the running requests in the pool (default 4 x (user + result + 2 outputs))")
@@ -63,11 +65,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", default=str(RESULTS / "workflows.json"))
     a = ap.parse_args()
     q = a.quick
-    a.loads = [float(x) for x in (a.loads or ("0.8,1.4" if q else "0.6,1.2")).split(",")]
+    a.loads = [float(x) for x in (a.loads or "0.8,1.4").split(",")]
     a.rates = [float(x) for x in a.rates.split(",")] if a.rates else None
-    a.tasks = a.tasks or (3 if q else 8)
-    a.prefix_tokens = a.prefix_tokens or (300 if q else 800)
-    a.out_tokens = a.out_tokens or (8 if q else 16)
+    a.tasks = a.tasks or (6 if q else 10)
+    a.reps = a.reps or (1 if q else 2)
+    a.prefix_tokens = a.prefix_tokens or (300 if q else 400)
+    a.out_tokens = a.out_tokens or (8 if q else 12)
     a.lg_tasks = (3 if q else 6) if a.lg_tasks is None else a.lg_tasks
     a.run_timeout = a.run_timeout or (150.0 if q else 400.0)
     a.dags = [d for d in a.dags.split(",") if d]
@@ -129,7 +132,7 @@ def main() -> None:
     except OSError:
         commit = None
     res: dict = {"machine": machine(), "quick": a.quick, "commit": commit, "policies": a.policies,
-                 "target": TARGET, "seed": a.seed, "quantize": a.quant, "tasks_per_run": a.tasks,
+                 "target": TARGET, "seed": a.seed, "reps": a.reps, "quantize": a.quant, "tasks_per_run": a.tasks,
                  "sizes": {k: getattr(sizes, k) for k in sizes.__dataclass_fields__},
                  "engine": {"kv_cache_tokens": cfg.kv_cache_tokens, "pool_prefixes": a.pool_prefixes,
                             "kv_tier_bytes": 0, "response_cache_size": 0, "enable_speculation": False,
@@ -156,13 +159,19 @@ def main() -> None:
                                                "policies": {}}
             if tasks[-1].arrival > 0:  # the sampled arrivals' own rate (few tasks: not the nominal one)
                 L["realized_rate"] = (len(tasks) - 1) / tasks[-1].arrival
+            reps: dict = {p: [] for p in a.policies}
+            for k in range(a.reps):  # interleaved: a slow phase of the machine hits every policy alike
+                tasks_k = tasks if k == 0 else make_tasks(fmt, lm.tokenizer, dag, sizes, a.tasks, rate, a.seed + 17 * k)
+                for p in a.policies:
+                    t0 = time.perf_counter()
+                    r = run_policy(run_dag, lm, fmt, dag, tasks_k, sizes, cfg.replace(scheduling_policy=p),
+                                   a.run_timeout)
+                    reps[p].append(r)
+                    print(f"  {name} load {load:g} ({rate:.3f}/s) rep {k} {p:13s} mean {r.get('mean_jct_s') or 0:.2f} s "
+                          f"p99 {r.get('p99_jct_s') or 0:.2f} s  [{time.perf_counter() - t0:.0f} s] {r.get('error', '')}",
+                          flush=True)
             for p in a.policies:
-                t0 = time.perf_counter()
-                r = run_policy(run_dag, lm, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), a.run_timeout)
-                L["policies"][p] = r
-                print(f"  {name} load {load:g} ({rate:.3f}/s) {p:13s} mean {r.get('mean_jct_s') or 0:.2f} s "
-                      f"p99 {r.get('p99_jct_s') or 0:.2f} s  [{time.perf_counter() - t0:.0f} s] {r.get('error', '')}",
-                      flush=True)
+                L["policies"][p] = combine_reps(reps[p])
             L.update(reductions(L["policies"], TARGET))
     if a.lg_tasks > 0:
         res["langgraph"] = langgraph_case(a, lm, cfg, fcfs)

@@ -109,6 +109,24 @@ def reductions(policies: dict, target: str = "topas") -> dict:
     return out
 
 
+def combine_reps(reps: list[dict]) -> dict:
+    """Repetitions of one policy (paired: repetition k has the same tasks and arrivals for every
+    policy) -> one result: the median over repetitions of each JCT figure (this machine has slow
+    phases: a median is robust to one), hit rate and prompt tokens averaged, every repetition kept."""
+    ok = [r for r in reps if not r.get("error")]
+    out: dict = {"reps": reps, "tasks": sum(r.get("tasks", 0) for r in reps),
+                 "completed": sum(r.get("completed", 0) for r in reps)}
+    if len(ok) < len(reps):
+        out["error"] = "; ".join(r["error"] for r in reps if r.get("error"))
+    for key in ("mean_jct_s", "p50_jct_s", "p99_jct_s", "decision_us_p50", "wall_s"):
+        out[key] = median_or_none(r.get(key) for r in ok)
+    for key in ("hit_rate", "prompt_computed", "prompt_submitted", "preemptions"):
+        vals = [r[key] for r in ok if r.get(key) is not None]
+        out[key] = sum(vals) / len(vals) if vals else None
+    out["jct_s"] = [x for r in ok for x in r.get("jct_s", [])]
+    return out
+
+
 def median_or_none(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

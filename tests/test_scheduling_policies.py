@@ -98,8 +98,13 @@ def test_topas_aging_bounds_waiting_under_adversarial_arrivals():
             now += COST  # one A request served per scheduling point
         return float("inf")
 
+    # B wins once its aged weight pays for its reload, A's eviction and its own work:
+    # (1 + age / aging_s) / 0.6 * COST / (2 * PREFIX * RELOAD + 100 * RELOAD) > A's density
+    density_a = (1 / 0.9) * COST / (100 * RELOAD)
+    bound = lambda aging_s: aging_s * (density_a * 0.6 * (2 * PREFIX + 100) * RELOAD / COST - 1)
     slow, fast = waited(10.0), waited(1.0)
-    assert fast < slow < 100.0
+    assert fast < slow <= bound(10.0) + COST and fast <= bound(1.0) + COST
+    assert waited(1e9) == float("inf")  # without aging, B would wait forever
 
 
 def test_topas_search_greedy_beyond_exhaustive():

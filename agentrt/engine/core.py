@@ -302,6 +302,7 @@ class EngineCore:
             if r in self.running:  # (a request the memory manager failed has left it already)
                 self.running.remove(r)
             self.tasks.served(r.tag, time.monotonic() - r.admitted_s)
+        self.tasks.ended(r.task, time.monotonic())
         r.state, r.finish_reason = State.FINISHED, reason
         self.mem.drop_links(r)
         if self.responses is not None and r.constraint is None and reason in ("stop", "length"):

@@ -34,7 +34,8 @@ class MemoryManager:
     def __init__(self, cfg, alloc, kvm, radix, policy, counters, sessions: dict, queues):
         self.cfg, self.alloc, self.kvm, self.radix = cfg, alloc, kvm, radix
         self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
-        self.keep: frozenset[str] | None = None  # agents whose prefixes the scheduler keeps (last)
+        # the scheduler's kept prefixes, evicted last: agent -> tokens of its static prefix
+        self.keep: dict[str, int] | None = None
 
     def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
         """Try to have n_pages free, without touching running requests. Candidates go in three
@@ -106,12 +107,15 @@ class MemoryManager:
         return took
 
     def _victim_order(self, leaves: list) -> list:
-        """The eviction policy's order, with the prefixes of agents the scheduling policy keeps
-        (engine/policies.py: Decision.keep) after every other leaf."""
+        """The eviction policy's order, with the static prefixes of the agents the scheduling
+        policy keeps (engine/policies.py: Decision.keep) after every other leaf. Only nodes that
+        begin inside an agent's prefix are kept: its requests' own tails are not."""
         order = self.policy.victim_order(leaves)
-        if not self.keep:
+        keep = self.keep
+        if not keep:
             return order
-        return [x for x in order if x.tag not in self.keep] + [x for x in order if x.tag in self.keep]
+        kept = [x for x in order if x.tag in keep and x.start < keep[x.tag]]
+        return [x for x in order if not (x.tag in keep and x.start < keep[x.tag])] + kept
 
     def _trim_partial_pages(self, n_pages: int) -> None:
         """Last resort before preemption: idle sessions give up what the tree does not hold

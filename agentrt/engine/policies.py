@@ -17,7 +17,7 @@ Ties keep arrival order. Policies are pure functions of the view: no engine stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 SCHEDULING_POLICIES = ("fcfs", "lpm", "srpt", "program_fcfs", "topas")
@@ -37,6 +37,7 @@ class Ready:
     remaining: float  # expected seconds on its task's longest remaining path (its stage included)
     cost: float  # expected seconds of this request's own service
     successors: tuple[str, ...] = ()  # stages its task may go to after this stage
+    work: int = 0  # tokens it still has to compute past what is resident and its agent's prefix
 
 
 @dataclass
@@ -48,6 +49,8 @@ class SchedulingView:
     budget: int  # KV cells (tokens) prefixes and admitted requests may use in all
     reload_s_per_token: float  # cost of recomputing one prefix token
     now: float
+    upcoming: dict[str, float] = field(default_factory=dict)  # agent -> expected requests soon from
+    # tasks between requests (a tool running, or the next stage about to start): engine/tasks.py
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from agentrt.engine.request import Request, State
 from agentrt.engine.speculation import choose_draft
 
 REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
+UPCOMING_S = 2.0  # a task whose last request ended this recently is expected back (a tool call)
 
 
 @dataclass
@@ -94,7 +95,7 @@ class Scheduler:
         t0 = time.perf_counter()
         decision = self.policy.decide(self.view(now))
         self.decision_us.append((time.perf_counter() - t0) * 1e6)
-        self.mem.keep = decision.keep
+        self.mem.keep = None if decision.keep is None else {a: self.tasks.prefix_len(a) for a in decision.keep}
         self._last = (sig, now, decision.order)
         first = decision.order[0] if decision.order else None
         for r in self.waiting:  # a request attached earlier and not first now lets go of its match
@@ -112,11 +113,12 @@ class Scheduler:
     def view(self, now: float) -> SchedulingView:
         ready = [self._ready(r, False) for r in self.waiting]
         running = [self._ready(r, True) for r in self.running]
-        stages = {s for x in ready + running for s in (x.stage, *x.successors) if s is not None}
+        upcoming = self.tasks.upcoming(now, UPCOMING_S)
+        stages = {s for x in ready + running for s in (x.stage, *x.successors) if s is not None} | set(upcoming)
         prefix_len = {a: self.tasks.prefix_len(a) for a in stages}
         resident = {a: self._resident_prefix(a) for a in stages}
         budget = int(self.cfg.high_water * self.cfg.num_pages) * self.cfg.page_size
-        return SchedulingView(ready, running, prefix_len, resident, budget, self.reload_s(), now)
+        return SchedulingView(ready, running, prefix_len, resident, budget, self.reload_s(), now, upcoming)
 
     def _ready(self, r: Request, running: bool) -> Ready:
         tasks, tgt = self.tasks, r.target
@@ -128,9 +130,11 @@ class Scheduler:
             if r.session is not None:
                 resident = max(resident, common_prefix(r.session.seq.tokens, tgt))
         held = len(r.seq.tokens) if running else len(tgt)
-        cells = max(0, held - plen) + (sizing.projected_cells(r) if running else r.params.max_tokens)
+        new = r.params.max_tokens - len(r.output)
+        cells = max(0, held - plen) + (sizing.projected_cells(r) if running else new)
+        work = r.remaining + new if running else len(tgt) - max(resident, min(plen, len(tgt))) + new
         return Ready(r, r.tag, r.task, r.submitted_s, tasks.arrival(r.task, r.submitted_s), resident, cells,
-                     tasks.remaining(r.task, r.tag), tasks.cost(r.tag), tasks.successors(r.task, r.tag))
+                     tasks.remaining(r.task, r.tag), tasks.cost(r.tag), tasks.successors(r.task, r.tag), work)
 
     def _resident_prefix(self, stage: str) -> int:
         tokens, salt = self.tasks.prefix_of(stage)

@@ -6,6 +6,7 @@ Bounded: at most `max_tasks` tasks are remembered (the least recently seen is fo
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from agentrt.errors import ConfigError
 from agentrt.workflow import Workflow
 
 EWMA = 0.3  # weight of a new observation in a stage's service estimate
+RECENT_TASKS = 256  # upcoming() looks at this many most recently seen tasks
 MAX_PREFIX = 16384  # tokens of a stage's static prefix remembered at most
 
 
@@ -24,6 +26,8 @@ class TaskState:
     arrival: float  # time.monotonic() of its first request
     stage: str | None = None  # the stage of its latest request
     requests: int = 0
+    live: int = 0  # its requests queued or running now
+    idle_since: float = 0.0  # when its last live request ended (it may be running a tool)
 
 
 @dataclass
@@ -93,6 +97,7 @@ class TaskTracker:
             self.learned.add(t.stage, stage)
         t.stage = stage if stage is not None else t.stage
         t.requests += 1
+        t.live += 1
 
     def _learn_prefix(self, stage: str, prompt, salt) -> None:
         old = self.prefixes.get(stage)
@@ -107,6 +112,27 @@ class TaskTracker:
 
     def prefix_len(self, stage: str | None) -> int:
         return len(self.prefixes[stage][0]) if stage in self.prefixes else 0
+
+    def ended(self, task_id: str | None, now: float) -> None:
+        """A request of `task_id` ended (finished, failed or cancelled)."""
+        t = self.tasks.get(task_id) if task_id is not None else None
+        if t is not None and t.live > 0:
+            t.live -= 1
+            t.idle_since = now
+
+    def upcoming(self, now: float, window_s: float) -> dict[str, float]:
+        """Stages that tasks between requests (none live, the last ended within `window_s`:
+        running a tool, or about to enter the next stage) are expected to ask for next: half
+        their current stage (another call), half its successors."""
+        out: dict[str, float] = {}
+        for t in itertools.islice(reversed(self.tasks.values()), RECENT_TASKS):  # most recently seen first
+            if t.live or t.stage is None or now - t.idle_since > window_s:
+                continue
+            succ = self.successors(t.task_id, t.stage)
+            out[t.stage] = out.get(t.stage, 0.0) + (0.5 if succ else 1.0)
+            for a in succ:
+                out[a] = out.get(a, 0.0) + 0.5 / len(succ)
+        return out
 
     def served(self, stage: str | None, seconds: float) -> None:
         """A request of `stage` took `seconds` from admission to its end."""

@@ -7,24 +7,33 @@ ready requests of those agents admitted under the joint KV budget (the seed's eq
     sum(prefix_len[a] for a in R') + sum(cells of running and admitted requests) <= budget
 
 R' always holds the agents of running requests (TOPAS here never preempts: a running request's
-work is never thrown away for a policy's sake). For each R' the admitted set is filled greedily
-by value. The state's utility, in units of "fraction of a task's remaining path":
+work is never thrown away for a policy's sake); the search chooses which other agents join it.
+For each R' the admitted set A is filled greedily by weight. The state's score is a
+weighted-shortest-processing-time index (Smith's rule with setup times), in seconds:
 
-- **progress**: an admitted request r of task J at stage s shortens J's longest remaining path
-  (engine/tasks.py, from the DAG and each stage's learned service time) by cost(s); its value is
-  `aging(J) * cost(s) / remaining(J)` -- the share of J's remaining path it completes (a task
-  near its end gains most, as in SRPT), times task aging `1 + age(J) / aging_s`, so a task kept
-  waiting gains priority without bound and cannot starve.
-- **prefix moves**: an agent in R' whose prefix is not resident costs its missing tokens' reload
-  time, converted to value units by the mean weight (1 / remaining, no aging) of the ready requests: a
-  switch pays off only when the work it enables is worth more than the work its reload delays.
-- **evictions**: when the state does not fit beside the other resident prefixes, resident
-  agents left out of R' that still have ready work are charged their reload.
-- **one-step lookahead**: a resident agent that running or admitted requests' tasks go to next
-  (their stage's successors in the DAG) is worth keeping: it saves that reload later.
-An idle engine always admits (the best state with at least one request), so work is never held
-back forever. Search: every subset of the candidate agents when there are at most
-`exhaustive_agents` of them, else a bounded greedy (add the best agent while utility rises).
+    score = sum(w(r) * cost(r) for r in A) / (moves + work(A) + evictions)
+
+- **progress** (numerator): an admitted request r of task J at stage s shortens J's longest
+  remaining path (engine/tasks.py: the DAG and each stage's learned service time) by cost(s);
+  w(r) = aging(J) / remaining(J), so what counts is the *share* of J's remaining path done (a
+  task near its end gains most, as in SRPT), times task aging `1 + age(J) / aging_s`: a task
+  kept waiting gains priority without bound and cannot starve.
+- **prefix moves**: the reload time of the missing tokens of every agent in R' not resident.
+- **work(A)**: the engine time A takes: the tokens it still has to compute (its prompt past
+  what is resident and past its agent's prefix -- a tool call's follow-up finds its first call
+  cached -- and the new tokens) at the learned recompute rate. On a CPU a
+  step's time grows with its tokens, so requests batched together add their work.
+- **evictions and one-step lookahead**: when A does not fit beside the other resident prefixes,
+  the ones left out go (least needed first); each that still has ready work, or that work
+  expected next needs -- a running request's task going on to its stage's successors in the
+  DAG, or a task between two requests (running a tool: its stage again, or its successors;
+  engine/tasks.py::upcoming) -- is charged its reload, by that probability. `keep` names R' and
+  the resident prefixes likely needed next, so the memory manager evicts other prefixes first.
+The best state runs first. Work is not held back for nothing: after the choice, ready requests of
+other *resident* agents join the batch while they fit without evicting anything (their prefix is
+already paid for), and an idle engine always admits. Search: every subset of the candidate
+agents when there are at most `exhaustive_agents` of them, else a bounded greedy (add the agent
+that raises the score most, while it rises).
 """
 
 from __future__ import annotations
@@ -34,15 +43,16 @@ from dataclasses import dataclass
 
 from agentrt.engine.policies import Decision, Ready, SchedulingView
 
-EPS = 1e-3  # seconds: floor of a remaining path
-LOOKAHEAD = 0.5  # weight of a successor's saved reload
+EPS = 1e-3  # seconds: floor of a remaining path and of a state's time
+RESIDENT = 0.5  # an agent counts as resident when this share of its prefix is
+KEEP_P = 0.25  # a resident prefix expected to be needed with this probability soon is kept
 
 
 @dataclass
 class _State:
     agents: frozenset
     admitted: list
-    utility: float
+    score: float
 
 
 class Topas:
@@ -54,30 +64,28 @@ class Topas:
     def decide(self, view: SchedulingView) -> Decision:
         ctx = _Context(view, self.aging_s)
         forced = frozenset(r.stage for r in view.running)
-        nexts = {a for r in (*view.running, *view.ready) for a in r.successors if view.resident.get(a, 0) > 0}
-        cands = sorted(({r.stage for r in view.ready} | nexts) - forced, key=str)
+        cands = sorted(({r.stage for r in view.ready} | ctx.next_resident) - forced, key=str)
         if len(cands) <= self.exhaustive:
             subsets = (frozenset(c) for k in range(len(cands) + 1) for c in itertools.combinations(cands, k))
             states = [ctx.evaluate(forced | s) for s in subsets]
         else:
             states = self._greedy(ctx, forced, cands)
-        best = max(states, key=lambda st: st.utility)
-        if not view.running and not best.admitted:  # an idle engine always admits
-            busy = [st for st in states if st.admitted]
-            best = max(busy, key=lambda st: st.utility) if busy else best
-        if not best.admitted and not view.running:
-            best = ctx.evaluate(frozenset({view.ready[0].stage}), force=True)
-        order = sorted(best.admitted, key=ctx.value, reverse=True)
-        return Decision([r.req for r in order], frozenset(a for a in best.agents if a is not None))
+        busy = [st for st in states if st.admitted]
+        best = max(busy or states, key=lambda st: st.score)
+        if not best.admitted and not view.running and view.ready:  # an idle engine always admits
+            best = ctx.evaluate(frozenset({ctx.ready[0].stage}), force=True)
+        admitted, agents = ctx.free_riders(best)
+        keep = agents | ctx.next_resident
+        return Decision([r.req for r in admitted], frozenset(a for a in keep if a is not None))
 
     def _greedy(self, ctx: "_Context", forced: frozenset, cands: list) -> list[_State]:
-        state, states, left = ctx.evaluate(forced), [], list(cands)
-        states.append(state)
+        state, left = ctx.evaluate(forced), list(cands)
+        states = [state]
         while left:
             trials = [ctx.evaluate(state.agents | {a}) for a in left]
             states.extend(trials)
-            nxt = max(trials, key=lambda st: st.utility)
-            if nxt.utility <= state.utility:
+            nxt = max(trials, key=lambda st: st.score)
+            if nxt.score <= state.score and state.admitted:
                 break
             left = [a for a in left if a not in nxt.agents]
             state = nxt
@@ -89,26 +97,27 @@ class _Context:
 
     def __init__(self, view: SchedulingView, aging_s: float):
         self.view, self.aging_s = view, aging_s
-        self.ready = sorted(view.ready, key=self.value, reverse=True)
-        # (without aging: the price of a move must not grow with the age of who waits for it,
-        # or an old task's growing priority would never outweigh it)
-        weights = [1.0 / max(r.remaining, EPS) for r in view.ready] or [1.0]
-        self.wbar = sum(weights) / len(weights)
+        self.ready = sorted(view.ready, key=self.weight, reverse=True)
         self.dynamic = sum(r.cells for r in view.running)
-        self.has_work = {r.stage for r in view.ready}
+        self.resident = {a for a, n in view.resident.items() if n > 0 and n >= RESIDENT * view.prefix_len.get(a, 0)}
+        self.has_work = {r.stage for r in view.ready} | {r.stage for r in view.running}
+        nxt = dict(view.upcoming)  # work expected soon: tasks between requests, and what the
+        for r in view.running:  # running requests' tasks do next (one-step lookahead)
+            for a in r.successors:
+                nxt[a] = nxt.get(a, 0.0) + 1.0 / len(r.successors)
+        self.successor_p = {a: min(1.0, p) for a, p in nxt.items()}
+        self.next_resident = frozenset(a for a, p in nxt.items() if a in self.resident and p >= KEEP_P)
 
     def weight(self, r: Ready) -> float:
         age = max(0.0, self.view.now - r.task_arrival)
         return (1.0 + age / self.aging_s) / max(r.remaining, EPS)
 
-    def value(self, r: Ready) -> float:
-        return self.weight(r) * r.cost
-
-    def reload(self, agent) -> float:
-        """Value lost to reloading `agent`'s missing prefix tokens."""
+    def reload(self, agent, full: bool = False) -> float:
+        """Seconds to recompute `agent`'s missing prefix tokens (all of them with `full`)."""
         v = self.view
-        missing = max(0, v.prefix_len.get(agent, 0) - v.resident.get(agent, 0))
-        return missing * v.reload_s_per_token * self.wbar
+        n = v.prefix_len.get(agent, 0)
+        missing = n if full else max(0, n - v.resident.get(agent, 0))
+        return missing * v.reload_s_per_token
 
     def evaluate(self, agents: frozenset, force: bool = False) -> _State:
         v = self.view
@@ -119,23 +128,43 @@ class _Context:
             if r.stage in agents and (r.cells <= room or (force and not admitted)):
                 admitted.append(r)
                 room -= r.cells
-        utility = sum(self.value(r) for r in admitted)
-        utility -= sum(self.reload(a) for a in agents)
-        others = sum(n for a, n in v.resident.items() if a not in agents)
-        if prefixes + self.dynamic + sum(r.cells for r in admitted) + others > v.budget:
-            utility -= sum(self.reload_full(a) for a in v.resident if a not in agents and a in self.has_work)
-        utility += LOOKAHEAD * self._lookahead(agents, admitted)
-        return _State(agents, admitted, utility)
+        if not admitted:
+            return _State(agents, admitted, 0.0)
+        work = sum(r.work or r.cells for r in admitted) * v.reload_s_per_token
+        moves = sum(self.reload(a) for a in agents if a not in self.resident)
+        evictions = self._evictions(agents, room)
+        gain = sum(self.weight(r) * r.cost for r in admitted)
+        return _State(agents, admitted, gain / max(moves + work + evictions, EPS))
 
-    def reload_full(self, agent) -> float:
+    def _evictions(self, agents: frozenset, room: int) -> float:
+        """Reload time owed to resident prefixes outside `agents` that must go to make `room`
+        (negative: an overflow), least needed first."""
         v = self.view
-        return v.resident.get(agent, 0) * v.reload_s_per_token * self.wbar
+        others = [a for a in self.resident if a not in agents]
+        overflow = sum(v.resident[a] for a in others) - room
+        cost = 0.0
+        for need, a in sorted((self._need(a), a) for a in others):
+            if overflow <= 0:
+                break
+            overflow -= v.resident[a]
+            cost += need * self.reload(a, full=True)
+        return cost
 
-    def _lookahead(self, agents: frozenset, admitted: list) -> float:
-        v, gain = self.view, 0.0
-        for a in agents:
-            if v.resident.get(a, 0) <= 0:
+    def _need(self, agent) -> float:
+        return 1.0 if agent in self.has_work else self.successor_p.get(agent, 0.0)
+
+    def free_riders(self, best: _State) -> tuple[list, frozenset]:
+        """`best`'s admissions plus ready requests of other resident agents that fit beside the
+        prefixes likely needed soon, evicting none of them."""
+        v, agents = self.view, set(best.agents)
+        used = sum(v.prefix_len.get(a, 0) for a in agents) + self.dynamic + sum(r.cells for r in best.admitted)
+        # (resident prefixes nothing is expected to need soon may go: the memory manager takes them first)
+        used += sum(v.resident[a] for a in self.resident if a not in agents and self._need(a) >= KEEP_P)
+        admitted, chosen = list(best.admitted), {id(r) for r in best.admitted}
+        for r in self.ready:
+            if id(r) in chosen or r.stage not in self.resident or used + r.cells > v.budget:
                 continue
-            p = sum(1.0 / len(r.successors) for r in (*v.running, *admitted) if a in r.successors)
-            gain += min(1.0, p) * self.reload_full(a)
-        return gain
+            admitted.append(r)
+            agents.add(r.stage)
+            used += r.cells
+        return admitted, frozenset(agents)
