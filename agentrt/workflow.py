@@ -103,24 +103,36 @@ class Workflow:
 
 
 def _check_acyclic(name: str, edges: Mapping[str, tuple[str, ...]]) -> None:
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    for root in edges:
-        stack = [(root, iter(edges[root]))]
-        if state.get(root):
+    _, back = split_back_edges(edges, list(edges))
+    if back:
+        raise ConfigError(f"workflow {name!r} has a cycle through {back[0][1]!r}: a workflow is a DAG "
+                          "(a loop inside one stage, e.g. an agent's tool loop, is one stage)")
+
+
+def split_back_edges(succ: Mapping[str, Iterable[str]], roots: list[str]) -> tuple[list, list]:
+    """(forward edges, back edges) of a depth-first search from each root in turn (a node
+    reached earlier is not a new root): dropping the back edges leaves a DAG."""
+    state: dict[str, int] = {}  # 1: on the DFS path, 2: done
+    kept: list[tuple[str, str]] = []
+    back: list[tuple[str, str]] = []
+    for root in roots:
+        if root in state:
             continue
-        state[root] = 1
+        state[root], stack = 1, [(root, iter(succ.get(root, ())))]
         while stack:
-            s, it = stack[-1]
+            node, it = stack[-1]
             nxt = next(it, None)
             if nxt is None:
-                state[s] = 2
+                state[node] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                raise ConfigError(f"workflow {name!r} has a cycle through {nxt!r}: a workflow is a DAG "
-                                  "(a loop inside one stage, e.g. an agent's tool loop, is one stage)")
-            elif not state.get(nxt):
-                state[nxt] = 1
-                stack.append((nxt, iter(edges[nxt])))
+                back.append((node, nxt))
+            else:
+                kept.append((node, nxt))
+                if nxt not in state:
+                    state[nxt] = 1
+                    stack.append((nxt, iter(succ.get(nxt, ()))))
+    return kept, back
 
 
 @dataclass(frozen=True)

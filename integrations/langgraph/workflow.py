@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrt.errors import ConfigError
-from agentrt.workflow import TaskContext, Workflow, current_task
+from agentrt.workflow import TaskContext, Workflow, current_task, split_back_edges
 
 WORKFLOW_KEY = "agentrt_workflow"  # configurable key naming the run's workflow
 _START, _END = "__start__", "__end__"
@@ -62,24 +62,7 @@ def workflow_of(graph: Any, name: str | None = None) -> Workflow:
 
 def _forward_edges(succ: Mapping[str, list[str]], nodes: list[str]) -> list[tuple[str, str]]:
     """The edges left when a DFS from __start__ (then from any node not reached) drops back edges."""
-    state: dict[str, int] = {}  # 1: on the DFS path, 2: done
-    kept: list[tuple[str, str]] = []
-    for root in [_START, *nodes]:
-        if root in state or root not in nodes:
-            continue
-        state[root], stack = 1, [(root, iter(succ.get(root, ())))]
-        while stack:
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                state[node] = 2
-                stack.pop()
-            elif state.get(nxt) != 1:  # not a back edge
-                kept.append((node, nxt))
-                if nxt not in state:
-                    state[nxt] = 1
-                    stack.append((nxt, iter(succ.get(nxt, ()))))
-    return kept
+    return split_back_edges(succ, [n for n in [_START, *nodes] if n in nodes])[0]
 
 
 def _stage_names(graph: Any) -> dict[str, str]:
