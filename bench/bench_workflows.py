@@ -49,7 +49,7 @@ def parse() -> argparse.Namespace:
                                                   "(default 0.8,1.4): the capacity is measured one task at a time, "
                          "so batching lets the engine take somewhat more")
     ap.add_argument("--rates", default=None, help="absolute arrival rates (tasks/s), instead of --loads")
-    ap.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; full 10)")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks per run (--quick 4; full 10)")
     ap.add_argument("--reps", type=int, default=None, help="paired repetitions per policy, each with its own "
                     "tasks and arrivals (default 1; full 2); figures are medians over them")
     ap.add_argument("--prefix-tokens", type=int, default=None, help="per agent (--quick 300; full 400)")
@@ -67,7 +67,7 @@ def parse() -> argparse.Namespace:
     q = a.quick
     a.loads = [float(x) for x in (a.loads or "0.8,1.4").split(",")]
     a.rates = [float(x) for x in a.rates.split(",")] if a.rates else None
-    a.tasks = a.tasks or (6 if q else 10)
+    a.tasks = a.tasks or (4 if q else 10)
     a.reps = a.reps or (1 if q else 2)
     a.prefix_tokens = a.prefix_tokens or (300 if q else 400)
     a.out_tokens = a.out_tokens or (8 if q else 12)
