@@ -18,7 +18,7 @@ COST = 0.3  # seconds of one request's own service
 
 
 def ready(name, stage, *, remaining, task_arrival=0.0, arrival=0.0, resident=0, successors=()):
-    return Ready(name, stage, f"t-{name}", arrival, task_arrival, resident, 100, remaining, COST, successors)
+    return Ready(name, stage, f"t-{name}", arrival, task_arrival, resident, 100, remaining, COST, successors, 100)
 
 
 def view(ready_list, *, resident=None, running=(), budget=1500, now=0.0):

@@ -114,8 +114,10 @@ class MemoryManager:
         keep = self.keep
         if not keep:
             return order
-        kept = [x for x in order if x.tag in keep and x.start < keep[x.tag]]
-        return [x for x in order if not (x.tag in keep and x.start < keep[x.tag])] + kept
+        first, kept = [], []
+        for x in order:
+            (kept if x.tag in keep and x.start < keep[x.tag] else first).append(x)
+        return first + kept
 
     def _trim_partial_pages(self, n_pages: int) -> None:
         """Last resort before preemption: idle sessions give up what the tree does not hold

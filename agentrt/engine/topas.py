@@ -130,7 +130,7 @@ class _Context:
                 room -= r.cells
         if not admitted:
             return _State(agents, admitted, 0.0)
-        work = sum(r.work or r.cells for r in admitted) * v.reload_s_per_token
+        work = sum(r.work for r in admitted) * v.reload_s_per_token
         moves = sum(self.reload(a) for a in agents if a not in self.resident)
         evictions = self._evictions(agents, room)
         gain = sum(self.weight(r) * r.cost for r in admitted)
