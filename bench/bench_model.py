@@ -47,7 +47,7 @@ class Ours:
 
     def decode_round(self, batch: int, steps: int) -> float:
         per = -(-(CTX + steps + 1) // PS)
-        kv = KVStore.allocate(self.model.cfg, per * batch, PS, self.model.dtype)
+        kv = KVStore.allocate(self.model.cfg, per * batch, PS, self.model.kv_dtype)
         pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
         fb = build_batch([SeqChunk(list(range(5, 5 + CTX)), 0, p) for p in pages], PS)
         self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)
@@ -59,7 +59,7 @@ class Ours:
         return (time.perf_counter() - t0) / steps
 
     def prefill_round(self, n: int) -> float:
-        kv = KVStore.allocate(self.model.cfg, -(-n // PS), PS, self.model.dtype)
+        kv = KVStore.allocate(self.model.cfg, -(-n // PS), PS, self.model.kv_dtype)
         fb = build_batch([SeqChunk(list(range(100, 100 + n)), 0, list(range(-(-n // PS))))], PS)
         t0 = time.perf_counter()
         self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)

@@ -39,8 +39,8 @@ SIGNATURES = {
     "agrt_qgemm": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _I32, _P, _I32], None),
     "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _P], None),
     "agrt_rmsnorm": ([_P, _I64, _I64, _I64, _P, _F32, _P], None),
-    "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _F32, _P, _P, _P], None),
-    "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P], None),
+    "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _F32, _P, _P, _P, _I32], None),
+    "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P, _I32], None),
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64], None),
 }
@@ -62,7 +62,8 @@ class Layer(ctypes.Structure):  # AgrtLayer
 
 class Dims(ctypes.Structure):  # AgrtDims
     _fields_ = [("hidden", _I32), ("inter", _I32), ("heads", _I32), ("kv_heads", _I32),
-                ("head_dim", _I32), ("page_size", _I32), ("eps", _F32), ("scale", _F32)]
+                ("head_dim", _I32), ("page_size", _I32), ("eps", _F32), ("scale", _F32),
+                ("kv_half", _I32)]
 
 
 def cache_dir() -> Path:

@@ -47,7 +47,8 @@ def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale):
     max_kv = keep.shape[-1]
     k = gather_pages(k_cache, meta.decode_pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
     v = gather_pages(v_cache, meta.decode_pages)[:, :, :max_kv]
-    out = attend(q.unsqueeze(2).to(k.dtype), k, v, keep, scale)
+    ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
+    out = attend(q.unsqueeze(2).to(ct), k.to(ct), v.to(ct), keep, scale)
     return out.squeeze(2)  # [Bd, H, D]
 
 
@@ -56,6 +57,8 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
     n_pages = -(-kv_len // k_cache.shape[1])
     k = gather_pages(k_cache, pages[:n_pages])[:, :kv_len]  # [Hkv, kv_len, D]
     v = gather_pages(v_cache, pages[:n_pages])[:, :kv_len]
+    ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
+    k, v = k.to(ct), v.to(ct)
     lq = q.shape[1]
     if lq < SDPA_MIN_QUERIES:
         qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)

@@ -272,10 +272,12 @@ def test_qwen3_engine_batches_on_the_fused_path(models):
 
 
 @needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("normed", [True, False])
 @pytest.mark.parametrize("d", [8, 24, 64, 128])
-def test_rope_store_kernel_against_the_torch_reference(d, normed):
-    """agrt_rope_store: (per-head RMSNorm +) RoPE of q and k, k and v stored at their slots."""
+def test_rope_store_kernel_against_the_torch_reference(d, normed, kv_dtype):
+    """agrt_rope_store: (per-head RMSNorm +) RoPE of q and k, k and v stored at their slots, in
+    a float16 store rounded exactly as torch's .to(torch.float16) rounds."""
     from agentrt.kernels import reference
     from agentrt.model.rope import RopeTable
 
@@ -285,19 +287,21 @@ def test_rope_store_kernel_against_the_torch_reference(d, normed):
     qn, kn = (1 + 0.3 * torch.randn(d, generator=g) for _ in range(2))
     rope = RopeTable(d, 64, 1e4, tuple(llamacpp_rope_freqs(LLAMA3, d).tolist()))
     pos, slots = torch.tensor([3, 17, 0, 40, 63]), torch.tensor([7, 0, 11, 2, 5])
-    kc, vc, q_out = torch.zeros(3, 4, hkv, d), torch.zeros(3, 4, hkv, d), torch.empty(t, h, d)
+    kc, vc = (torch.zeros(3, 4, hkv, d, dtype=kv_dtype) for _ in range(2))
+    q_out = torch.empty(t, h, d)
     ptr = (lambda x: x.data_ptr()) if normed else (lambda x: None)
     native.load().agrt_rope_store(qkv.data_ptr(), t, h, hkv, d, pos.data_ptr(), rope.cos.data_ptr(),
                                   rope.sin.data_ptr(), slots.data_ptr(), ptr(qn), ptr(kn), eps,
-                                  kc.data_ptr(), vc.data_ptr(), q_out.data_ptr())
+                                  kc.data_ptr(), vc.data_ptr(), q_out.data_ptr(), int(kv_dtype == torch.float16))
     q, k, v = qkv.split([h * d, hkv * d, hkv * d], -1)
     q, k = q.reshape(t, h, d), k.reshape(t, hkv, d)
     if normed:
         q, k = reference.rms_norm(q, qn, eps), reference.rms_norm(k, kn, eps)
     cos, sin = rope.cos[pos], rope.sin[pos]
     torch.testing.assert_close(q_out, reference.rope(q, cos, sin), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(kc.view(-1, hkv, d)[slots], reference.rope(k, cos, sin), atol=1e-5, rtol=1e-5)
-    assert torch.equal(vc.view(-1, hkv, d)[slots], v.reshape(t, hkv, d))
+    want_k = reference.rope(k, cos, sin).to(kv_dtype)
+    torch.testing.assert_close(kc.view(-1, hkv, d)[slots], want_k, atol=1e-5, rtol=1e-5 if kv_dtype == torch.float32 else 1e-3)
+    assert torch.equal(vc.view(-1, hkv, d)[slots], v.reshape(t, hkv, d).to(kv_dtype))
 
 
 # -- what is not supported: typed errors that say what to do ------------------------------------------

@@ -46,7 +46,7 @@ class EngineCore:
         self.cfg = cfg = config or EngineConfig()
         self.model, self.eos = model, frozenset(eos_token_ids)
         self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
-        self.kvm = KVManager(self.alloc, KVStore.allocate(model.cfg, cfg.num_pages, cfg.page_size, model.dtype))
+        self.kvm = KVManager(self.alloc, KVStore.allocate(model.cfg, cfg.num_pages, cfg.page_size, model.kv_dtype))
         # an explicit policy wins over cfg.eviction_policy; it ranks radix leaves and sessions
         self.policy = policy if policy is not None else make_policy(cfg.eviction_policy)
         self._on_request = getattr(self.policy, "on_request", None)

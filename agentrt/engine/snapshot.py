@@ -56,6 +56,7 @@ def model_fingerprint(model) -> dict:
     identical configs (two fine-tunes, two random initialisations) at a cost of microseconds."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model.cfg).items()}
     return {"config": config, "dtype": str(model.dtype).removeprefix("torch."),
+            "kv_dtype": str(model.kv_dtype).removeprefix("torch."),
             "weights": _weights_digest(model)}
 
 
@@ -133,8 +134,9 @@ def _check_fingerprint(path: Path, got: Any, want: dict) -> None:
     for key in sorted(set(gc) | set(wc)):
         if gc.get(key) != wc.get(key):
             diffs.append(f"{key}: snapshot {gc.get(key)!r}, this model {wc.get(key)!r}")
-    if got.get("dtype") != want["dtype"]:
-        diffs.append(f"dtype: snapshot {got.get('dtype')!r}, this model {want['dtype']!r}")
+    for key in ("dtype", "kv_dtype"):
+        if got.get(key) != want[key]:
+            diffs.append(f"{key}: snapshot {got.get(key)!r}, this model {want[key]!r}")
     if not diffs and got.get("weights") != want["weights"]:
         diffs.append(f"weights: same architecture and dtype but different weights (digest "
                      f"{got.get('weights')!r} vs {want['weights']!r})")
@@ -146,7 +148,7 @@ def _check_fingerprint(path: Path, got: Any, want: dict) -> None:
 
 def _check_payload(path: Path, obj: dict, fingerprint: dict) -> dict:
     """Shapes, dtypes and token ids consistent with the model: a file that passes is safe to copy in."""
-    cfg, dtype = fingerprint["config"], getattr(torch, fingerprint["dtype"])
+    cfg, dtype = fingerprint["config"], getattr(torch, fingerprint["kv_dtype"])
     tokens, k, v = obj.get("tokens"), obj.get("k"), obj.get("v")
     n = len(tokens) if isinstance(tokens, list) else -1
     shape = (cfg["num_layers"], n, cfg["num_kv_heads"], cfg["head_dim"])

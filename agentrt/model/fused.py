@@ -30,6 +30,7 @@ from agentrt.model.quant import QLinear
 
 PATHS = ("fused", "eager")
 KERNEL_ATTENTION_MAX_Q = 16  # sequences with more new tokens (prefill chunks) attend through torch SDPA
+KV_DTYPES = (torch.float32, torch.float16)  # what the kernels read and write in the KV store
 
 
 def use_fused(model, path: str) -> bool:
@@ -86,12 +87,13 @@ class _Step:
         lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
                             self.positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
                             self.slots.data_ptr(), _ptr(attn.q_norm), _ptr(attn.k_norm),
-                            self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr())
+                            self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr(),
+                            int(k.dtype == torch.float16))
         if self.short.numel():
             lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), self.table.data_ptr(),
                                self.table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
                                self.short.data_ptr(), self.short.numel(), self.h, self.hkv, self.d,
-                               k.shape[1], scale, self.attn.data_ptr())
+                               k.shape[1], scale, self.attn.data_ptr(), int(k.dtype == torch.float16))
         if self.long:
             q3 = self.q.view(t, self.h, self.d)
             res = paged_attention_rows(q3, k, v, self.meta, scale, self.long)
@@ -107,8 +109,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> None:
     """The kernels index raw memory: reject what torch's indexing would have rejected."""
-    if kv.k[0].dtype != torch.float32:
-        raise ConfigError(f"the fused forward needs a float32 KV store, got {kv.k[0].dtype}")
+    if kv.k[0].dtype not in KV_DTYPES:
+        raise ConfigError(f"the fused forward needs a float32 or float16 KV store, got {kv.k[0].dtype}")
     if positions.numel() == 0:
         return
     lo, hi = torch.aminmax(meta.slot_mapping)
@@ -152,7 +154,7 @@ def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
     cached = getattr(model, "_native_kv", None)  # per-KV-store arguments, rebuilt when it changes
     if cached is None or cached[0]() is not kv:  # (a weak reference: the store may be freed)
         dims = native.Dims.from_buffer_copy(shared)
-        dims.page_size = kv.k[0].shape[1]
+        dims.page_size, dims.kv_half = kv.k[0].shape[1], int(kv.k[0].dtype == torch.float16)
         cached = (weakref.ref(kv), (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k)),
                   (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v)), dims)
         model._native_kv = cached

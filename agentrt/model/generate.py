@@ -16,7 +16,7 @@ def prompt_logits(model: LlamaModel, prompt: list[int], page_size: int = 16,
                   path: str | None = None) -> torch.Tensor:
     """Logits [len(prompt), V] of a single full-prompt forward."""
     pages = list(range(-(-len(prompt) // page_size)))
-    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.dtype)
+    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype)
     fb = build_batch([SeqChunk(prompt, 0, pages, want_logits=len(prompt))], page_size)
     return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
 
@@ -37,7 +37,7 @@ def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None
             f"prompt ({len(prompt)}) + max_tokens ({p.max_tokens}) exceeds the model's "
             f"context of {model.cfg.max_position_embeddings} tokens")
     pages = list(range(-(-total // page_size)))
-    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.dtype)
+    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype)
     gen = make_generator(p.seed if p.seed is not None else 0)
     stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
     out: list[int] = []

@@ -105,6 +105,7 @@ class LlamaModel(nn.Module):
                  kernels: KernelBackend | None = None):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
+        self.kv_dtype = dtype  # the KV store's element type (load_model may choose float16)
         self.ops = kernels or get_backend("auto", "cpu")
         # (no random init: the weights are loaded next; native quantization replaces it unwritten)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrt.errors import ConfigError
-from agentrt.kernels import BACKENDS, get_backend
+from agentrt.kernels import BACKENDS, get_backend, native
 from agentrt.model.config import ModelConfig
 from agentrt.model.files import load_files, resolve_source
 from agentrt.model.llama import LlamaModel
@@ -21,6 +21,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16}
 
 DEFAULT_MODEL = "smollm2-135m"
+KV_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,17 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ConfigError(f"dtype {dtype!r} is not supported; use 'float32' (default) or 'bfloat16'")
 
 
-def _check_args(source, kernels, device, quantize, forward) -> None:
+def resolve_kv_dtype(kv_dtype: str, model: LlamaModel, quantized: bool) -> torch.dtype:
+    """The KV store's element type: "auto" = float16 for quantized weights on the CPU kernels
+    (half the bytes a decode step reads per cached token, and twice the tokens per GiB, as
+    llama.cpp's default f16 cache), else the model's dtype (fp32 stays the accuracy reference)."""
+    if kv_dtype != "auto":
+        return KV_DTYPES[kv_dtype]
+    cpu = model.norm.device.type == "cpu"
+    return torch.float16 if quantized and cpu and model.dtype == torch.float32 and native.available() else model.dtype
+
+
+def _check_args(source, kernels, device, quantize, forward, kv_dtype="auto") -> None:
     """load_model's arguments, checked before any file is read (ConfigError)."""
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
@@ -48,7 +59,7 @@ def _check_args(source, kernels, device, quantize, forward) -> None:
         raise ConfigError(f"source must be an embedded model name (e.g. {DEFAULT_MODEL!r}), a .gguf path or a "
                           f"Hugging Face directory (str or Path), got {source!r}")
     for name, value, choices in (("quantize", quantize, QUANT_MODES), ("forward", forward, PATHS),
-                                 ("kernels", kernels, BACKENDS)):
+                                 ("kernels", kernels, BACKENDS), ("kv_dtype", kv_dtype, tuple(KV_DTYPES))):
         if not isinstance(value, str) or value not in choices:
             raise ConfigError(f"{name}={value!r} is not supported; choose one of {choices}")
     if not isinstance(device, (str, torch.device)):
@@ -61,7 +72,7 @@ def _check_args(source, kernels, device, quantize, forward) -> None:
 
 def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
                kernels: str = "auto", device: str = "cpu", quantize: str = "auto",
-               forward: str = "fused") -> LoadedModel:
+               forward: str = "fused", kv_dtype: str = "auto") -> LoadedModel:
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
     .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
 
@@ -70,8 +81,11 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     layer quantized per group of 32), "auto" (the default: "native" for a GGUF on CPU float32
     when the compiled kernels are available, else "none"); see model/quant.py.
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
-    reference); an engine can override it per step (EngineConfig.forward_path)."""
-    _check_args(source, kernels, device, quantize, forward)
+    reference); an engine can override it per step (EngineConfig.forward_path).
+    kv_dtype: the KV cache's element type, "float32", "float16" (CPU: the compiled kernels and the
+    torch reference read it in float32) or "auto" (the default: float16 with quantized weights on
+    the CPU kernels, else the model's dtype)."""
+    _check_args(source, kernels, device, quantize, forward, kv_dtype)
     dt = resolve_dtype(dtype)
     mode = resolve_mode(quantize, gguf=not resolve_source(source).is_dir(),
                         cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu")
@@ -83,4 +97,6 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     apply_quant(model, "int8" if mode == "int8" else "none")  # (native: loaded quantized)
     model.forward_path = forward
     model.eval()
-    return LoadedModel(model.to(device), tokenizer, config, source)
+    model = model.to(device)
+    model.kv_dtype = resolve_kv_dtype(kv_dtype, model, quantized=mode != "none")
+    return LoadedModel(model, tokenizer, config, source)

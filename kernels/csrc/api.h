@@ -13,10 +13,12 @@ void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const floa
                   float* out);
 void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D, const int64_t* pos,
                      const float* cos_t, const float* sin_t, const int64_t* slot, const float* q_norm,
-                     const float* k_norm, float eps, float* k_cache, float* v_cache, float* q_out);
-void agrt_attention(const float* q, const float* k_cache, const float* v_cache, const int64_t* page_table,
+                     const float* k_norm, float eps, void* k_cache, void* v_cache, float* q_out,
+                     int32_t kv_half);
+void agrt_attention(const float* q, const void* k_cache, const void* v_cache, const int64_t* page_table,
                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens, const int64_t* seqs,
-                    int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out);
+                    int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out,
+                    int32_t kv_half);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
 }
 
@@ -34,4 +36,5 @@ struct AgrtLayer {
 };
 struct AgrtDims {
   int32_t hidden, inter, heads, kv_heads, head_dim, page_size; float eps, scale;
+  int32_t kv_half;  // the KV caches hold IEEE half (else float)
 };

@@ -35,13 +35,46 @@ inline float agrt_half_to_float(uint16_t h) {
 #endif
 }
 
+// float -> IEEE half, rounded to nearest even (F16C when the CPU has it; the same bits as
+// torch's .to(torch.float16)).
+inline uint16_t agrt_float_to_half(float f) {
+#ifdef __F16C__
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  x &= 0x7FFFFFFFu;
+  if (x >= 0x7F800000u) return (uint16_t)(sign | 0x7C00 | (x > 0x7F800000u ? 0x200 : 0));  // inf/nan
+  if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00);  // rounds past the largest half
+  if (x < 0x38800000u) {  // a subnormal half (or zero): round the shifted mantissa
+    if (x < 0x33000000u) return (uint16_t)sign;
+    const uint32_t e = x >> 23, m = (x & 0x7FFFFF) | 0x800000, shift = 126 - e;
+    uint32_t h = m >> (shift - 10 + 1);
+    const uint32_t rest = m & ((1u << (shift - 10 + 1)) - 1), halfway = 1u << (shift - 10);
+    if (rest > halfway || (rest == halfway && (h & 1))) ++h;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((x - 0x38000000u) >> 13);
+  const uint32_t rest = x & 0x1FFF;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
+  return (uint16_t)(sign | h);
+#endif
+}
+
+// One KV cache element: float, or IEEE half stored as uint16_t.
+inline float agrt_kv_load(const float* p) { return *p; }
+inline float agrt_kv_load(const uint16_t* p) { return agrt_half_to_float(*p); }
+inline void agrt_kv_store(float* p, float v) { *p = v; }
+inline void agrt_kv_store(uint16_t* p, float v) { *p = agrt_float_to_half(v); }
+
 // Grow-only scratch memory of the calling thread, kept across calls: no allocation, page fault
 // or zero fill per call (a decode step makes ~300 kernel calls). The contents are undefined;
 // each slot is used by one function at a time, so nested calls use different slots.
 enum AgrtSlot {
-  kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs,
+  kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs, kSlotBlockZs,
   kSlotPreciseX, kSlotPreciseQ, kSlotPreciseSx, kSlotPreciseSum, kSlotPreciseY,
-  kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotCount
+  kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotKvRow, kSlotCount
 };
 
 inline void* agrt_scratch_bytes(int slot, size_t bytes) {

@@ -22,8 +22,8 @@ void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* 
 
 extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, const AgrtDims* d,
                                     float* x, int64_t T, const int64_t* pos, const float* cos_t,
-                                    const float* sin_t, const int64_t* slots, float* const* k_caches,
-                                    float* const* v_caches, const int64_t* page_table,
+                                    const float* sin_t, const int64_t* slots, void* const* k_caches,
+                                    void* const* v_caches, const int64_t* page_table,
                                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens,
                                     const int64_t* seqs, int64_t nseq) {
   const int64_t hd = (int64_t)d->heads * d->head_dim;
@@ -39,9 +39,9 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h);
     linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
     agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots, L.q_norm,
-                    L.k_norm, d->eps, k_caches[i], v_caches[i], q);
+                    L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_half);
     agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
-                   nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att);
+                   nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_half);
     linear(L.o, att, T, hd, x, d->hidden, true);
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h);
     linear(L.gate_up, h, T, d->hidden, gu, 2LL * d->inter, false);

@@ -49,6 +49,25 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t ldx, int G, int
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t g = 0; g < ng; ++g) {
       const float* xs = x + r * ldx + g * G;
+#ifdef __AVX512F__
+      if (G % 16 == 0) {  // the same arithmetic as below, 16 lanes at a time
+        __m512 mx = _mm512_setzero_ps();
+        for (int k = 0; k < G; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(xs + k)));
+        const float d = _mm512_reduce_max_ps(mx) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        __m512i acc = _mm512_setzero_si512();
+        int8_t* o = xq + r * K + g * G;
+        for (int k = 0; k < G; k += 16) {  // cvtps rounds to nearest even, as nearbyint does
+          const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + k), _mm512_set1_ps(id)));
+          _mm_storeu_si128((__m128i*)(o + k), _mm512_cvtepi32_epi8(v));
+          acc = _mm512_add_epi32(acc, v);
+        }
+        const int32_t total = _mm512_reduce_add_epi32(acc);
+        sx[r * ng + g] = d;
+        sum[r * ng + g] = total;
+        if (sxsum) sxsum[r * ng + g] = d * (float)total;
+        continue;
+      }
+#endif
       float amax = 0.f;
       for (int k = 0; k < G; ++k) amax = std::max(amax, std::fabs(xs[k]));
       const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
@@ -97,6 +116,10 @@ constexpr int kRowBlock = 8;  // rows per block of the GEMM
 
 #ifdef __AVX512VNNI__
 constexpr int kRB = kRowBlock;
+#ifndef PREFETCH_TILES
+#define PREFETCH_TILES 2
+#endif
+constexpr int kPrefetchTiles = PREFETCH_TILES;
 
 // Activations of one block of kRB rows, interleaved so that the kRB rows' values for one k-step
 // (4 bytes each) are adjacent: every broadcast is at a constant offset from one pointer.
@@ -104,6 +127,7 @@ struct XBlock {
   const int32_t* w;   // [K/4][kRB] four int8 values per word
   const float* sx;    // [ng][kRB]
   const float* sxsum; // [ng][kRB]
+  const int32_t* zsum; // [ng][kRB]: -z * sum(xq), the integer dot products' starting value
 };
 
 template <int MR, int BITS, int G>
@@ -114,16 +138,26 @@ void tile_vnni(const QMat& w, int64_t tile, const XBlock& xb, int64_t r0, float*
   const int64_t ng = w.K / G;
   const int64_t p0 = tile * ng * 16;  // this tile's first scale/min
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  const __m512 zneg = _mm512_set1_ps(-(float)w.z);
+  // one accumulator chain per row from 4 rows up; below, two (even and odd k-steps) halve the
+  // dependency chain
+  constexpr bool kTwo = MR < 4;
   __m512 acc[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < ng; ++g) {
-    // two accumulators per row (even and odd k-steps): half the dependency chain at small MR
     __m512i dot[MR], dot2[MR];
+    const int32_t* zg = xb.zsum + g * kRB;
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) dot[r] = dot2[r] = _mm512_setzero_si512();
+    for (int r = 0; r < MR; ++r) {
+      dot[r] = w.z ? _mm512_set1_epi32(zg[r]) : _mm512_setzero_si512();
+      dot2[r] = _mm512_setzero_si512();
+    }
     const uint8_t* wg = wt + g * group_bytes;
+    if (kPrefetchTiles > 0) {  // the same group of a later tile: memory reads overlap the math
+      const uint8_t* ahead = wg + kPrefetchTiles * w.tile_bytes();
+#pragma GCC unroll 8
+      for (int b = 0; b < group_bytes; b += 64) _mm_prefetch((const char*)(ahead + b), _MM_HINT_T0);
+    }
     const int32_t* xg = xb.w + g * (G / 4) * kRB;
     if constexpr (BITS == 8) {
 #pragma GCC unroll 8
@@ -133,7 +167,8 @@ void tile_vnni(const QMat& w, int64_t tile, const XBlock& xb, int64_t r0, float*
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], wv, _mm512_set1_epi32(xg[s * kRB + r]));
-          dot2[r] = _mm512_dpbusd_epi32(dot2[r], wv2, _mm512_set1_epi32(xg[(s + 1) * kRB + r]));
+          __m512i& d2 = kTwo ? dot2[r] : dot[r];
+          d2 = _mm512_dpbusd_epi32(d2, wv2, _mm512_set1_epi32(xg[(s + 1) * kRB + r]));
         }
       }
     } else {
@@ -145,21 +180,25 @@ void tile_vnni(const QMat& w, int64_t tile, const XBlock& xb, int64_t r0, float*
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], wl, _mm512_set1_epi32(xg[(2 * s) * kRB + r]));
-          dot2[r] = _mm512_dpbusd_epi32(dot2[r], wh, _mm512_set1_epi32(xg[(2 * s + 1) * kRB + r]));
+          __m512i& d2 = kTwo ? dot2[r] : dot[r];
+          d2 = _mm512_dpbusd_epi32(d2, wh, _mm512_set1_epi32(xg[(2 * s + 1) * kRB + r]));
         }
       }
     }
-    // sum_k x w = sx * s * dot + (m - z s) * (sx * sum(xq)); the column terms are shared by rows
+    // sum_k x w = sx * s * (dot - z sum(xq)) + m * (sx * sum(xq)): the dots started at -z sum,
+    // and the column terms are shared by the rows
     const __m512 sv = w.load16(w.s, p0 + g * 16);
-    __m512 cv = _mm512_mul_ps(sv, zneg);
-    if (w.m) cv = _mm512_add_ps(cv, w.load16(w.m, p0 + g * 16));
     const float* sxg = xb.sx + g * kRB;
-    const float* ssg = xb.sxsum + g * kRB;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[r], dot2[r])), sv);
-      acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(sxg[r]), acc[r]);
-      acc[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(ssg[r]), acc[r]);
+      const __m512i d = kTwo ? _mm512_add_epi32(dot[r], dot2[r]) : dot[r];
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), sv), _mm512_set1_ps(sxg[r]), acc[r]);
+    }
+    if (w.m) {
+      const __m512 mv = w.load16(w.m, p0 + g * 16);
+      const float* ssg = xb.sxsum + g * kRB;
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ssg[r]), acc[r]);
     }
   }
   const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
@@ -194,7 +233,8 @@ bool vnni_shape(const QMat& w) {
 }
 
 // Interleave rows [r0, r0 + kRB) of the quantized activations into block layout (zero padded).
-void interleave(const XQ& x, int64_t M, int64_t r0, int32_t* w, float* sx, float* sxsum) {
+void interleave(const XQ& x, int64_t M, int64_t r0, int32_t z, int32_t* w, float* sx, float* sxsum,
+                int32_t* zsum) {
   const int64_t steps = x.K / 4;
   for (int r = 0; r < kRB; ++r) {
     const bool live = r0 + r < M;
@@ -203,10 +243,42 @@ void interleave(const XQ& x, int64_t M, int64_t r0, int32_t* w, float* sx, float
     for (int64_t g = 0; g < x.ng; ++g) {
       sx[g * kRB + r] = live ? x.sx[(r0 + r) * x.ng + g] : 0.f;
       sxsum[g * kRB + r] = live ? x.sxsum[(r0 + r) * x.ng + g] : 0.f;
+      zsum[g * kRB + r] = live ? -z * x.sum[(r0 + r) * x.ng + g] : 0;
     }
   }
 }
 #endif
+
+constexpr int64_t kTileMajorBlocks = 8;  // up to 64 rows: every row block per weight tile
+
+// The quantized activations of one call, and their interleaved row blocks when the VNNI kernel
+// takes this weight shape (blocks == nullptr: the portable loops).
+struct XRows {
+  XQ xs; int64_t M; const int32_t* blocks; const float* bsx; const float* bss; const int32_t* bzs;
+};
+
+// Rows [rb * kRowBlock, +kRowBlock) x the 16 columns of `tile`.
+void run_tile(const QMat& w, const XRows& x, int64_t N, int64_t tile, int64_t rb, float* y,
+              int64_t ldy, bool accumulate, const float* bias) {
+  const int64_t r0 = rb * kRowBlock, ng = x.xs.ng;
+  const int mr = (int)std::min<int64_t>(kRowBlock, x.M - r0);
+  const int64_t n0 = tile * 16;
+  const int nv = (int)std::min<int64_t>(16, N - n0);
+#ifdef __AVX512VNNI__
+  if (x.blocks != nullptr) {
+    const XBlock xb{x.blocks + rb * (w.K / 4) * kRB, x.bsx + rb * ng * kRB, x.bss + rb * ng * kRB,
+                    x.bzs + rb * ng * kRB};
+    if (w.bits == 4)
+      tile_rows_vnni<4, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
+    else if (w.G == 32)
+      tile_rows_vnni<8, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
+    else
+      tile_rows_vnni<8, 16>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
+    return;
+  }
+#endif
+  tile_generic(w, tile, x.xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
+}
 
 // y[M, ldy] at columns [0, N): (+)= x[M, K] (row stride ldx) @ W^T (+ bias).
 // W: q (tiles of 16 columns, ceil(N/16) tiles), s and m [tiles, K/G, 16] (m may be null).
@@ -218,40 +290,32 @@ static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const 
   int32_t* sum = agrt_scratch<int32_t>(kSlotSum, (size_t)(M * ng));
   float* sxsum = agrt_scratch<float>(kSlotSxSum, (size_t)(M * ng));
   quantize_rows(x, M, K, ldx, w.G, xq, sx, sum, sxsum);
-  const XQ xs{xq, sx, sum, sxsum, K, ng};
+  XRows xr{XQ{xq, sx, sum, sxsum, K, ng}, M, nullptr, nullptr, nullptr, nullptr};
   const int64_t tiles = (N + 15) / 16;
   const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
 #ifdef __AVX512VNNI__
-  const bool fast = vnni_shape(w);
-  int32_t* bw = fast ? agrt_scratch<int32_t>(kSlotBlockW, (size_t)(rblocks * (K / 4) * kRB)) : nullptr;
-  float* bsx = fast ? agrt_scratch<float>(kSlotBlockSx, (size_t)(rblocks * ng * kRB)) : nullptr;
-  float* bss = fast ? agrt_scratch<float>(kSlotBlockSs, (size_t)(rblocks * ng * kRB)) : nullptr;
-  if (fast)
+  if (vnni_shape(w)) {
+    int32_t* bw = agrt_scratch<int32_t>(kSlotBlockW, (size_t)(rblocks * (K / 4) * kRB));
+    float* bsx = agrt_scratch<float>(kSlotBlockSx, (size_t)(rblocks * ng * kRB));
+    float* bss = agrt_scratch<float>(kSlotBlockSs, (size_t)(rblocks * ng * kRB));
+    int32_t* bzs = agrt_scratch<int32_t>(kSlotBlockZs, (size_t)(rblocks * ng * kRB));
     for (int64_t rb = 0; rb < rblocks; ++rb)
-      interleave(xs, M, rb * kRB, bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB, bss + rb * ng * kRB);
+      interleave(xr.xs, M, rb * kRB, w.z, bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB,
+                 bss + rb * ng * kRB, bzs + rb * ng * kRB);
+    xr.blocks = bw, xr.bsx = bsx, xr.bss = bss, xr.bzs = bzs;
+  }
 #endif
-  // one task = one 16-column tile x one block of rows; tiles vary fastest so that threads share
-  // the rows and split the weights (each weight byte is read by one thread only at decode)
-#pragma omp parallel for schedule(static) if (tiles * rblocks > 1)
-  for (int64_t task = 0; task < tiles * rblocks; ++task) {
-    const int64_t tile = task % tiles, rb = task / tiles;
-    const int64_t r0 = rb * kRowBlock;
-    const int mr = (int)std::min<int64_t>(kRowBlock, M - r0);
-    const int64_t n0 = tile * 16;
-    const int nv = (int)std::min<int64_t>(16, N - n0);
-#ifdef __AVX512VNNI__
-    if (fast) {
-      const XBlock xb{bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB, bss + rb * ng * kRB};
-      if (w.bits == 4)
-        tile_rows_vnni<4, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
-      else if (w.G == 32)
-        tile_rows_vnni<8, 32>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
-      else
-        tile_rows_vnni<8, 16>(w, tile, xb, r0, mr, y, ldy, n0, nv, accumulate, bias);
-      continue;
-    }
-#endif
-    tile_generic(w, tile, xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
+  // Small M (decode, verify): one task = one 16-column tile x every row block, so each weight
+  // byte is read from memory once and reused from L1 by all rows (the output head at batch 8 is
+  // 16 rows: tile-fastest order streamed its 28 MB twice). Large M (prefill): one task = one tile
+  // x one row block, tiles fastest, so that threads share the rows and split the weights.
+  const bool tile_major = rblocks <= kTileMajorBlocks;
+  const int64_t ntasks = tile_major ? tiles : tiles * rblocks;
+#pragma omp parallel for schedule(static) if (ntasks > 1)
+  for (int64_t task = 0; task < ntasks; ++task) {
+    const int64_t tile = task % tiles;
+    const int64_t rb0 = tile_major ? 0 : task / tiles, rb1 = tile_major ? rblocks : rb0 + 1;
+    for (int64_t rb = rb0; rb < rb1; ++rb) run_tile(w, xr, N, tile, rb, y, ldy, accumulate, bias);
   }
 }
 
