@@ -155,10 +155,9 @@ class LlamaModel(nn.Module):
         self.norm.copy_(w["model.norm.weight"])
         tied = self.cfg.tie_word_embeddings or "lm_head.weight" not in w
         if tied and isinstance(emb, QuantMatrix):  # the head reads the same packed table
-            self.lm_head = QLinear([self.embed.packed], precise=True)
+            self.lm_head = QLinear([self.embed.packed])
         else:
-            self._set_linear(self, "lm_head", [w["model.embed_tokens.weight" if tied else "lm_head.weight"]],
-                             precise=True)
+            self._set_linear(self, "lm_head", [w["model.embed_tokens.weight" if tied else "lm_head.weight"]])
         for i, blk in enumerate(self.blocks):
             p = f"model.layers.{i}."
             att = p + "self_attn."
