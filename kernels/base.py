@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -31,10 +32,25 @@ class AttentionMeta:
     decode_rows: tuple[int, ...]
     prefill_rows: tuple[int, ...]
     page_size: int
-    # decode rows, precomputed once per batch (not once per layer):
-    decode_tok: torch.Tensor | None = None  # [Bd] batch row of each decode token
-    decode_pages: torch.Tensor | None = None  # [Bd, n] pages covering the longest decode KV
-    decode_keep: torch.Tensor | None = None  # [Bd, 1, 1, max_kv] key-padding mask
+
+    # the torch reference's batched decode rows: computed on first use, once per batch (not once
+    # per layer); the compiled kernels never read them
+    @cached_property
+    def decode_tok(self) -> torch.Tensor:
+        """[Bd] batch row of each decode token"""
+        return torch.tensor([self.cu_q[r] for r in self.decode_rows], dtype=torch.long)
+
+    @cached_property
+    def decode_pages(self) -> torch.Tensor:
+        """[Bd, n] pages covering the longest decode KV"""
+        idx = torch.tensor(self.decode_rows, dtype=torch.long)
+        return self.page_table[idx, : -(-self.decode_keep.shape[-1] // self.page_size)]
+
+    @cached_property
+    def decode_keep(self) -> torch.Tensor:
+        """[Bd, 1, 1, max_kv] key-padding mask"""
+        lens = torch.tensor([self.kv_lens[r] for r in self.decode_rows], dtype=torch.long)
+        return (torch.arange(int(lens.max())) < lens.unsqueeze(1))[:, None, None, :]
 
     @property
     def num_seqs(self) -> int:

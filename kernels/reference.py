@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from agentrt.kernels import native
 from agentrt.kernels.base import AttentionMeta
 
 
@@ -115,11 +116,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 class TorchBackend:
-    """Reference kernels as a backend object (see base.KernelBackend)."""
+    """Reference kernels as a backend object (see base.KernelBackend); its argmax takes the
+    compiled CPU kernel when the library is loaded (the same result as torch.argmax)."""
 
     name = "torch"
     store_kv = staticmethod(store_kv)
     paged_attention = staticmethod(paged_attention)
-    argmax = staticmethod(argmax)
+    argmax = staticmethod(native.argmax)
     rms_norm = staticmethod(rms_norm)
     rope = staticmethod(rope)

@@ -140,3 +140,19 @@ def test_fused_path_rejects_out_of_range_batches():
                 build_batch([SeqChunk([5], model.cfg.max_position_embeddings, [0] * 200)], 16)):
         with pytest.raises(ConfigError):
             model(bad.input_ids, bad.positions, kv, bad.meta, bad.logits_rows, path="fused")
+
+
+@pytest.mark.skipif(not native.available(), reason="compiled CPU kernels not built")
+def test_native_argmax_equals_torch_argmax():
+    """The compiled argmax: first of tied maxima, the first NaN of a row that has one, any width
+    (vector body and scalar tail), a strided row view; the same ids as torch.argmax."""
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(8, 49152, generator=g), torch.randn(3, 17, generator=g), torch.randn(5, 1, generator=g)]
+    x = torch.randn(5, 100, generator=g)
+    x[1, 7] = x[1, 50] = float("nan")
+    x[2, 3] = float("inf")
+    x[3] = 5.0  # all tied
+    x[4, 20] = x[4, 90] = 1e9  # tied maxima
+    cases += [x, torch.randn(4, 64, generator=g)[:, :40], torch.full((2, 33), -float("inf"))]
+    for c in cases:
+        assert torch.equal(native.argmax(c), torch.argmax(c, dim=-1)), c.shape

@@ -108,10 +108,12 @@ def test_check_finite_large_but_finite_values_pass():
         check_finite(Info, np.array([0, np.nan, 1, -np.inf], dtype=np.float32))
 
 
-def test_check_cost_on_the_embedded_model_is_small():
-    """The check is one float64 sum per tensor (and per quantized block's scales)."""
+def test_check_on_the_embedded_model_is_one_pass_per_array():
+    """The check is one float64 sum per tensor (and per quantized block's scales and minimums):
+    at most three arrays per tensor, each seen once (its cost is printed, never asserted)."""
     from agentrt.model.files import resolve_source
     from agentrt.model import gguf_loader
+    from gguf import GGUFReader
 
     try:
         path = resolve_source("smollm2-135m")
@@ -120,12 +122,12 @@ def test_check_cost_on_the_embedded_model_is_small():
     calls = []
     original = gguf_loader.check_finite
 
-    def timed(*a, **kw):
+    def timed(tensor, values, *a, **kw):
         t = time.perf_counter()
         try:
-            return original(*a, **kw)
+            return original(tensor, values, *a, **kw)
         finally:
-            calls.append(time.perf_counter() - t)
+            calls.append((tensor.name, time.perf_counter() - t))
 
     gguf_loader.check_finite = timed
     try:
@@ -134,6 +136,8 @@ def test_check_cost_on_the_embedded_model_is_small():
         total = time.perf_counter() - t
     finally:
         gguf_loader.check_finite = original
-    spent = sum(calls)
+    spent = sum(dt for _, dt in calls)
     print(f"integrity check: {spent * 1e3:.1f} ms of {total * 1e3:.0f} ms load ({len(calls)} arrays)")
-    assert spent < max(0.25, 0.1 * total)
+    names = {t.name for t in GGUFReader(str(path)).tensors}
+    per_tensor = {n: sum(1 for m, _ in calls if m == n) for n in names}
+    assert all(1 <= k <= 3 for k in per_tensor.values()), per_tensor

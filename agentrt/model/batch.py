@@ -48,29 +48,13 @@ def build_batch(chunks: list[SeqChunk], page_size: int) -> ForwardBatch:
         kv_lens.append(c.start + n)
         cu.append(cu[-1] + n)
     width = max(len(c.pages) for c in chunks)
-    table = torch.zeros((len(chunks), width), dtype=torch.long)
-    for b, c in enumerate(chunks):
-        table[b, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.long)
+    table = torch.tensor([list(c.pages) + [0] * (width - len(c.pages)) for c in chunks], dtype=torch.long)
     decode = tuple(i for i, q in enumerate(q_lens) if q == 1)
     meta = AttentionMeta(
         q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), cu_q=tuple(cu), page_table=table,
         slot_mapping=torch.tensor(slots, dtype=torch.long),
         kv_lens_t=torch.tensor(kv_lens, dtype=torch.long), decode_rows=decode,
         prefill_rows=tuple(i for i, q in enumerate(q_lens) if q > 1), page_size=page_size,
-        **_decode_meta(decode, kv_lens, cu, table, page_size),
     )
     return ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
                         meta, torch.tensor(rows, dtype=torch.long), tuple(counts))
-
-
-def _decode_meta(rows, kv_lens, cu, table, page_size) -> dict:
-    """Gather indices and the key-padding mask of the batched decode rows."""
-    if not rows:
-        return {}
-    lens = [kv_lens[r] for r in rows]
-    max_kv = max(lens)
-    idx = torch.tensor(rows, dtype=torch.long)
-    keep = torch.arange(max_kv) < torch.tensor(lens).unsqueeze(1)  # [Bd, max_kv]
-    return {"decode_tok": torch.tensor([cu[r] for r in rows], dtype=torch.long),
-            "decode_pages": table[idx, : -(-max_kv // page_size)],
-            "decode_keep": keep[:, None, None, :]}

@@ -169,14 +169,16 @@ def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
 def native_layers(model):
     """The ctypes description of every decoder layer (built once per model), or None when a
     layer is not fully quantized (fp32 Dense layers run their matmuls in torch)."""
-    lins = [(b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down) for b in model.blocks]
-    key = tuple(id(x) for group in lins for x in group)  # a replaced layer invalidates it
-    cached = getattr(model, "_native_layers", None)
-    if cached is not None and cached[0] == key:
+    cached = model.__dict__.get("_native_layers")
+    # a replaced layer invalidates it (checked through the module dicts: this runs every step)
+    if cached is not None and all(owner._modules[name] is lin for owner, name, lin in cached[0]):
         return cached[1]
+    slots = tuple((owner, name, owner._modules[name]) for b in model.blocks
+                  for owner, name in ((b.attn, "qkv"), (b.attn, "o"), (b.mlp, "gate_up"), (b.mlp, "down")))
+    lins = [tuple(lin for _, _, lin in slots[i:i + 4]) for i in range(0, len(slots), 4)]
     ok = all(isinstance(x, QLinear) and len(x.parts) <= 3 for group in lins for x in group)
     value = _describe(model, lins) if ok else None
-    model._native_layers = (key, value)
+    model.__dict__["_native_layers"] = (slots, value)
     return value
 
 

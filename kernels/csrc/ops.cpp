@@ -317,6 +317,44 @@ void agrt_attention(const float* q, const void* k_cache, const void* v_cache,
     attention(a, static_cast<const float*>(k_cache), static_cast<const float*>(v_cache));
 }
 
+// out[r] = the index of the first largest value of row r of x [M, N] (row stride ldx); a row
+// holding NaN gives its first NaN, as torch.argmax does.
+void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out) {
+#pragma omp parallel for schedule(static) if (M > 1)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* row = x + r * ldx;
+    float mx = -INFINITY;
+    bool nan = false;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    __mmask16 bad = 0;
+    for (; i + 16 <= N; i += 16) {
+      const __m512 v = _mm512_loadu_ps(row + i);
+      bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      mv = _mm512_max_ps(mv, v);
+    }
+    mx = _mm512_reduce_max_ps(mv);
+    nan = bad != 0;
+#endif
+    for (; i < N; ++i) {
+      nan = nan || row[i] != row[i];
+      mx = std::max(mx, row[i]);
+    }
+    int64_t j = 0;
+#ifdef __AVX512F__
+    const __m512 target = _mm512_set1_ps(mx);
+    for (; j + 16 <= N; j += 16) {
+      const __m512 v = _mm512_loadu_ps(row + j);
+      const __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
+      if (hit) break;
+    }
+#endif
+    while (j < N && !(nan ? row[j] != row[j] : row[j] == mx)) ++j;
+    out[r] = j < N ? j : 0;
+  }
+}
+
 // out[T, I] = silu(gu[:, :I]) * gu[:, I:]
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out) {
 #pragma omp parallel for schedule(static) if (T * I > 1 << 20)
