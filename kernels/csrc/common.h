@@ -70,7 +70,9 @@ inline void agrt_kv_store(uint16_t* p, float v) { *p = agrt_float_to_half(v); }
 
 // Grow-only scratch memory of the calling thread, kept across calls: no allocation, page fault
 // or zero fill per call (a decode step makes ~300 kernel calls). The contents are undefined;
-// each slot is used by one function at a time, so nested calls use different slots.
+// each slot is used by one function at a time, so nested calls use different slots. Internal
+// linkage: two builds of the library loaded in one process never share (or overrun) buffers.
+namespace {
 enum AgrtSlot {
   kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs, kSlotBlockZs,
   kSlotPreciseX, kSlotPreciseQ, kSlotPreciseSx, kSlotPreciseSum, kSlotPreciseY,
@@ -97,3 +99,5 @@ template <typename T>
 inline T* agrt_scratch(int slot, size_t n) {
   return static_cast<T*>(agrt_scratch_bytes(slot, n * sizeof(T)));
 }
+
+}  // namespace
