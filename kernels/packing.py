@@ -179,6 +179,20 @@ def _qgemm_torch(x: torch.Tensor, pw: PackedWeight, bias: torch.Tensor | None,
     return y if bias is None else y + bias
 
 
+def qrefine(x: torch.Tensor, pw: PackedWeight, y: torch.Tensor, k: int) -> torch.Tensor:
+    """y [M, N] = qgemm(x, pw): its k largest values per row recomputed in place from the fp32
+    activations x and the dequantized weight rows (the output head's argmax: see QLinear)."""
+    lib = native.load()
+    if lib is None or x.stride(-1) != 1 or y.stride(-1) != 1 or x.dtype != torch.float32:
+        idx = y.topk(min(k, y.shape[1]), dim=-1).indices
+        for r in range(y.shape[0]):
+            y[r, idx[r]] = qrows(pw, idx[r]) @ x[r].float()
+        return y
+    lib.agrt_qrefine(x.data_ptr(), x.shape[0], pw.k, x.stride(0), pw.q.data_ptr(), pw.s.data_ptr(),
+                     _ptr(pw.m), pw.half, pw.z, pw.bits, pw.group, pw.n, y.data_ptr(), y.stride(0), k)
+    return y
+
+
 def qrows(pw: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
     """Dequantized rows `ids` of W [N, K] (a quantized embedding lookup) -> [len(ids), K]."""
     ids = ids.reshape(-1).to(torch.int64).contiguous()
@@ -207,5 +221,5 @@ def quantize_int8(w: torch.Tensor, group: int | None = None) -> QuantMatrix:
     return QuantMatrix(q, d, None, 128, group, "int8")
 
 
-__all__ = ["QuantMatrix", "PackedWeight", "pack", "unpack", "qgemm", "qrows", "quantize_int8",
+__all__ = ["QuantMatrix", "PackedWeight", "pack", "unpack", "qgemm", "qrefine", "qrows", "quantize_int8",
            "quantize_activations"]

@@ -287,14 +287,14 @@ def test_quantize_modes_on_a_dense_gguf(tmp_path):
     quantizes every linear layer; both run, and an unknown mode is a typed error."""
     from agentrt.model.llama import Dense
     from agentrt.model.loader import load_model
-    from agentrt.model.quant import QLinear
+    from agentrt.model.quant import HEAD_REFINE, QLinear
 
     config, weights = _tiny("llama", False)
     _write_gguf(tmp_path / "tiny.gguf", config, weights)
     auto = load_model(str(tmp_path / "tiny.gguf"))
     assert isinstance(auto.model.blocks[0].attn.qkv, Dense) and isinstance(auto.model.lm_head, Dense)
     q = load_model(str(tmp_path / "tiny.gguf"), quantize="int8")
-    assert isinstance(q.model.blocks[0].mlp.down, QLinear) and isinstance(q.model.lm_head, QLinear)
+    assert isinstance(q.model.blocks[0].mlp.down, QLinear) and q.model.lm_head.refine == HEAD_REFINE
     from agentrt.model.generate import prompt_logits
     a, b = prompt_logits(auto.model, [1, 2, 3, 4]), prompt_logits(q.model, [1, 2, 3, 4])
     # (N(0, 1) random weights amplify rounding through the layers; a broken kernel gives ~100%)

@@ -153,3 +153,26 @@ def test_portable_kernels_without_avx512(tmp_path):
     out = subprocess.run([sys.executable, "-c", _PORTABLE_CHECK], env=env, cwd=root, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0 and "portable ok" in out.stdout, out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("native_on", [True, False])
+def test_qrefine_recomputes_each_rows_top_k_from_fp32_activations(native_on, monkeypatch):
+    """The output head's refinement: each row's k largest int8-activation logits become the
+    exact x . w of the dequantized rows; every other logit is untouched (compiled kernel and
+    torch fallback alike)."""
+    from agentrt.kernels.packing import qrefine
+
+    if not native_on:
+        monkeypatch.setenv("AGENTRT_NATIVE", "0")
+    g = torch.Generator().manual_seed(3)
+    pw = pack(quantize_int8(torch.randn(300, 64, generator=g)))
+    x = torch.randn(4, 64, generator=g)
+    y0 = qgemm(x, pw)
+    y = qrefine(x, pw, y0.clone(), 8)
+    exact = x @ qrows(pw, torch.arange(300)).T
+    for r in range(4):
+        top = y0[r].topk(8).indices
+        torch.testing.assert_close(y[r, top], exact[r, top], atol=1e-4, rtol=1e-5)
+        rest = torch.ones(300, dtype=torch.bool)
+        rest[top] = False
+        assert torch.equal(y[r, rest], y0[r, rest])

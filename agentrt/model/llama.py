@@ -17,7 +17,7 @@ from agentrt.kernels.packing import QuantMatrix, pack
 from agentrt.model import fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
-from agentrt.model.quant import QEmbedding, QLinear, linear_from
+from agentrt.model.quant import HEAD_REFINE, QEmbedding, QLinear, linear_from
 from agentrt.model.rope import RopeTable
 
 
@@ -155,9 +155,10 @@ class LlamaModel(nn.Module):
         self.norm.copy_(w["model.norm.weight"])
         tied = self.cfg.tie_word_embeddings or "lm_head.weight" not in w
         if tied and isinstance(emb, QuantMatrix):  # the head reads the same packed table
-            self.lm_head = QLinear([self.embed.packed])
+            self.lm_head = QLinear([self.embed.packed], refine=HEAD_REFINE)
         else:
-            self._set_linear(self, "lm_head", [w["model.embed_tokens.weight" if tied else "lm_head.weight"]])
+            self._set_linear(self, "lm_head", [w["model.embed_tokens.weight" if tied else "lm_head.weight"]],
+                             refine=HEAD_REFINE)
         for i, blk in enumerate(self.blocks):
             p = f"model.layers.{i}."
             att = p + "self_attn."
@@ -174,10 +175,10 @@ class LlamaModel(nn.Module):
 
     @staticmethod
     def _set_linear(owner: nn.Module, name: str, parts: list, bias: torch.Tensor | None = None,
-                    precise: bool = False) -> None:
+                    refine: int = 0) -> None:
         """Dense parts are concatenated into the Dense layer; any quantized part makes the
         layer a QLinear (and frees the never-written dense one)."""
         if any(isinstance(p, QuantMatrix) for p in parts):
-            setattr(owner, name, linear_from(parts, bias, precise))
+            setattr(owner, name, linear_from(parts, bias, refine=refine))
         else:
             getattr(owner, name).load(torch.cat(parts) if len(parts) > 1 else parts[0], bias)

@@ -20,9 +20,10 @@ from torch import nn
 
 from agentrt.errors import ConfigError
 from agentrt.kernels import native
-from agentrt.kernels.packing import PackedWeight, QuantMatrix, pack, qgemm, qrows, quantize_int8
+from agentrt.kernels.packing import PackedWeight, QuantMatrix, pack, qgemm, qrefine, qrows, quantize_int8
 
 QUANT_MODES = ("none", "native", "int8", "auto")
+HEAD_REFINE = 8  # the output head's top logits per row recomputed from fp32 activations (QLinear)
 
 
 def resolve_mode(mode: str, *, gguf: bool, cpu_fp32: bool) -> str:
@@ -40,29 +41,33 @@ def resolve_mode(mode: str, *, gguf: bool, cpu_fp32: bool) -> str:
 class QLinear(nn.Module):
     """y = x @ W^T (+ b) over one or more packed weights written side by side (fused q/k/v or
     gate/up whose GGUF formats differ stay separate parts of one layer). `precise`: activations
-    as two int8 terms (kernels.packing.qgemm), twice the integer work. The output head does not
-    use it, as llama.cpp does not: on the embedded model its teacher-forced greedy agreement
-    with fp32 was the same with and without (510/520 positions, float16 KV), and at batch 8 it
-    doubled the head's cost."""
+    as two int8 terms (kernels.packing.qgemm), twice the integer work. `refine` (the output
+    head: HEAD_REFINE): each row's `refine` largest logits are recomputed from the fp32
+    activations (kernels.packing.qrefine), so greedy decoding picks the fp32-activation argmax
+    whenever it is among the int8 top k; at ~k/N of the GEMM's cost it replaced `precise` on
+    the head, which doubled the head's work at batch 8 (the embedded demo's tool arguments
+    needed one or the other with a float16 KV cache)."""
 
     def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None = None,
-                 precise: bool = False):
+                 precise: bool = False, refine: int = 0):
         super().__init__()
-        self.parts, self.precise = list(parts), precise
+        if refine and (len(parts) != 1 or bias is not None):
+            raise ConfigError("QLinear(refine=k) needs one packed part and no bias (an output head)")
+        self.parts, self.precise, self.refine = list(parts), precise, refine
         self.k = parts[0].k
         self.n_out = sum(p.n for p in parts)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
 
     @classmethod
     def from_matrices(cls, mats: list[QuantMatrix], bias: torch.Tensor | None = None,
-                      precise: bool = False) -> "QLinear":
+                      precise: bool = False, refine: int = 0) -> "QLinear":
         groups: list[list[QuantMatrix]] = []
         for m in mats:  # fuse neighbours of the same format into one packed matrix
             if groups and groups[-1][0].compatible(m):
                 groups[-1].append(m)
             else:
                 groups.append([m])
-        return cls([pack(QuantMatrix.cat(g) if len(g) > 1 else g[0]) for g in groups], bias, precise)
+        return cls([pack(QuantMatrix.cat(g) if len(g) > 1 else g[0]) for g in groups], bias, precise, refine)
 
     @property
     def weight_bytes(self) -> int:
@@ -81,6 +86,8 @@ class QLinear(nn.Module):
                 b = None if self.bias is None else self.bias[a:a + p.n]
                 qgemm(x2, p, out[:, a:a + p.n], accumulate, b, self.precise)
                 a += p.n
+            if self.refine and not accumulate:
+                qrefine(x2, self.parts[0], out, self.refine)
         return out.reshape(*shape[:-1], self.n_out)
 
 
@@ -96,11 +103,11 @@ class QEmbedding(nn.Module):
 
 
 def linear_from(parts: list[torch.Tensor | QuantMatrix], bias: torch.Tensor | None,
-                precise: bool = False) -> QLinear:
+                precise: bool = False, refine: int = 0) -> QLinear:
     """A QLinear from HF-named parts ([out, in] tensors or QuantMatrix), dense parts as int8.
-    `precise` (the output head, whose rounding decides the argmax): see kernels.packing.qgemm."""
+    `precise`, `refine`: see QLinear."""
     mats = [p if isinstance(p, QuantMatrix) else quantize_int8(p) for p in parts]
-    return QLinear.from_matrices(mats, bias, precise)
+    return QLinear.from_matrices(mats, bias, precise, refine)
 
 
 def quantize(model: nn.Module, mode: str) -> nn.Module:
@@ -117,5 +124,5 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
             if not isinstance(layer, QLinear):
                 setattr(owner, name, linear_from([layer.weight], layer.bias))
     if not isinstance(model.lm_head, QLinear):
-        model.lm_head = linear_from([model.lm_head.weight], None)
+        model.lm_head = linear_from([model.lm_head.weight], None, refine=HEAD_REFINE)
     return model

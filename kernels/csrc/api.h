@@ -7,6 +7,9 @@ int agrt_has_vnni(void);
 void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q, const void* s,
                 const void* m, int32_t half, int32_t z, int32_t bits, int32_t G, int64_t N, float* y,
                 int64_t ldy, int32_t accumulate, const float* bias, int32_t precise);
+void agrt_qrefine(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q, const void* s,
+                  const void* m, int32_t half, int32_t z, int32_t bits, int32_t G, int64_t N, float* y,
+                  int64_t ldy, int32_t k);
 void agrt_qrows(const uint8_t* q, const void* s, const void* m, int32_t half, int32_t z, int32_t bits,
                 int32_t G, int64_t K, const int64_t* rows, int64_t R, float* out);
 void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const float* w, float eps,
