@@ -29,7 +29,7 @@ import torch  # (imported first: loads torch's libgomp, whose thread pool the li
 from agentrt.errors import ConfigError
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("qgemm.cpp", "ops.cpp", "layers.cpp")
+SOURCES = ("qgemm.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
          "-ffp-contract=off", "-fno-math-errno")
 
@@ -96,7 +96,7 @@ def flags() -> tuple[str, ...]:
 
 def library_path(cxx: str) -> Path:
     h = hashlib.sha256()
-    for name in ("common.h", "api.h", *SOURCES):
+    for name in ("common.h", "api.h", "qmat.h", *SOURCES):
         h.update((SRC_DIR / name).read_bytes())
     h.update(" ".join((cxx, *flags(), _cpu_flags())).encode())
     return cache_dir() / f"libagentrt_cpu-{h.hexdigest()[:16]}.so"

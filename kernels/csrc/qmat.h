@@ -1,0 +1,32 @@
+// The packed quantized weight matrix the GEMM, refine and row kernels read (layout:
+// kernels/packing.py): unsigned integers in tiles of 16 output columns, per-group scales (and mins).
+#pragma once
+#include "common.h"
+
+namespace agrt {
+
+struct QMat {
+  const uint8_t* q; const void* s; const void* m;  // scales/mins: fp32, or fp16 when `half`
+  int32_t z, bits, G, half; int64_t K;
+  int64_t tile_bytes() const { return K * 16 * bits / 8; }
+  static float at(const void* p, int64_t i, int32_t half) {
+    return half ? agrt_half_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+  float scale(int64_t i) const { return at(s, i, half); }
+  // q[n, k] of column c (n = tile * 16 + c) in its tile `wt` (layout: kernels/packing.py)
+  uint8_t q_at(const uint8_t* wt, int c, int64_t k) const {
+    const int64_t step = k / 4, lane = k % 4;
+    if (bits == 8) return wt[step * 64 + c * 4 + lane];
+    const uint8_t b = wt[(step / 2) * 64 + c * 4 + lane];
+    return (step % 2) ? (b >> 4) : (b & 15);
+  }
+  float min(int64_t i) const { return at(m, i, half); }
+#ifdef __AVX512F__
+  __m512 load16(const void* p, int64_t i) const {  // params i .. i+15
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(static_cast<const uint16_t*>(p) + i)))
+                : _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  }
+#endif
+};
+
+}  // namespace agrt
