@@ -198,7 +198,9 @@ class EngineCore:
         t0, prefill = time.perf_counter(), plan.prefill_tokens
         chunks, rows = self._run(plan.items)
         self._postprocess(plan.items, chunks, rows)
-        self.costs.observe(time.perf_counter() - t0, prefill)
+        dt = time.perf_counter() - t0
+        self.costs.observe(dt, prefill)
+        self.counters.step_seconds += dt
         if not prefill and self.cfg.enable_prefetch:  # a decode-only step: slack for a few copies
             hierarchy.prefetch(self, PREFETCH_PAGES_PER_STEP)
         self.counters.steps += 1

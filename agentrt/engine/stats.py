@@ -10,6 +10,7 @@ class Counters:
     """Monotonic counters; mutated only by the step thread."""
 
     steps: int = 0
+    step_seconds: float = 0.0  # wall time of the model steps (schedule excluded)
     prompt_submitted: int = 0  # prompt tokens of all requests
     prompt_cached: int = 0  # of those, served from KV already held at admission
     prompt_computed: int = 0  # prompt tokens actually prefilled (recompute included)
@@ -45,6 +46,7 @@ class EngineStats:
     hit_rate: float  # prompt_cached / prompt_submitted
     decode_tokens: int
     steps: int
+    step_seconds: float  # total wall time of the steps that ran the model
     preemptions: int
     evicted_pages: int
     detached_sessions: int
@@ -84,7 +86,7 @@ class EngineStats:
             prompt_submitted=c.prompt_submitted, prompt_cached=c.prompt_cached,
             prompt_computed=c.prompt_computed,
             hit_rate=c.prompt_cached / c.prompt_submitted if c.prompt_submitted else 0.0,
-            decode_tokens=c.decode_tokens, steps=c.steps, preemptions=c.preemptions,
+            decode_tokens=c.decode_tokens, steps=c.steps, step_seconds=c.step_seconds, preemptions=c.preemptions,
             evicted_pages=c.evicted_pages, detached_sessions=c.detached_sessions,
             deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens,
             spec_proposed=c.spec_proposed, spec_accepted=c.spec_accepted,

@@ -7,7 +7,6 @@ LangGraph history the KV session already holds.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from langchain_core.messages import (AIMessage, BaseMessage, ChatMessage, HumanM
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from agentrt.errors import ConfigError
+from agentrt.session.router import canonical_json
 
 _ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant",
           "system": "system", "developer": "system", "tool": "tool"}
@@ -64,18 +64,6 @@ def _one(m: BaseMessage) -> dict:
         if m.name:
             d["name"] = m.name
     return d
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
-
-
-def fingerprint(msg: Mapping[str, Any]) -> str:
-    """What decides a message's tokens: role, text, tool calls (name + arguments). Call ids are
-    left out: the fallback format does not render them, and LangGraph keeps them anyway."""
-    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls", ())]
-    return canonical_json([msg["role"], msg.get("content", ""), calls, msg.get("name", "")
-                           if msg["role"] == "tool" else ""])
 
 
 def tools_to_openai(tools: Sequence[Any]) -> list[dict]:

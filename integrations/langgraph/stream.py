@@ -26,6 +26,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from agentrt.engine.prefix import fnv1a
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.session.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
 from agentrt.workflow import TaskContext
 
@@ -52,16 +53,8 @@ class CallSpec:
 
 async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGenerationChunk]:
     """Generate one assistant message for spec, yielding LangChain chunks (engine loop only)."""
-    rs = await router.acquire(spec.key, spec.tag) if spec.key is not None else None
-    if rs is None:  # a transient request: the radix cache still shares prefixes
-        conv = Conversation(engine, tools=spec.tools, chat=fmt)
-        conv.append(spec.messages)
+    async with routed_conversation(router, spec.key, spec.messages, spec.tools, tag=spec.tag, chat=fmt) as (conv, _):
         async for chunk in _generate(spec, conv):
-            yield chunk
-        return
-    async with rs.lock:
-        rs.sync(spec.messages, spec.tools)
-        async for chunk in _generate(spec, rs.conversation):
             yield chunk
 
 

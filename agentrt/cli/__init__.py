@@ -1,0 +1,147 @@
+"""The `agentrt` command line.
+
+    agentrt serve [MODEL]      an OpenAI-compatible server (127.0.0.1:8000 by default)
+    agentrt chat [MODEL]       chat in the terminal; tool calls are shown as they run
+    agentrt demo               the multi-agent tool-calling demo (= make demo)
+    agentrt bench NAME         a benchmark of bench/ (e.g. `agentrt bench model --quick`)
+    agentrt info [MODEL]       architecture, quantization, context, formats, kernels, machine
+
+MODEL: an embedded model name (default: smollm2-135m), a .gguf file or a Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from agentrt.errors import AgentrtError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default="smollm2-135m",
+                   help="embedded model name, .gguf file or Hugging Face directory (default: smollm2-135m)")
+    p.add_argument("--quantize", default="auto", choices=("auto", "none", "native", "int8"),
+                   help="weights: the checkpoint's own form (auto), fp32 (none), or int8")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (engine default)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="agentrt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    s = sub.add_parser("serve", help="run the OpenAI-compatible server")
+    _model_arg(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", action="append", default=None,
+                   help="accepted bearer token (repeatable; default: $AGENTRT_API_KEY; none: no authentication)")
+    s.add_argument("--served-model-name", default=None, help="the model id clients see (default: MODEL)")
+    s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
+    s.add_argument("--max-request-bytes", type=int, default=4 << 20, help="largest request body")
+    s.add_argument("--max-concurrency-per-key", type=int, default=64, help="requests in flight per API key")
+    s.add_argument("--max-sessions", type=int, default=256, help="conversation sessions kept (LRU beyond)")
+    s.add_argument("--session-ttl", type=float, default=900.0, help="seconds an idle conversation keeps its KV")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    c = sub.add_parser("chat", help="chat in the terminal")
+    _model_arg(c)
+    c.add_argument("--system", default=None, help="a system message (default: the chat template's own)")
+    c.add_argument("--no-tools", action="store_true", help="offer no tools (default: a calculator and a clock)")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--tool-choice", default="auto", choices=("auto", "required"),
+                   help="required: every message starts with a tool call (the 135M model seldom calls one itself)")
+    sub.add_parser("demo", help="the multi-agent tool-calling demo on the embedded model")
+    b = sub.add_parser("bench", help="run a benchmark of bench/ (arguments after NAME go to it)")
+    b.add_argument("name", help="e.g. model, sessions, agents, server (bench/bench_NAME.py)")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick")
+    i = sub.add_parser("info", help="describe a model and this machine")
+    _model_arg(i)
+    i.add_argument("--bandwidth", action="store_true", help="also measure memory read bandwidth (a few seconds)")
+    return ap
+
+
+def _load(args):
+    from agentrt.model.loader import load_model
+
+    return load_model(args.model, quantize=args.quantize)
+
+
+def _engine_config(args):
+    from agentrt.config import EngineConfig
+
+    return EngineConfig(kv_cache_tokens=args.kv_cache_tokens) if args.kv_cache_tokens else None
+
+
+def cmd_serve(args) -> None:
+    from agentrt.server import ServerConfig, serve
+
+    keys = tuple(args.api_key or ([os.environ["AGENTRT_API_KEY"]] if os.environ.get("AGENTRT_API_KEY") else []))
+    config = ServerConfig(host=args.host, port=args.port, api_keys=keys,
+                          model_name=args.served_model_name or str(args.model),
+                          max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
+                          max_concurrency_per_key=args.max_concurrency_per_key, max_sessions=args.max_sessions,
+                          session_ttl_s=args.session_ttl)
+    if config.public and not keys:
+        print(f"warning: listening on {args.host} without an API key: anyone who can reach this port can use "
+              "the model (set --api-key or AGENTRT_API_KEY)", file=sys.stderr)
+    lm = _load(args)
+    print(f"agentrt: serving {config.model_name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(lm, config, _engine_config(args), log_level=args.log_level)
+
+
+def _script(kind: str, name: str) -> Path:
+    path = ROOT / kind / name
+    if not path.is_file():
+        raise AgentrtError(f"{kind}/{name} is not here: `agentrt {kind.rstrip('s')}` runs from a source checkout "
+                           "of agentrt (git clone, then `make test` or `pip install -e .`)")
+    return path
+
+
+def cmd_demo(args) -> None:
+    path = _script("examples", "multi_agent_tools.py")
+    sys.argv = [str(path)]
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def cmd_bench(args) -> None:
+    path = _script("bench", f"bench_{args.name}.py")
+    sys.argv = [str(path), *args.args]
+    sys.path.insert(0, str(ROOT))
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def cmd_chat(args) -> None:
+    import anyio
+
+    from agentrt.cli.chat import chat
+
+    anyio.run(chat, _load(args), _engine_config(args), args)
+
+
+def cmd_info(args) -> None:
+    from agentrt.cli.info import describe
+
+    for key, value in describe(_load(args), bandwidth=args.bandwidth):
+        print(f"{key:<22} {value}")
+
+
+COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "demo": cmd_demo, "bench": cmd_bench, "info": cmd_info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except AgentrtError as e:
+        print(f"agentrt {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The ASGI app of `agentrt serve`: FastAPI routes over one Engine entered in the app's lifespan.
+
+Every request: authenticate (bearer API key, when keys are configured), read the body under the
+size limit, validate (protocol.py), take a slot of the key's concurrency limit (429 beyond it),
+then run on the engine. The request runs in the handler's own task beside a watcher of the
+connection: a client that disconnects cancels it, and cancellation frees what the request holds
+(its engine request, its session lock) the way an in-process caller's does. Errors are
+OpenAI-shaped bodies: 400 for bad input, 401, 404, 413, 429, 503 when the engine is closed, and
+500 with no stack trace for a bug (logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentrt.errors import AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted
+from agentrt.session.conversation import RoundEnd
+from agentrt.session.router import SessionPolicy, SessionRouter
+
+from . import chat
+from .completions import TextRun
+from .config import ServerConfig
+from .metrics import Metrics
+from .protocol import ApiError, ChatRequest, CompletionRequest, parse
+from .sse import EventStream, until_disconnect
+
+log = logging.getLogger("agentrt.server")
+
+
+class ServerState:
+    """What the routes share: the engine (set in the lifespan), the session router, limits."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine: Any = None
+        self.router: SessionRouter | None = None
+        self.metrics = Metrics(self)
+        self.active: dict[str, int] = {}  # API key id -> requests in flight
+
+    def caller(self, request: Request) -> str:
+        """The caller's key id ("anon" without keys), or ApiError 401."""
+        if not self.config.api_keys:
+            return "anon"
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        for k in self.config.api_keys:
+            if token and hmac.compare_digest(token.encode(), k.encode()):
+                return hashlib.sha256(k.encode()).hexdigest()[:12]
+        raise ApiError("invalid or missing API key: send `Authorization: Bearer <key>`", 401,
+                       type="authentication_error", code="invalid_api_key")
+
+    @asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        if self.active.get(key, 0) >= self.config.max_concurrency_per_key:
+            raise ApiError(f"too many concurrent requests for this API key (limit "
+                           f"{self.config.max_concurrency_per_key}); retry later", 429, type="rate_limit_error",
+                           code="rate_limit_exceeded")
+        self.active[key] = self.active.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self.active[key] -= 1
+
+
+def build_app(model, config: ServerConfig | None = None, engine_config=None) -> FastAPI:
+    """The app serving `model` (a LoadedModel). The engine starts and stops with the app."""
+    from agentrt.engine.engine import Engine
+
+    config = config or ServerConfig()
+    if not isinstance(config, ServerConfig):
+        raise ConfigError(f"config must be a ServerConfig, got {type(config).__name__}")
+    state = ServerState(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with Engine(model, engine_config) as engine:
+            state.engine = engine
+            state.router = SessionRouter(engine, SessionPolicy(config.max_sessions, config.session_ttl_s))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_sweep_idle, state)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True):
+                        await state.router.release_prefix("")
+
+    app = FastAPI(title="agentrt", lifespan=lifespan)
+    app.state.agentrt = state
+    _handlers(app, state)
+    _routes(app, state)
+    return app
+
+
+async def _sweep_idle(state: ServerState) -> None:
+    """Close sessions idle past their TTL even when no request comes to trigger it."""
+    while True:
+        await anyio.sleep(min(30.0, state.config.session_ttl_s / 4))
+        await state.router.release_idle()
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _handlers(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(ApiError(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, type=kind))
+
+    @app.exception_handler(Exception)
+    async def any_error(request: Request, exc: Exception):
+        log.exception("request %s %s failed", request.method, request.url.path)
+        return _error(_as_api_error(exc))
+
+
+def _as_api_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextLengthExceeded):
+        return ApiError(str(exc), code="context_length_exceeded")
+    if isinstance(exc, ConfigError):
+        return ApiError(str(exc))
+    if isinstance(exc, EngineClosed):
+        return ApiError("the engine is not running; see the server log", 503, type="server_error")
+    if isinstance(exc, PoolExhausted):
+        return ApiError(f"the server is at capacity: {exc}", 503, type="server_error")
+    if isinstance(exc, AgentrtError):
+        return ApiError(f"{type(exc).__name__}: {exc}", 500, type="server_error")
+    return ApiError("internal server error; see the server log", 500, type="server_error")
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise ApiError(f"the request body is over {limit} bytes", 413)
+    chunks, total = [], 0
+    async for part in request.stream():
+        total += len(part)
+        if total > limit:
+            raise ApiError(f"the request body is over {limit} bytes", 413)
+        chunks.append(part)
+    return b"".join(chunks)
+
+
+def _session_key(request: Request, req: ChatRequest, caller: str) -> str | None:
+    key = req.prompt_cache_key or request.headers.get("x-session-id") or req.user
+    return f"{caller}:{key}" if key else None
+
+
+def _routes(app: FastAPI, state: ServerState) -> None:
+    cfg = state.config
+
+    @app.get("/health")
+    async def health():
+        ok = state.engine is not None and not state.engine.closed
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        state.caller(request)
+        card = {"id": cfg.model_name, "object": "model", "created": 0, "owned_by": "agentrt",
+                "max_model_len": state.engine.max_context_tokens}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, state, "chat", _chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, state, "completions", _text)
+
+
+async def _serve(request: Request, state: ServerState, endpoint: str,
+                 handler: Callable[[Request, ServerState, bytes, str, float], Awaitable[Response]]) -> Response:
+    t0 = time.perf_counter()
+    try:
+        caller = state.caller(request)
+        body = await _body(request, state.config.max_request_bytes)
+        response = await handler(request, state, body, caller, t0)
+    except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
+        err = _as_api_error(e)
+        if err.status >= 500:
+            log.exception("%s request failed", endpoint)
+        response = _error(err)
+    state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    return response
+
+
+async def _chat(request: Request, state: ServerState, body: bytes, caller: str, t0: float) -> Response:
+    req = parse(ChatRequest, body)
+    call = chat.prepare(req, _session_key(request, req, caller), state.config.model_name)
+    if req.stream:
+        return await EventStream.start(_chat_chunks(call, state, caller, t0))
+
+    async def work():
+        async with state.slot(caller):
+            end = None
+            async for ev in chat.run(call, state):
+                end = ev if isinstance(ev, RoundEnd) else end
+            return end
+
+    end = await until_disconnect(request, work)
+    if end is None:
+        return Response(status_code=499)  # the client went away; nothing was kept for it
+    _observe(state, end.usage, t0, first=None)
+    return JSONResponse(chat.response(call, end))
+
+
+async def _chat_chunks(call, state: ServerState, caller: str, t0: float) -> AsyncIterator[dict]:
+    """The chunk dicts of one streamed chat request (an ApiError before the first one)."""
+    async with state.slot(caller):
+        chunks, first_at, started = chat.Chunks(call), None, False
+        async for ev in chat.run(call, state):
+            if not started:  # the request is accepted once the round runs
+                started = True
+                yield chunks.first()
+            if isinstance(ev, RoundEnd):
+                _observe(state, ev.usage, t0, first_at)
+                for c in chunks.last(ev):
+                    yield c
+            elif (c := chunks.event(ev)) is not None:
+                first_at = first_at or time.perf_counter()
+                yield c
+
+
+async def _text(request: Request, state: ServerState, body: bytes, caller: str, t0: float) -> Response:
+    req = parse(CompletionRequest, body)
+    run = TextRun(req, state, state.config.model_name)
+    if req.stream:
+        return await EventStream.start(_text_chunks(run, state, caller, t0))
+
+    async def work():
+        async with state.slot(caller):
+            async for _ in run.pieces():
+                pass
+            return True
+
+    if not await until_disconnect(request, work):
+        return Response(status_code=499)
+    _observe(state, run.usage, t0, first=None)
+    return JSONResponse(run.body(run.text, run.finish, final=True))
+
+
+async def _text_chunks(run: TextRun, state: ServerState, caller: str, t0: float) -> AsyncIterator[dict]:
+    async with state.slot(caller):
+        first_at = None
+        yield run.body("", None, final=False)
+        async for piece in run.pieces():
+            first_at = first_at or time.perf_counter()
+            yield run.body(piece, None, final=False)
+        _observe(state, run.usage, t0, first_at)
+        yield run.body("", run.finish, final=True)
+        if run.req.include_usage:
+            yield run.usage_chunk()
+
+
+def _observe(state: ServerState, usage, t0: float, first: float | None) -> None:
+    now = time.perf_counter()
+    state.metrics.usage(usage)
+    state.metrics.latency.observe(now - t0)
+    state.metrics.ttft.observe((first or now) - t0)

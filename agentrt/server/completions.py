@@ -1,0 +1,91 @@
+"""`/v1/completions`: a raw prompt (text or token ids) continued by the engine, no chat template.
+
+Transient requests (the radix cache shares their prefixes); stop strings cut the text and end
+the request early; text streams as it decodes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from agentrt.model.tokenizer import IncrementalDecoder
+from agentrt.sampling import SamplingParams
+
+from .protocol import ApiError, CompletionRequest
+
+
+class TextRun:
+    """One completion: its prompt ids, params and the text produced so far."""
+
+    def __init__(self, req: CompletionRequest, state, model: str) -> None:
+        tok, engine = state.engine.tokenizer, state.engine
+        prompt = tok.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        if not prompt:
+            raise ApiError("prompt is empty", param="prompt")
+        vocab = engine.model.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ApiError(f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        room = engine.max_context_tokens - len(prompt)
+        max_tokens = req.max_tokens or min(16, room)  # OpenAI's default for completions
+        if max_tokens > state.config.max_tokens_limit:
+            raise ApiError(f"max_tokens {max_tokens} is over this server's limit ({state.config.max_tokens_limit})",
+                           param="max_tokens")
+        if max_tokens > room:
+            raise ApiError(f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) do not fit the context "
+                           f"of {engine.max_context_tokens} tokens", code="context_length_exceeded", param="prompt")
+        self.req, self.engine, self.prompt, self.model = req, engine, prompt, model
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        self.text, self.ids, self.finish, self.usage = "", [], None, None
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """New text as it decodes (cut before a stop string); sets finish and usage at the end."""
+        dec = IncrementalDecoder(self.engine.tokenizer)
+        stopped = False
+        async with aclosing(self.engine.generate(self.prompt, self.params)) as events:
+            async for ev in events:
+                piece = "" if stopped else "".join(dec.push(t) for t in ev.token_ids)
+                self.ids += [] if stopped else list(ev.token_ids)
+                if ev.finish_reason is not None:
+                    piece += "" if stopped else dec.flush()
+                    self.usage = ev.usage
+                    self.finish = "stop" if stopped or ev.finish_reason != "length" else "length"
+                piece, hit = self._cut(piece) if not stopped else ("", False)
+                if hit and not stopped:
+                    stopped = True
+                    self.engine.stop(ev.request_id)
+                if piece:
+                    self.text += piece
+                    yield piece
+
+    def _cut(self, piece: str) -> tuple[str, bool]:
+        joined = self.text + piece
+        hits = [i for s in self.req.stop if (i := joined.find(s, max(0, len(self.text) - len(s) + 1))) >= 0]
+        if not hits:
+            return piece, False
+        return joined[len(self.text):min(hits)] if min(hits) >= len(self.text) else "", True
+
+    def _usage(self) -> dict | None:
+        u = self.usage
+        return None if u is None else {
+            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+    def body(self, text: str, finish: str | None, final: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        if final and self.req.return_token_ids:
+            choice["token_ids"] = list(self.ids)
+        out = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if final and not self.req.stream:
+            out["usage"] = self._usage()
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [], "usage": self._usage()}

@@ -1,0 +1,83 @@
+"""LangChain's `ChatOpenAI` with `bind_tools` in a LangGraph ToolNode graph, served by `agentrt
+serve` over loopback: the calls reach the tools with the right arguments, the conversation's
+session is reused across turns (prompt_cache_key), and streamed calls equal invoked ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool as lc_tool
+
+from agentrt import EngineConfig
+from agentrt.server import ServerConfig, ServerThread
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+RAN: list[str] = []
+SYSTEM = ("You are the travel desk assistant. Always look the weather up with the get_weather tool before "
+          "answering; never guess. Answer in one short sentence.")
+
+
+@lc_tool
+def get_weather(city: str) -> str:
+    """Current weather for a city.
+
+    Args:
+        city: the city name, e.g. "Paris"
+    """
+    RAN.append(city)
+    return json.dumps({"city": city, "temperature_c": 18, "sky": "cloudy"})
+
+
+def _graph(url: str, thread: str):
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    model = ChatOpenAI(base_url=url, api_key="unused-key-00", model="smol", temperature=0, max_tokens=40,
+                       max_retries=0, extra_body={"prompt_cache_key": thread})
+    call = model.bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False)
+    answer = model.bind_tools([get_weather], tool_choice="none")
+
+    def agent(state):
+        m = answer if isinstance(state["messages"][-1], ToolMessage) else call
+        return {"messages": [m.invoke([SystemMessage(SYSTEM)] + state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([get_weather]))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    return g.compile()
+
+
+def test_chatopenai_tool_graph_over_http(embedded_native):
+    RAN.clear()
+    with ServerThread(embedded_native, ServerConfig(port=0, model_name="smol"), EngineConfig(kv_cache_tokens=16384)) as s:
+        app = _graph(s.url, "thread-1")
+        messages: list = []
+        for city in ("Paris", "Tokyo"):
+            out = app.invoke({"messages": messages + [HumanMessage(f"What is the weather in {city} today?")]})
+            messages = out["messages"]
+            new = messages[-4:]
+            assert isinstance(new[1], AIMessage) and isinstance(new[2], ToolMessage) and isinstance(new[3], AIMessage)
+            assert new[1].tool_calls[0]["name"] == "get_weather" and new[1].tool_calls[0]["args"] == {"city": city}
+            assert new[3].content and "18" in new[2].content
+        second = messages[-3]
+        usage = second.usage_metadata
+        assert usage["input_token_details"]["cache_read"] >= 0.8 * usage["input_tokens"], usage
+        chunks = None
+        from langchain_openai import ChatOpenAI
+
+        model = ChatOpenAI(base_url=s.url, api_key="unused-key-00", model="smol", temperature=0, max_tokens=40,
+                           max_retries=0).bind_tools([get_weather], tool_choice="required")
+        prompt = [SystemMessage(SYSTEM), HumanMessage("What is the weather in Oslo today?")]
+        for c in model.stream(prompt):
+            chunks = c if chunks is None else chunks + c
+        invoked = model.invoke(prompt)
+        assert [(c["name"], c["args"]) for c in chunks.tool_calls] == [(c["name"], c["args"]) for c in invoked.tool_calls]
+        assert invoked.tool_calls[0]["args"] == {"city": "Oslo"}
+    assert RAN == ["Paris", "Tokyo"]
