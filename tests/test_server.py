@@ -209,7 +209,7 @@ def test_auth_size_route_and_body_errors(server):
 
 def test_disconnect_mid_stream_frees_the_request(server):
     body = {"model": "smol", "messages": [{"role": "user", "content": "Count from 1 to 300, separated by commas."}],
-            "max_tokens": 400, "temperature": 0, "stream": True, "prompt_cache_key": "gone"}
+            "max_tokens": 400, "temperature": 0, "stream": True, "prompt_cache_key": "gone", "ignore_eos": True}
     eng = server.state.engine
     before = eng.stats().decode_tokens
     with httpx.stream("POST", f"{server.url}/chat/completions", json=body,
@@ -233,3 +233,24 @@ def _caller() -> str:
     import hashlib
 
     return hashlib.sha256(KEY.encode()).hexdigest()[:12]
+
+
+def test_concurrency_limit_and_idle_session_expiry(embedded_native):
+    cfg = ServerConfig(port=0, max_concurrency_per_key=1, session_ttl_s=0.4)
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 300, separated by commas."}],
+            "max_tokens": 300, "temperature": 0, "stream": True, "prompt_cache_key": "held"}
+    with ServerThread(embedded_native, cfg, ENGINE) as s:
+        r = httpx.post(f"{s.url}/chat/completions", json={**body, "stream": False, "max_tokens": 4})
+        assert r.status_code == 200 and "held" in s.state.router.sessions["anon:held"].key
+        counting = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 2000, "temperature": 0, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{s.url}/completions", json=counting, timeout=60) as held:
+            lines = held.iter_lines()  # (kept: a dropped line iterator closes the stream)
+            assert held.status_code == 200 and next(lines).startswith("data: ")
+            assert s.state.active == {"anon": 1}  # a long request holds the caller's only slot
+            r = httpx.post(f"{s.url}/chat/completions", json={**body, "stream": False, "max_tokens": 4})
+            assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error", (r.json(), s.state.active)
+        deadline = time.monotonic() + 10
+        while s.state.router.sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not s.state.router.sessions  # expired by its idle TTL with no request to trigger it
+        assert s.state.engine.stats().sessions == 0

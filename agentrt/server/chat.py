@@ -71,7 +71,8 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
             raise ApiError(f"the prompt ({len(conv.tokens)} tokens) and max_tokens ({max(max_tokens, 0)}) do not fit "
                            f"the context of {engine.max_context_tokens} tokens", code="context_length_exceeded",
                            param="messages")
-        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                                ignore_eos=req.ignore_eos)
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
                             json_schema=call.json_schema, stop=req.stop, call_id=lambda i: f"{prefix}_{i}",
                             tag=call.key)

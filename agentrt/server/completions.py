@@ -38,7 +38,8 @@ class TextRun:
             raise ApiError(f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) do not fit the context "
                            f"of {engine.max_context_tokens} tokens", code="context_length_exceeded", param="prompt")
         self.req, self.engine, self.prompt, self.model = req, engine, prompt, model
-        self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                                     ignore_eos=req.ignore_eos)
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         self.text, self.ids, self.finish, self.usage = "", [], None, None
 

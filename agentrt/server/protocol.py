@@ -48,6 +48,7 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     return_token_ids: bool = False  # vLLM's extension: the generated ids in each choice
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
 
     @field_validator("stop")
     @classmethod
