@@ -25,6 +25,7 @@ from agentrt.sampling import SamplingParams
 from agentrt.session.chat import ChatFormat
 from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.session.overflow import ContextPolicy
+from agentrt.session.repeats import CallLimits
 from agentrt.toolcall import ToolCallParser
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, tool
@@ -36,6 +37,7 @@ __all__ = [
     "ActorRef",
     "Agent",
     "AgentAwarePolicy",
+    "CallLimits",
     "ChatFormat",
     "Completion",
     "ContextPolicy",

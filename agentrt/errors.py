@@ -17,6 +17,7 @@
     │   └── EngineFailed            the engine's step thread stopped on an internal error
     ├── SessionBusy                 a session with a turn running cannot be forked/rolled back/saved
     ├── RequestCancelled            a request was cancelled before it finished
+    ├── GenerationTimeout           a generation ran past its caller's timeout (it was cancelled)
     ├── ToolError                   tool definition or dispatch problems
     │   ├── ToolDefinitionError     a function that cannot become a tool
     │   └── ToolCallError           a call that failed validation or execution
@@ -102,6 +103,10 @@ class SessionBusy(AgentrtError, RuntimeError):
 
 class RequestCancelled(AgentrtError):
     """The request was cancelled before it finished."""
+
+
+class GenerationTimeout(AgentrtError, TimeoutError):
+    """A generation ran past the timeout its caller set; it was cancelled and nothing was kept."""
 
 
 class ToolError(AgentrtError):

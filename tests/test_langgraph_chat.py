@@ -88,8 +88,13 @@ def test_tools_from_every_langchain_form():
     specs = tools_to_openai([get_weather, Lookup, add, raw])
     assert [s["function"]["name"] for s in specs] == ["get_weather", "Lookup", "add", "ping"]
     assert specs[2]["function"]["parameters"]["properties"]["a"]["type"] == "integer"
+    # the same tool twice (also a pydantic class and its JSON schema: titles differ) is bound once
+    assert tools_to_openai([get_weather, get_weather]) == tools_to_openai([get_weather])
+    assert tools_to_openai([Lookup, Lookup.model_json_schema()]) == tools_to_openai([Lookup])
+    other = {"type": "function", "function": {"name": "ping", "description": "p", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}}}}
     with pytest.raises(ConfigError, match="unique"):
-        tools_to_openai([get_weather, get_weather])
+        tools_to_openai([raw, other])  # two different tools named "ping"
     with pytest.raises(ConfigError, match="list of tools"):
         tools_to_openai(get_weather)
 

@@ -30,6 +30,7 @@ from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.session.overflow import ContextPolicy
+from agentrt.session.repeats import CallLimits
 from agentrt.toolcall import CallComplete
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
@@ -76,7 +77,8 @@ class Agent:
     def __init__(self, name: str, instructions: str = "", tools: Sequence[Tool | Callable] = (), *,
                  engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
                  tool_choice: Any = "auto", constrained: bool = True, parallel_tool_calls: bool = True,
-                 deps: Any = None, stop_at_tools: Sequence[str] = (), context_policy: ContextPolicy | None = None):
+                 deps: Any = None, stop_at_tools: Sequence[str] = (), context_policy: ContextPolicy | None = None,
+                 call_limits: CallLimits | None = None):
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Agent name must be a non-empty str, got {name!r}")
         if not isinstance(instructions, str):
@@ -113,6 +115,9 @@ class Agent:
         self.context_policy = context_policy if context_policy is not None else ContextPolicy()
         if not isinstance(self.context_policy, ContextPolicy):
             raise ConfigError(f"context_policy must be a ContextPolicy, got {type(context_policy).__name__}")
+        self.call_limits = call_limits if call_limits is not None else CallLimits()  # repeats / too many calls
+        if not isinstance(self.call_limits, CallLimits):
+            raise ConfigError(f"call_limits must be a CallLimits, got {type(call_limits).__name__}")
         self._call_ids = itertools.count(1)
 
     def fresh(self, name: str | None = None) -> "Agent":
@@ -122,7 +127,7 @@ class Agent:
                      engine=self.engine, settings=self.settings, max_tool_rounds=self.max_tool_rounds,
                      tool_choice=self.tool_choice,
                      constrained=self.constrained, parallel_tool_calls=self.parallel_tool_calls, deps=self.deps,
-                     stop_at_tools=self.stop_at_tools, context_policy=self.context_policy)
+                     stop_at_tools=self.stop_at_tools, context_policy=self.context_policy, call_limits=self.call_limits)
 
     async def fork(self, name: str) -> "Agent":
         """A new agent `name` with this one's definition and a fork of its conversation
@@ -197,7 +202,7 @@ class Agent:
             async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(
                         self.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.parallel_tool_calls,
-                        constrained=self.constrained, call_id=call_id, content=clean_text):
+                        constrained=self.constrained, call_id=call_id, content=clean_text, limits=self.call_limits):
                     if isinstance(ev, RoundEnd):
                         end = ev
                         self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done)

@@ -45,6 +45,7 @@ from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
 from agentrt.session.overflow import ContextPolicy, droppable, too_long
+from agentrt.session.repeats import CallLimits, RepeatGuard
 from agentrt.toolcall.formats import keep_token_ids
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 
@@ -168,11 +169,15 @@ class Conversation:
                     constrained: bool = True, json_schema: Any = None, stop: Sequence[str] = (),
                     call_id: Callable[[int], str] = lambda i: f"call_{i}",
                     content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
-                    tag: str | None = None, task: str | None = None, workflow: str | None = None) -> AsyncIterator[Any]:
+                    tag: str | None = None, task: str | None = None, workflow: str | None = None,
+                    limits: CallLimits | None = None) -> AsyncIterator[Any]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
         docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
         reasoning=True also streams a leading <think> block as ReasoningDelta events. `tag` (the
-        stage; default the session's), `task`, `workflow`: as in Engine.generate."""
+        stage; default the session's), `task`, `workflow`: as in Engine.generate. `limits`
+        (`CallLimits`: a repeated call or too many calls end the round; default CallLimits())."""
+        if limits is not None and not isinstance(limits, CallLimits):
+            raise ConfigError(f"limits must be a CallLimits, got {type(limits).__name__}")
         if not self._open:
             self.append([])  # (re)open the assistant turn
         self.fit(params.max_tokens)
@@ -183,7 +188,7 @@ class Conversation:
                                 **self.chat.tool_format.parser_options()) if tools else _TextOnly()
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = _Round(parser, tuple(stop), reasoning)
+        state = _Round(parser, tuple(stop), reasoning, limits or CallLimits())
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow)) if v is not None}
         async with aclosing(engine.generate(self.tokens, params, session=self.session, constraint=constraint,
@@ -263,8 +268,10 @@ class Conversation:
 class _Round:
     """Mutable state of one round: parser, stop strings, what was seen."""
 
-    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool) -> None:
+    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, limits: CallLimits) -> None:
         self.parser, self.stop, self.reasoning = parser, stop, reasoning
+        self.limits, self.guard = limits, RepeatGuard(limits.stop_on_repeat)
+        self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
         self.think = ThinkSplitter()
         self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
         self.thoughts: list[str] = []
@@ -286,6 +293,10 @@ class _Round:
             else:
                 events += self.parser.feed(text)
         events += self.parser.close() if closing else []
+        events = [out_ev for ev in events for out_ev in self.guard.push(ev)]
+        if self.guard.repeat and not self.stopped:  # the reply ends with the previous call
+            del self.generated[self.mark[0]:], self.raw[self.mark[1]:]
+            self.stopped = True
         for ev in events:
             if isinstance(ev, TextDelta):
                 ev = TextDelta(self._cut_at_stop(ev.text))
@@ -297,6 +308,9 @@ class _Round:
                 continue
             if isinstance(ev, CallComplete):
                 self.calls.append(ev)
+                self.mark = (len(self.generated), len(self.raw))
+                cap = self.limits.max_calls
+                self.stopped = self.stopped or (cap is not None and len(self.calls) >= cap)
             elif isinstance(ev, CallInvalid):
                 self.invalid.append(ev)
             out.append(ev)

@@ -16,29 +16,29 @@ the model's `name` if set, else the LangGraph node's name. Every path is built o
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from operator import itemgetter
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError
 
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
+from agentrt.session.repeats import CallLimits
 
 from .host import EngineHost
-from .messages import normalize_tool_choice, structured_schema, to_openai, tools_to_openai
+from .messages import normalize_tool_choice, to_openai, tools_to_openai
 from .sessions import SessionPolicy, SessionRouter, session_key
 from .stream import CallSpec, run_call, split_rejected
+from .structured import JSON_OBJECT, structured_output
 from .workflow import GraphTasks, node_name
 
 _CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens", "temperature",
-                "top_p", "top_k", "seed", "stream", "ls_structured_output_format", "session"}
+                "top_p", "top_k", "seed", "stream", "ls_structured_output_format", "session", "strict"}
 
 
 class _Shared:
@@ -58,7 +58,8 @@ class _Shared:
 class ChatAgentrt(BaseChatModel):
     """A LangChain chat model served by an agentrt engine (see the module docstring)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    # unknown constructor arguments are refused (a silently dropped `stop=` is a wrong answer later)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     # strict: "5" or True is not a max_tokens; the ranges (finite temperature, top_p in (0, 1], ...)
     # are SamplingParams' own checks, run at construction and for each call's overrides
@@ -70,6 +71,15 @@ class ChatAgentrt(BaseChatModel):
     seed: int | None = Field(default=None, strict=True)
     constrained: bool = Field(default=True, strict=True, description="tool calls and JSON under a grammar")
     parallel_tool_calls: bool = Field(default=True, strict=True)
+    stop: list[str] | None = Field(default=None, description="stop strings of every call (a call's own replace them)")
+    timeout: float | None = Field(default=None, gt=0, description="seconds one call may run (GenerationTimeout)")
+    max_retries: int = Field(default=0, ge=0, strict=True,
+                             description="attempts again after a transient failure before the first token")
+    streaming: bool = Field(default=False, strict=True, description="invoke() runs through the streaming path")
+    max_parallel_calls: int | None = Field(default=16, ge=1, strict=True,
+                                           description="the most tool calls in one reply (None: no cap)")
+    stop_on_repeated_call: bool = Field(default=True, strict=True,
+                                        description="a reply ends when the model repeats one of its calls")
     session_policy: SessionPolicy = Field(default_factory=SessionPolicy)
     _shared: _Shared = PrivateAttr()
 
@@ -110,6 +120,24 @@ class ChatAgentrt(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "temperature": self.temperature, "max_tokens": self.max_tokens}
+
+    # ---- entry points: a run config's thread reaches the call ------------------------------
+    # (BaseChatModel passes only callbacks, tags and metadata on; outside a LangGraph node, where
+    # the node's config is the context's, `invoke(msgs, {"configurable": {"thread_id": ...}})`
+    # would otherwise be a transient call)
+    def invoke(self, input: Any, config: Any = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        return super().invoke(input, config, stop=stop, **_routed(config, kwargs))
+
+    async def ainvoke(self, input: Any, config: Any = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        return await super().ainvoke(input, config, stop=stop, **_routed(config, kwargs))
+
+    def stream(self, input: Any, config: Any = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        yield from super().stream(input, config, stop=stop, **_routed(config, kwargs))
+
+    async def astream(self, input: Any, config: Any = None, *, stop: list[str] | None = None,
+                      **kwargs: Any) -> AsyncIterator[Any]:
+        async for chunk in super().astream(input, config, stop=stop, **_routed(config, kwargs)):
+            yield chunk
 
     # ---- the one generation path --------------------------------------------------------
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -153,8 +181,12 @@ class ChatAgentrt(BaseChatModel):
         choice = kwargs.get("tool_choice") or "auto"
         if tools is None and choice not in ("auto", "none"):
             raise ConfigError(f"tool_choice {choice!r} needs tools: use bind_tools(tools, tool_choice=...)")
+        stop = self.stop if stop is None else stop
         if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
             raise ConfigError("stop must be a list of non-empty strings")
+        strict = kwargs.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ConfigError(f"strict must be True, False or None, got {strict!r}")
         params = SamplingParams(
             max_tokens=kwargs.get("max_tokens", self.max_tokens), temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p), top_k=kwargs.get("top_k", self.top_k), seed=kwargs.get("seed", self.seed))
@@ -162,39 +194,45 @@ class ChatAgentrt(BaseChatModel):
         return CallSpec(
             messages=to_openai(messages), tools=tools, tool_choice=choice,
             parallel_tool_calls=kwargs.get("parallel_tool_calls", self.parallel_tool_calls),
-            constrained=self.constrained, json_schema=_response_schema(kwargs.get("response_format")), params=params,
+            constrained=self.constrained if strict is None else strict,
+            json_schema=_response_schema(kwargs.get("response_format")), params=params,
             stop=tuple(stop or ()), key=_key(kwargs.get("session"), config), model_name=self.model_name,
-            tag=self.name or node_name(config))
+            tag=self.name or node_name(config), timeout=self.timeout, retries=self.max_retries,
+            limits=CallLimits(self.stop_on_repeated_call, self.max_parallel_calls))
 
     # ---- binding -------------------------------------------------------------------------
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, parallel_tool_calls: bool | None = None,
-                   **kwargs: Any) -> Runnable:
-        """Bind LangChain tools, pydantic models, functions or OpenAI tool dicts. tool_choice:
-        "auto" (default), "any"/"required", "none", or a tool name; under `constrained` the
-        choice is enforced by the grammar."""
-        formatted = tools_to_openai(tools)
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, strict: bool | None = None,
+                   parallel_tool_calls: bool | None = None, **kwargs: Any) -> Runnable:
+        """Bind LangChain tools, pydantic models, functions or OpenAI tool dicts (the same tool
+        given twice is bound once). tool_choice: "auto" (default), "any"/"required", "none", or a
+        tool name; under the grammar (`constrained`, or strict=True for these tools) the choice
+        and the arguments' schema are enforced; strict=False decodes the calls freely."""
+        if strict is not None and not isinstance(strict, bool):
+            raise ConfigError(f"strict must be True, False or None, got {strict!r}")
+        formatted = tools_to_openai(tools, strict=strict)
         bound = {"tools": formatted, "tool_choice": normalize_tool_choice(tool_choice, formatted)}
         if parallel_tool_calls is not None:
             bound["parallel_tool_calls"] = bool(parallel_tool_calls)
+        if strict is not None:
+            bound["strict"] = strict
         return self.bind(**bound, **kwargs)
 
-    def with_structured_output(self, schema: Any, *, method: str = "json_schema", include_raw: bool = False,
-                               **kwargs: Any) -> Runnable:
-        """Output matching `schema` (pydantic class, TypedDict, JSON schema or OpenAI tool):
-        method "json_schema" (default) decodes the JSON under the schema's grammar;
-        "function_calling" forces a call of the schema as a tool."""
-        if method == "function_calling":
-            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
-        if method != "json_schema":
-            raise ConfigError(f"method must be 'json_schema' or 'function_calling', got {method!r}")
-        json_schema, pyd = structured_schema(schema)
-        llm = self.bind(response_format=json_schema)
-        parser = PydanticOutputParser(pydantic_object=pyd) if pyd is not None else JsonOutputParser()
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
-        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+    def with_structured_output(self, schema: Any = None, *, method: str = "json_schema", include_raw: bool = False,
+                               strict: bool | None = None, **kwargs: Any) -> Runnable:
+        """Output matching `schema` (pydantic 2 or v1 class, TypedDict, JSON schema or OpenAI
+        tool). method "json_schema" (default: decoded under the schema's grammar), "json_mode"
+        (any JSON object) or "function_calling" (a forced call of the schema as a tool); strict
+        as in `structured.py`."""
+        if kwargs:
+            raise ConfigError(f"with_structured_output got unsupported arguments {sorted(kwargs)}")
+        return structured_output(self, schema, method, include_raw, strict)
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "agentrt"
+        if stop is None and self.stop:
+            params["ls_stop"] = self.stop
+        return params
 
     # ---- sessions ------------------------------------------------------------------------
     async def arelease(self, thread_id: str | None = None) -> int:
@@ -232,8 +270,11 @@ class ChatAgentrt(BaseChatModel):
 
 def _response_schema(fmt: Any) -> Any:
     """The JSON schema of a `response_format` call argument: as given (with_structured_output
-    binds the schema itself), or unwrapped from OpenAI's `{"type": "json_schema", "json_schema":
-    {"name", "schema", ...}}`, the form LangChain's `ProviderStrategy` (create_agent) binds."""
+    binds the schema itself), any JSON object for OpenAI's `{"type": "json_object"}`, or
+    unwrapped from OpenAI's `{"type": "json_schema", "json_schema": {"name", "schema", ...}}`,
+    the form LangChain's `ProviderStrategy` (create_agent) binds."""
+    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_object", "text") and len(fmt) == 1:
+        return JSON_OBJECT if fmt["type"] == "json_object" else None  # OpenAI's JSON mode / plain text
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and "json_schema" in fmt:
         schema = fmt["json_schema"].get("schema") if isinstance(fmt["json_schema"], Mapping) else None
         if not isinstance(schema, Mapping):
@@ -259,6 +300,13 @@ def _key(session: Any, config) -> str | None:
             raise ConfigError(f"session must be a non-empty str, got {session!r}")
         return session
     return session_key(config)
+
+
+def _routed(config: Any, kwargs: dict) -> dict:
+    """kwargs with `session=` the key of `config`'s thread, unless a session is named already."""
+    if kwargs.get("session") is None and isinstance(config, Mapping) and (key := session_key(config)) is not None:
+        return {**kwargs, "session": key}
+    return kwargs
 
 
 async def _one(coro) -> AsyncIterator[Any]:

@@ -21,6 +21,13 @@ _ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assi
           "system": "system", "developer": "system", "tool": "tool"}
 
 
+# content blocks whose information is carried elsewhere: tool calls (LangChain's `tool_call`,
+# Anthropic's `tool_use`, OpenAI's `function_call`) live in AIMessage.tool_calls; reasoning blocks
+# of earlier replies are dropped, as chat templates drop earlier <think> blocks
+_CARRIED_ELSEWHERE = frozenset({"tool_call", "tool_call_chunk", "tool_use", "function_call", "server_tool_call",
+                                "reasoning", "thinking", "redacted_thinking"})
+
+
 def content_text(content: Any) -> str:
     """A message's text: a str as is; a list of content blocks -> their text parts joined."""
     if isinstance(content, str):
@@ -32,10 +39,12 @@ def content_text(content: Any) -> str:
                 parts.append(block)
             elif isinstance(block, Mapping) and block.get("type") == "text":
                 parts.append(str(block.get("text", "")))
-            elif isinstance(block, Mapping) and block.get("type") in ("tool_call", "tool_call_chunk"):
-                continue  # carried by AIMessage.tool_calls
+            elif isinstance(block, Mapping) and block.get("type") in _CARRIED_ELSEWHERE:
+                continue  # calls are AIMessage.tool_calls; past reasoning is not re-rendered (as chat templates do)
             else:
-                raise ConfigError(f"content block {block!r} is not supported: agentrt models take text only")
+                kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
+                raise ConfigError(f"content block of type {kind!r} is not supported: agentrt models take text "
+                                  "(blocks of type 'text'), with tool calls in AIMessage.tool_calls")
         return "".join(parts)
     raise ConfigError(f"message content must be a str or a list of text blocks, got {type(content).__name__}")
 
@@ -66,23 +75,42 @@ def _one(m: BaseMessage) -> dict:
     return d
 
 
-def tools_to_openai(tools: Sequence[Any]) -> list[dict]:
+def tools_to_openai(tools: Sequence[Any], strict: bool | None = None) -> list[dict]:
     """LangChain tools, pydantic models, functions, TypedDicts or OpenAI tool dicts -> OpenAI
-    tool schemas (`{"type": "function", "function": {name, description, parameters}}`)."""
+    tool schemas (`{"type": "function", "function": {name, description, parameters}}`); a tool
+    given twice (same name, same accepted arguments) is kept once."""
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
         raise ConfigError("bind_tools takes a list of tools")
-    out = []
+    out: dict[str, dict] = {}
     for t in tools:
         try:
-            spec = convert_to_openai_tool(t)
+            spec = convert_to_openai_tool(t, strict=strict)
         except Exception as exc:  # LangChain raises ValueError / TypeError / ...
             raise ConfigError(f"cannot use {t!r} as a tool: {exc}") from exc
         spec["function"].setdefault("parameters", {"type": "object", "properties": {}})
-        out.append(spec)
-    names = [s["function"]["name"] for s in out]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"tool names must be unique, got {names}")
-    return out
+        name = spec["function"]["name"]
+        if name in out and _validating(out[name]["function"]["parameters"]) != \
+                _validating(spec["function"]["parameters"]):
+            raise ConfigError(f"two different tools are named {name!r}; tool names must be unique (the same tool "
+                              "given twice, e.g. a pydantic class and its JSON schema, is bound once)")
+        out.setdefault(name, spec)
+    return list(out.values())
+
+
+# JSON-schema keywords that annotate without constraining, and those whose value maps names to schemas
+_ANNOTATIONS = frozenset({"title", "description", "examples", "$comment", "default"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _validating(schema: Any, names: bool = False) -> Any:
+    """A JSON schema without its annotations: two schemas equal here accept the same instances."""
+    if isinstance(schema, Mapping):
+        if names:
+            return {k: _validating(v) for k, v in schema.items()}
+        return {k: _validating(v, k in _SCHEMA_MAPS) for k, v in schema.items() if k not in _ANNOTATIONS}
+    if isinstance(schema, list):
+        return [_validating(v) for v in schema]
+    return schema
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> Any:
@@ -104,10 +132,10 @@ def normalize_tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) 
 
 def structured_schema(schema: Any) -> tuple[dict, Any]:
     """A with_structured_output schema -> (JSON schema, pydantic class or None)."""
-    import pydantic
+    from langchain_core.utils.pydantic import is_basemodel_subclass
 
-    if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
-        return schema.model_json_schema(), schema
+    if isinstance(schema, type) and is_basemodel_subclass(schema):  # pydantic 2, or pydantic.v1
+        return (schema.model_json_schema() if hasattr(schema, "model_json_schema") else schema.schema()), schema
     if isinstance(schema, Mapping) and "type" in schema and "function" not in schema and "title" not in schema:
         return dict(schema), None  # already a JSON schema
     try:

@@ -13,19 +13,23 @@ same prompt give the same ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from langchain_core.messages import AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 
 from agentrt.engine.prefix import fnv1a
+from agentrt.errors import AgentrtError, GenerationTimeout, PoolExhausted
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.session.repeats import CallLimits
 from agentrt.session.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
 from agentrt.workflow import TaskContext
@@ -49,13 +53,45 @@ class CallSpec:
     model_name: str
     tag: str | None = None  # the request's stage (the LangGraph node), None: the session's tag
     task: TaskContext | None = None  # resolved on the caller's side (the engine's loop may be another)
+    limits: CallLimits | None = None  # repeated / too many calls end the reply
+    timeout: float | None = None  # seconds the call may run
+    retries: int = 0  # attempts after a transient failure before the first chunk
 
 
 async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGenerationChunk]:
-    """Generate one assistant message for spec, yielding LangChain chunks (engine loop only)."""
-    async with routed_conversation(router, spec.key, spec.messages, spec.tools, tag=spec.tag, chat=fmt) as (conv, _):
-        async for chunk in _generate(spec, conv):
-            yield chunk
+    """Generate one assistant message for spec, yielding LangChain chunks (engine loop only).
+
+    Each attempt runs under the call's timeout (GenerationTimeout past it). An attempt that fails
+    with a transient error (no sequence slot in time, the timeout) before its first chunk is made
+    again, up to `spec.retries` times; once a chunk has gone out, the error is the caller's."""
+    for attempt in range(spec.retries + 1):
+        sent = False
+        try:
+            with _deadline(spec.timeout):
+                async with routed_conversation(router, spec.key, spec.messages, spec.tools, tag=spec.tag,
+                                               chat=fmt) as (conv, _):
+                    async for chunk in _generate(spec, conv):
+                        sent = True
+                        yield chunk
+            return
+        except (PoolExhausted, GenerationTimeout):
+            if sent or attempt == spec.retries:
+                raise
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    if seconds is None:
+        yield
+        return
+    try:
+        with anyio.fail_after(seconds):
+            yield
+    except TimeoutError as exc:
+        if isinstance(exc, AgentrtError):  # PoolExhausted is a TimeoutError too
+            raise
+        raise GenerationTimeout(f"the call ran past its timeout of {seconds:g} s and was cancelled; raise "
+                                "ChatAgentrt(timeout=...) or lower max_tokens") from None
 
 
 async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGenerationChunk]:
@@ -64,7 +100,7 @@ async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGen
     task, workflow = (spec.task.task_id, spec.task.workflow) if spec.task is not None else (None, None)
     rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
                         constrained=spec.constrained, json_schema=spec.json_schema, stop=spec.stop,
-                        call_id=chunker.call_id, tag=spec.tag, task=task, workflow=workflow)
+                        call_id=chunker.call_id, tag=spec.tag, task=task, workflow=workflow, limits=spec.limits)
     async with aclosing(rounds) as events:
         async for ev in events:
             if isinstance(ev, RoundEnd):

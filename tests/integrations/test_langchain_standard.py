@@ -1,0 +1,130 @@
+"""LangChain's standard chat-model suites (`langchain-tests`) on ChatAgentrt over the embedded model.
+
+The feature flags say what ChatAgentrt implements: tool calling with tool_choice, structured
+output (json_schema, json_mode, function_calling), usage with cache reads; no image, audio or
+PDF inputs, no per-call model override (one engine serves one model). A test that fails only
+because the 135M model answers wrongly is `xfail(strict=True)` with the reason, and a sibling
+test in `test_langchain_standard_api.py` shows the API part right on the same call shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from agentrt import Engine, EngineConfig
+from agentrt.integrations.langgraph import ChatAgentrt
+from agentrt.integrations.langgraph.host import EngineHost
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow, pytest.mark.anyio]
+
+# what the 135M model gets wrong; the API part of each is shown right by a sibling test in
+# test_langchain_standard_api.py (same call shape, a prompt the model can follow)
+JOKE = pytest.mark.xfail(strict=True, reason=(
+    "135M model: asked for a cat joke under the Joke schema's grammar it repeats one phrase inside "
+    "'setup' until max_tokens=100, so 'punchline' never comes and the pydantic class does not "
+    "validate (the dict variants pass: their check only looks at the keys that are there)"))
+JSON_MODE = pytest.mark.xfail(strict=True, reason=(
+    "135M model: in JSON mode (any JSON object) it writes one key, never both 'setup' and 'punchline'"))
+# parametrized standard tests that fail for one parameter only are marked by id (conftest.py), since
+# the suite refuses overrides of its tests that are not xfail as a whole
+PARAM_XFAILS = {"test_structured_output[pydantic]": JOKE, "test_structured_output_async[asyncio-pydantic]": JOKE}
+AGENT_LOOP = pytest.mark.xfail(strict=True, reason=(
+    "135M model: under tool_choice='auto' it answers the weather question in prose instead of calling "
+    "get_weather"))
+
+
+@pytest.fixture(scope="class", autouse=True)
+def _engine_host(request, embedded_native):
+    """One engine per suite on its own loop; every model the suite builds shares it."""
+    host = EngineHost.start(lambda: Engine(embedded_native, EngineConfig(kv_cache_tokens=16384)))
+    request.cls.host = host
+    yield host
+    host.close()
+
+
+class _Flags:
+    host: EngineHost
+
+    @property
+    def chat_model_class(self) -> type[ChatAgentrt]:
+        return ChatAgentrt
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"host": self.host, "model_name": "smollm2-135m"}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True  # text blocks with cache_control, tool_use blocks, thinking blocks
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def supported_usage_metadata_details(self) -> dict[str, list[str]]:
+        return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
+
+    @property
+    def supports_model_override(self) -> bool:
+        return False
+
+
+class TestChatAgentrtUnit(_Flags, ChatModelUnitTests):
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        """The suite's standard parameters less `api_key`: an in-process engine has no credentials,
+        and ChatAgentrt refuses arguments it does not use (test_langchain_standard_api.py)."""
+        params = dict(super().standard_chat_model_params)
+        params.pop("api_key")
+        return params
+
+
+class TestChatAgentrtIntegration(_Flags, ChatModelIntegrationTests):
+    @JOKE
+    def test_structured_output_pydantic_2_v1(self, model) -> None:
+        super().test_structured_output_pydantic_2_v1(model)
+
+    @JSON_MODE
+    def test_json_mode(self, model) -> None:
+        super().test_json_mode(model)
+
+    @AGENT_LOOP
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop(self, model) -> None:
+        super().test_agent_loop(model)
+
+    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
+        """Two calls of one thread: the second reads the first's history from KV."""
+        model = ChatAgentrt(**self.chat_model_params, max_tokens=8)
+        config = {"configurable": {"thread_id": f"cache-read-{stream}"}}
+        first = [HumanMessage("Say hello.")]
+        reply = model.invoke(first, config)
+        history = [*first, reply, HumanMessage("Say it again.")]
+        if not stream:
+            return model.invoke(history, config)
+        full = None
+        for chunk in model.stream(history, config):
+            full = chunk if full is None else full + chunk
+        return full
