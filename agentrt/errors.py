@@ -18,6 +18,7 @@
     ├── SessionBusy                 a session with a turn running cannot be forked/rolled back/saved
     ├── RequestCancelled            a request was cancelled before it finished
     ├── GenerationTimeout           a generation ran past its caller's timeout (it was cancelled)
+    ├── ReplicaLost                 a cluster replica died with the turn in flight (ask again)
     ├── ToolError                   tool definition or dispatch problems
     │   ├── ToolDefinitionError     a function that cannot become a tool
     │   └── ToolCallError           a call that failed validation or execution
@@ -107,6 +108,12 @@ class RequestCancelled(AgentrtError):
 
 class GenerationTimeout(AgentrtError, TimeoutError):
     """A generation ran past the timeout its caller set; it was cancelled and nothing was kept."""
+
+
+class ReplicaLost(AgentrtError):
+    """The engine replica serving an agent died (agentrt.integrations.ray). The turn in flight is
+    lost; the conversation is not: the cluster restores the agent on another replica, so asking
+    again continues it."""
 
 
 class ToolError(AgentrtError):

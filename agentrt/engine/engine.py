@@ -11,8 +11,6 @@ per step, not per token).
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -253,16 +251,11 @@ class Engine:
         """The ChatFormat of this engine's tokenizer and chat template (and its tool-call format),
         created on first use and shared (it is immutable)."""
         if self._chat is None:
-            from agentrt.session.chat import ChatFormat
-
-            from agentrt.toolcall.formats import FORMATS
+            from agentrt.session.chat import build_chat_format
 
             if self.tokenizer is None:
                 raise ConfigError("chat formatting needs a tokenizer: build the engine from load_model(...)")
-            chat = ChatFormat(self.tokenizer, tool_format=FORMATS.get(self.config.tool_format))
-            if self.config.bare_tool_calls is not None:
-                chat = chat.with_tool_format(dataclasses.replace(chat.tool_format, bare=self.config.bare_tool_calls))
-            self._chat = chat
+            self._chat = build_chat_format(self.tokenizer, self.config)
         return self._chat
 
     def declare_workflow(self, workflow: Workflow) -> None:

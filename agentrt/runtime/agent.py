@@ -16,6 +16,7 @@ One turn (`handle` / `stream`), on the conversation core (`agentrt/session/conve
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -240,6 +241,17 @@ class Agent:
     def _is_pure(self, name: str) -> bool:
         t = self.tools.get(name)
         return t is not None and t.pure
+
+    def mark(self) -> tuple[int, Any]:
+        """Where the agent stands between turns (messages held, call-id counter), for `rewind`."""
+        return len(self.conversation.messages), copy.copy(self._call_ids)
+
+    def rewind(self, mark: tuple[int, Any]) -> None:
+        """Forget a turn that failed after `mark` (its replica died, say): the messages it added
+        and the call ids it used, so asking again continues as if it had never run."""
+        count, ids = mark
+        self.conversation.rewind(count)
+        self._call_ids = copy.copy(ids)
 
     def _skip_ids(self, end: RoundEnd) -> None:
         """Call ids are base + parser index: keep the counter past this round's verdicts."""

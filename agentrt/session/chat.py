@@ -302,3 +302,17 @@ class ChatFormat:
         for token in self._control:
             if token in outside:
                 raise ChatTemplateError(f"control token {token!r} found in tool calls or tool schemas; remove it")
+
+
+def build_chat_format(tokenizer: Any, config: Any = None) -> "ChatFormat":
+    """The ChatFormat an engine with `config` (an EngineConfig; None: defaults) uses: the
+    tokenizer's template, with the tool-call format and bare-call option the config names."""
+    import dataclasses
+
+    from agentrt.toolcall.formats import FORMATS
+
+    chat = ChatFormat(tokenizer, tool_format=FORMATS.get(getattr(config, "tool_format", None)))
+    bare = getattr(config, "bare_tool_calls", None)
+    if bare is not None:
+        chat = chat.with_tool_format(dataclasses.replace(chat.tool_format, bare=bare))
+    return chat

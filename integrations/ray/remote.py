@@ -1,0 +1,143 @@
+"""The driver's side of a replica: `RemoteEngine` and `RemoteSession`, the Engine and Session
+interface an agent's `Conversation` uses, over a Ray actor handle.
+
+Prompts are encoded here (the tokenizer and chat format come from the replica once, at start),
+so a conversation's messages and tokens never leave the driver: the replica holds only KV.
+Grammars are described (`ConstraintSpec`) and built on the replica. A token event crosses back
+per engine step. A replica that dies turns every call into `ReplicaLost`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from agentrt.errors import ConfigError, ReplicaLost
+
+from .replica import ConstraintSpec
+
+
+def _lost(exc: BaseException, name: str) -> BaseException:
+    """A Ray failure of a dead actor -> ReplicaLost; anything else unchanged (a RayTaskError is
+    an instance of its cause too, so a replica's ConfigError stays a ConfigError)."""
+    import ray.exceptions as rex
+
+    if isinstance(exc, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError)):
+        return ReplicaLost(f"replica {name!r} is gone ({type(exc).__name__}); the turn in flight is lost, "
+                           "the conversation is kept: ask again (the cluster has moved the agent)")
+    return exc
+
+
+class RemoteGrammars:
+    """`engine.grammars()` for a remote engine: constraint descriptions built on the replica."""
+
+    def for_tools(self, tools: Any, tool_choice: Any = "auto", *, parallel_tool_calls: bool = True) -> ConstraintSpec:
+        return ConstraintSpec("tools", (tools, tool_choice, parallel_tool_calls))
+
+    def for_json_schema(self, schema: Any) -> ConstraintSpec:
+        if not isinstance(schema, (dict, bool)):
+            raise ConfigError(f"schema must be a JSON schema (dict or bool), got {type(schema).__name__}")
+        return ConstraintSpec("json", (schema,))
+
+
+class RemoteEngine:
+    """One replica seen as an Engine (the subset agents and conversations use)."""
+
+    def __init__(self, handle: Any, name: str, info: dict[str, Any], chat: Any) -> None:
+        self.handle, self.name, self.info = handle, name, info
+        self._chat = chat
+        self.tokenizer = chat.tokenizer
+        self.max_context_tokens = info["max_context_tokens"]
+        self.alive = True
+        self._grammars = RemoteGrammars()
+
+    started = True
+
+    def chat_format(self) -> Any:
+        return self._chat
+
+    def grammars(self) -> RemoteGrammars:
+        return self._grammars
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """await handle.method.remote(*args), with a dead replica as ReplicaLost."""
+        try:
+            return await getattr(self.handle, method).remote(*args)
+        except Exception as exc:  # noqa: BLE001 - mapped, re-raised
+            err = _lost(exc, self.name)
+            if isinstance(err, ReplicaLost):
+                self.alive = False
+            raise err from exc
+
+    async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
+                           timeout: float | None = None) -> "RemoteSession":
+        if cache_salt is not None:
+            raise ConfigError("cache_salt is not supported on cluster replicas yet")
+        return RemoteSession(self, await self.call("open_session", tag, timeout), tag)
+
+    async def restore_bytes(self, data: bytes, tag: str | None = None) -> "RemoteSession":
+        return RemoteSession(self, await self.call("restore", data, tag), tag)
+
+    async def generate(self, prompt: Sequence[int], params: Any = None, *, session: "RemoteSession | None" = None,
+                       constraint: ConstraintSpec | None = None, **request: Any) -> AsyncIterator[Any]:
+        import ray
+
+        if session is not None and session.engine is not self:
+            raise ConfigError(f"session {session.session_id} belongs to replica {session.engine.name!r}, "
+                              f"not {self.name!r}")
+        request = {k: v for k, v in request.items() if v is not None}
+        sid = session.session_id if session is not None else None
+        stream = self.handle.generate.remote(list(prompt), params, sid, constraint, request)
+        done = False
+        try:
+            async for ref in stream:
+                ev = await ref
+                done = ev.finish_reason is not None
+                yield ev
+        except Exception as exc:  # noqa: BLE001 - mapped, re-raised
+            err = _lost(exc, self.name)
+            if isinstance(err, ReplicaLost):
+                self.alive = False
+            raise err from exc
+        finally:
+            if not done and self.alive:  # left early: the replica's request is cancelled and freed
+                ray.cancel(stream)
+
+    def stop(self, request_id: int) -> None:
+        self.handle.stop.remote(request_id)
+
+    async def load(self) -> dict[str, Any]:
+        return await self.call("load")
+
+
+class RemoteSession:
+    """A KV session held by a replica (the Session interface a Conversation uses)."""
+
+    def __init__(self, engine: RemoteEngine, session_id: int, tag: str | None) -> None:
+        self.engine, self.session_id, self.tag = engine, session_id, tag
+        self.closed = False
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.engine.alive:
+            try:
+                await self.engine.call("close_session", self.session_id)
+            except ReplicaLost:
+                pass  # its KV went with the replica
+
+    async def expect_tools(self, tools: Sequence[str]) -> float:
+        return await self.engine.call("expect_tools", self.session_id, list(tools))
+
+    async def fork(self, tag: str | None = None, timeout: float | None = None) -> "RemoteSession":
+        return RemoteSession(self.engine, await self.engine.call("fork", self.session_id, tag, timeout), tag)
+
+    async def rollback(self, n_tokens: int) -> None:
+        await self.engine.call("rollback", self.session_id, n_tokens)
+
+    async def snapshot_bytes(self) -> bytes:
+        return await self.engine.call("snapshot", self.session_id)
+
+    async def tokens(self) -> list[int]:
+        return await self.engine.call("session_tokens", self.session_id)
