@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -65,6 +66,8 @@ class ClusterRuntime(Runtime):
         self._snapshots: dict[str, bytes] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self.moves: list[tuple[str, int, int, str]] = []  # (agent, from, to, why)
+        self.engines: dict[str, int] = {}  # engine_for() names -> replica index
+        self._portal: Any = None
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> "ClusterRuntime":
@@ -79,7 +82,11 @@ class ClusterRuntime(Runtime):
         infos = await asyncio.gather(*(h.start.remote() for h in handles))
         tokenizer = await handles[0].tokenizer.remote()
         chat = build_chat_format(tokenizer, self.engine_config)
-        self.replicas = [RemoteEngine(h, f"replica-{i}", info, chat) for i, (h, info) in enumerate(zip(handles, infos))]
+        self._portal = anyio.from_thread.BlockingPortal()  # (for ChatAgentrt's sync calls from other threads)
+        portal = await self._portal.__aenter__()
+        loop_thread = threading.get_ident()
+        self.replicas = [RemoteEngine(h, f"replica-{i}", info, chat, self.engine_config, portal, loop_thread)
+                         for i, (h, info) in enumerate(zip(handles, infos))]
         await super().__aenter__()
         return self
 
@@ -99,6 +106,8 @@ class ClusterRuntime(Runtime):
                 await _gone(r.handle)
             if self._owns_ray:
                 ray.shutdown()
+            if self._portal is not None:
+                await self._portal.__aexit__(None, None, None)
 
     # ---- placement -----------------------------------------------------------------------
     async def spawn(self, behavior: Any, *, name: str | None = None, replica: int | None = None, **kw: Any):
@@ -113,6 +122,16 @@ class ClusterRuntime(Runtime):
         self.where[name] = idx
         self._locks[name] = anyio.Lock()
         return await super().spawn(behavior, name=name, **kw)
+
+    async def engine_for(self, name: str) -> RemoteEngine:
+        """A replica for a client that is not an agent of this runtime -- `ChatAgentrt(engine=...)`
+        for a LangGraph graph, say -- placed by the policy once per name (its sessions live there)."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"engine_for takes a non-empty name, got {name!r}")
+        if name not in self.engines:
+            await self.refresh()
+            self.engines[name] = self.policy(AgentInfo(name), [v for v in self.views() if v.index not in self._draining])
+        return self.replicas[self.engines[name]]
 
     def _check_replica(self, idx: Any) -> int:
         if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < len(self.replicas):
@@ -133,6 +152,8 @@ class ClusterRuntime(Runtime):
         views = [ReplicaView(i, r.alive, self._loads.get(i, {}).get("kv_occupancy", 0.0),
                              self._loads.get(i, {}).get("waiting", 0) + self._loads.get(i, {}).get("running", 0))
                  for i, r in enumerate(self.replicas)]
+        for idx in self.engines.values():
+            views[idx].agents += 1
         for name, idx in self.where.items():
             views[idx].agents += 1
             behavior = self._behavior(name)

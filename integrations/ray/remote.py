@@ -4,12 +4,14 @@ interface an agent's `Conversation` uses, over a Ray actor handle.
 Prompts are encoded here (the tokenizer and chat format come from the replica once, at start),
 so a conversation's messages and tokens never leave the driver: the replica holds only KV.
 Grammars are described (`ConstraintSpec`) and built on the replica. A token event crosses back
-per engine step. A replica that dies turns every call into `ReplicaLost`.
+per engine step. A replica that dies turns every call into `ReplicaLost`. `ChatAgentrt(engine=
+remote)` works too (`ClusterRuntime.engine_for`): a LangGraph thread's sessions then live there.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentrt.errors import ConfigError, ReplicaLost
@@ -28,6 +30,13 @@ def _lost(exc: BaseException, name: str) -> BaseException:
     return exc
 
 
+@dataclass(frozen=True)
+class _ModelView:
+    """What callers read of an Engine's model: its config."""
+
+    cfg: Any
+
+
 class RemoteGrammars:
     """`engine.grammars()` for a remote engine: constraint descriptions built on the replica."""
 
@@ -43,9 +52,16 @@ class RemoteGrammars:
 class RemoteEngine:
     """One replica seen as an Engine (the subset agents and conversations use)."""
 
-    def __init__(self, handle: Any, name: str, info: dict[str, Any], chat: Any) -> None:
+    def __init__(self, handle: Any, name: str, info: dict[str, Any], chat: Any, config: Any = None,
+                 portal: Any = None, loop_thread_id: int | None = None) -> None:
+        from agentrt.config import EngineConfig
+
         self.handle, self.name, self.info = handle, name, info
         self._chat = chat
+        self.config = config or EngineConfig()
+        self.model = _ModelView(info["model_config"])
+        # the driver loop this engine is used from, and a portal onto it (ChatAgentrt's sync calls)
+        self.portal, self.loop_thread_id = portal, loop_thread_id
         self.tokenizer = chat.tokenizer
         self.max_context_tokens = info["max_context_tokens"]
         self.alive = True

@@ -85,7 +85,7 @@ class EngineReplica:
         if self._failure is not None:
             raise self._failure
         eng = self.engine
-        return {"pid": os.getpid(), "max_context_tokens": eng.max_context_tokens,
+        return {"pid": os.getpid(), "max_context_tokens": eng.max_context_tokens, "model_config": eng.model.cfg,
                 "kv_cache_tokens": eng.config.kv_cache_tokens, "fingerprint": _fingerprint(eng)}
 
     async def _serve(self) -> None:

@@ -161,3 +161,33 @@ def test_bad_arguments_are_typed_errors(local_ray):
         cluster(placement="random")
     with pytest.raises(ConfigError, match="source"):
         ModelSpec()
+
+
+def test_chat_model_on_a_replica_matches_a_local_engine(local_ray):
+    """ChatAgentrt (the LangGraph adapter) on `engine_for(...)`: a thread's two calls give the
+    local engine's messages, and the second prefills only its new messages on the replica."""
+    from langchain_core.messages import HumanMessage
+
+    from agentrt.integrations.langgraph import ChatAgentrt
+
+    thread = {"configurable": {"thread_id": "t1"}}
+
+    async def calls(engine, sync: bool) -> list:
+        model = ChatAgentrt(engine=engine, max_tokens=16)
+        first = [HumanMessage("Hello there.")]
+        a = await model.ainvoke(first, thread)
+        history = [*first, a, HumanMessage("And again?")]
+        b = await (anyio.to_thread.run_sync(lambda: model.invoke(history, thread)) if sync else
+                   model.ainvoke(history, thread))
+        return [(m.content, m.usage_metadata["input_tokens"]) for m in (a, b)], b.usage_metadata
+
+    async def main():
+        async with Engine(tiny_model_with_tokenizer(), CONFIG) as engine:
+            want, _ = await calls(engine, sync=False)
+        async with cluster(replicas=2) as rt:
+            remote = await rt.engine_for("graph")
+            assert await rt.engine_for("graph") is remote  # placed once per name
+            got, usage = await calls(remote, sync=True)  # (the sync call crosses the cluster's portal)
+            assert got == want
+            assert usage["input_token_details"]["cache_read"] > 0  # the thread's session held its history
+    anyio.run(main)
