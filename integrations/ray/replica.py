@@ -154,9 +154,12 @@ class EngineReplica:
         return list(self._session(session_id).tokens)
 
     def load(self) -> dict[str, Any]:
-        """What placement reads: KV occupancy, queue depth, sessions, prefill/decode counters."""
+        """What placement reads: KV occupancy held by sessions and requests (the prefix cache's
+        evictable pages apart), queue depth, sessions, prefill/decode counters."""
         s = self.engine.stats()
-        return {"kv_occupancy": s.kv_occupancy, "waiting": s.waiting, "running": s.running,
+        held = (s.pages_total - s.pages_free - s.pages_cached_only) / max(1, s.pages_total)
+        return {"kv_occupancy": held, "kv_occupancy_with_cache": s.kv_occupancy, "waiting": s.waiting,
+                "running": s.running,
                 "sessions": len(self._sessions), "prompt_computed": s.prompt_computed,
                 "prompt_cached": s.prompt_cached, "decode_tokens": s.decode_tokens, "steps": s.steps,
                 "step_seconds": s.step_seconds}

@@ -116,6 +116,11 @@ def test_forced_migration_keeps_tokens_and_prefills_the_delta(local_ray, oracle)
             assert usage.cached_tokens == len(kv)  # the restored KV served everything it held
             assert usage.computed_prompt_tokens == usage.prompt_tokens - len(kv)  # only the delta
             assert (await rt.replicas[0].load())["sessions"] == 0  # the old session was closed
+            assert await rt.drain(1) == ["a0"] and rt.where["a0"] == 0  # draining moves it back
+            third = await rt.ask(ref, QUESTIONS[2], timeout=120)
+            assert (list(ref.behavior.tokens), third.messages) == oracle[0][2]
+            assert [why for *_, why in rt.moves] == ["migrate", "drain"]
+            assert await rt.spawn(agents(2)[1]) is not None and rt.where["a1"] == 0  # none placed on a drained one
             for r in rt.replicas:
                 await r.call("check")
     anyio.run(main)
@@ -147,6 +152,23 @@ def test_killing_a_replica_mid_turn_loses_no_conversation(local_ray, oracle, che
                     assert (list(ref.behavior.tokens), result.messages) == oracle[i][t]
             for i in set(rt.where.values()):
                 await rt.replicas[i].call("check")
+    anyio.run(main)
+
+
+def test_rebalance_moves_idle_agents_off_a_full_replica(local_ray, oracle):
+    async def main():
+        async with cluster(replicas=2) as rt:
+            refs = [await rt.spawn(a, replica=0) for a in agents(3)]
+            for i, ref in enumerate(refs):
+                await rt.ask(ref, QUESTIONS[0], timeout=120)
+            full = (await rt.refresh())[0]["kv_occupancy"]
+            assert full > 0 and (await rt.refresh())[1]["kv_occupancy"] == 0
+            moves = await rt.rebalance(high=full * 0.9, target=full)  # replica 0 is "over" by fiat
+            assert moves and all(src == 0 and dst == 1 for _, src, dst in moves)
+            assert (await rt.refresh())[0]["kv_occupancy"] <= full * 0.9
+            for i, ref in enumerate(refs):  # moved or not, every agent goes on as on one engine
+                result = await rt.ask(ref, QUESTIONS[1], timeout=120)
+                assert (list(ref.behavior.tokens), result.messages) == oracle[i][1]
     anyio.run(main)
 
 
