@@ -31,6 +31,7 @@ def test_an_exact_repeat_is_never_seen_and_sets_repeat():
     first = call(0, "f", ['{"a": ', "1}"], {"a": 1})
     assert run(g, first) == first
     assert run(g, call(1, "f", ['{"a": ', "1}"], {"a": 1})) == [] and g.repeat
+    assert run(g, [TextDelta("\n"), *call(2, "g", ["{}"], {})]) == []  # the round ended at the repeat
 
 
 def test_a_call_of_the_same_tool_that_diverges_is_released_at_the_divergence():

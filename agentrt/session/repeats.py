@@ -54,6 +54,8 @@ class RepeatGuard:
     def push(self, ev: Any) -> list[Any]:
         if not self.enabled:
             return [ev]
+        if self.repeat:  # the round ends at the repeat: nothing after it is seen
+            return []
         if isinstance(ev, CallStarted):
             self._name, self._text = ev.name, ""
             self._held = [ev] if any(name == ev.name for name, _, _ in self._done) else None

@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agentrt.errors import ConfigError
+from agentrt.errors import ConfigError, ReplicaLost
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ Policy = Callable[[AgentInfo, Sequence[ReplicaView]], int]
 def _alive(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
     alive = [r for r in replicas if r.alive]
     if not alive:
-        raise ConfigError("no replica is alive to place an agent on")
+        raise ReplicaLost("no replica is alive to place an agent on: start the cluster again")
     return alive
 
 
