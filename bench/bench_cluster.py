@@ -16,8 +16,8 @@
    each, tool latencies 5-120 s by type, KV 16,384 tokens per replica (histories outgrow it: KV
    pressure): round-robin, least-loaded, prefix-affine (cache_aware routing) and session-affine
    with migration. Keys: `per_turn_speedup_session_affine_vs_prefix_affine_64` (mean per-turn
-   latency, prefix-affine / session-affine, at 64 replicas), with p99, hit rates and imbalance
-   per point; `step_model` (the inputs).
+   latency, prefix-affine / session-affine, at 64 replicas), its p50/p99 and steady-state (past
+   each agent's first call) variants, hit rates and imbalance per point; `step_model` (the inputs).
 
     python bench/bench_cluster.py [--quick]
 """
@@ -248,6 +248,8 @@ def main() -> None:
         f"per_turn_speedup_session_affine_vs_prefix_affine_{top}": pa["turn_s_mean"] / sa["turn_s_mean"],
         f"p99_ratio_session_affine_vs_prefix_affine_{top}": pa["turn_s_p99"] / sa["turn_s_p99"],
         f"p50_speedup_session_affine_vs_prefix_affine_{top}": pa["turn_s_p50"] / sa["turn_s_p50"],
+        f"steady_per_turn_speedup_session_affine_vs_prefix_affine_{top}": pa["steady_turn_s_mean"] / sa["steady_turn_s_mean"],
+        f"steady_p99_ratio_session_affine_vs_prefix_affine_{top}": pa["steady_turn_s_p99"] / sa["steady_turn_s_p99"],
         f"hit_rate_session_affine_vs_prefix_affine_{top}": [sa["hit_rate"], pa["hit_rate"]],
         "simulation": points, "bench_wall_s": time.perf_counter() - t_start,
     }

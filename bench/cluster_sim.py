@@ -22,8 +22,9 @@ Placement (`POLICIES`):
     `migrate_gap` requests over the least loaded one moves its session there first (the
     measured transfer time: fixed + per token), when the wait it saves beats the transfer.
 
-Outputs per run: per-turn latency p50/p99 (request arrival -> last token), KV hit rate (prompt
-tokens served from cache / prompt tokens), load imbalance (max / mean replica busy time).
+Outputs per run: per-turn latency mean/p50/p99 (request arrival -> last token), the same past each
+agent's first call (`steady_*`: the first calls of all agents land in a burst at the start), KV hit
+rate (prompt tokens served from cache / prompt tokens), load imbalance (max / mean replica busy time).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Sim:
         self.turn = [0] * w.agents
         self.events: list = []
         self.latencies: list[float] = []
+        self.steady: list[float] = []
         self.prompt_tokens = self.cached_tokens = 0
         self.migrations = 0
         self._rr = 0
@@ -121,8 +123,9 @@ class Sim:
             else:
                 self._step_end(t, self.reps[x])
         busy = [r.busy for r in self.reps]
-        lat = sorted(self.latencies)
-        return {"policy": self.policy, "agents": self.w.agents, "replicas": self.w.replicas,
+        lat, steady = sorted(self.latencies), sorted(self.steady)
+        return {"steady_turn_s_mean": sum(steady) / max(1, len(steady)), "steady_turn_s_p50": _q(steady, 0.5),
+                "steady_turn_s_p99": _q(steady, 0.99),"policy": self.policy, "agents": self.w.agents, "replicas": self.w.replicas,
                 "turn_s_p50": _q(lat, 0.5), "turn_s_p99": _q(lat, 0.99), "turn_s_mean": sum(lat) / len(lat),
                 "hit_rate": self.cached_tokens / max(1, self.prompt_tokens),
                 "imbalance": max(busy) / (sum(busy) / len(busy)) if sum(busy) else 1.0,
@@ -275,6 +278,8 @@ class Sim:
     def _finish(self, t: float, r: _Replica, q: _Req) -> None:
         a, g = q.agent, self.group[q.agent]
         self.latencies.append(t - q.arrival + self.m.call_overhead)
+        if self.turn[a] > 0:  # past each agent's first call (the start burst): the steady state
+            self.steady.append(self.latencies[-1])
         self.history[a] += self.w.output_tokens
         r.prefix.setdefault(g, 0)
         r.prefix[g] += 1
