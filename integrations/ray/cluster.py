@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-from agentrt.errors import ConfigError, ReplicaLost
+from agentrt.errors import ActorStopped, ConfigError, ReplicaLost
 from agentrt.runtime.agent import Agent
 from agentrt.runtime.runtime import Runtime
 from agentrt.session.chat import build_chat_format
@@ -196,6 +196,8 @@ class ClusterRuntime(Runtime):
             raise ConfigError(f"no agent named {name!r} runs on this cluster")
         async with self._locks[name]:
             behavior = self._behavior(name)
+            if behavior is None or self.actors[name].stopped:
+                raise ActorStopped(f"agent {name!r} is not running on this cluster (stopped); spawn it again")
             if not self.replicas[self.where[name]].alive:
                 await self._recover(name, "failover")
             mark = behavior.mark() if behavior.conversation is not None else None
