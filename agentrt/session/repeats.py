@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentrt.checks import check_bool
-from agentrt.errors import ConfigError
+from agentrt.checks import check_bool, check_int
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, CallStarted
 
 
@@ -35,9 +34,8 @@ class CallLimits:
 
     def __post_init__(self) -> None:
         check_bool("CallLimits.stop_on_repeat", self.stop_on_repeat)
-        m = self.max_calls
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ConfigError(f"CallLimits.max_calls must be an int >= 1 or None (no cap), got {m!r}")
+        if self.max_calls is not None:
+            check_int("CallLimits.max_calls (None: no cap)", self.max_calls, min=1)
 
 
 class RepeatGuard:

@@ -34,7 +34,7 @@ from .host import EngineHost
 from .messages import normalize_tool_choice, to_openai, tools_to_openai
 from .sessions import SessionPolicy, SessionRouter, session_key
 from .stream import CallSpec, run_call, split_rejected
-from .structured import JSON_OBJECT, structured_output
+from .structured import JSON_OBJECT, check_strict, structured_output
 from .workflow import GraphTasks, node_name
 
 _CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens", "temperature",
@@ -184,9 +184,7 @@ class ChatAgentrt(BaseChatModel):
         stop = self.stop if stop is None else stop
         if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
             raise ConfigError("stop must be a list of non-empty strings")
-        strict = kwargs.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise ConfigError(f"strict must be True, False or None, got {strict!r}")
+        strict = check_strict(kwargs.get("strict"))
         params = SamplingParams(
             max_tokens=kwargs.get("max_tokens", self.max_tokens), temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p), top_k=kwargs.get("top_k", self.top_k), seed=kwargs.get("seed", self.seed))
@@ -207,9 +205,7 @@ class ChatAgentrt(BaseChatModel):
         given twice is bound once). tool_choice: "auto" (default), "any"/"required", "none", or a
         tool name; under the grammar (`constrained`, or strict=True for these tools) the choice
         and the arguments' schema are enforced; strict=False decodes the calls freely."""
-        if strict is not None and not isinstance(strict, bool):
-            raise ConfigError(f"strict must be True, False or None, got {strict!r}")
-        formatted = tools_to_openai(tools, strict=strict)
+        formatted = tools_to_openai(tools, strict=check_strict(strict))
         bound = {"tools": formatted, "tool_choice": normalize_tool_choice(tool_choice, formatted)}
         if parallel_tool_calls is not None:
             bound["parallel_tool_calls"] = bool(parallel_tool_calls)

@@ -33,12 +33,18 @@ METHODS = ("json_schema", "json_mode", "function_calling")
 JSON_OBJECT = {"type": "object"}  # any JSON object (the grammar allows every key)
 
 
+def check_strict(strict: Any) -> bool | None:
+    """`strict` as LangChain passes it: True, False or None (the default)."""
+    if strict is not None and not isinstance(strict, bool):
+        raise ConfigError(f"strict must be True, False or None, got {strict!r}")
+    return strict
+
+
 def structured_output(model: Any, schema: Any, method: str, include_raw: bool, strict: bool | None) -> Runnable:
     """The runnable `model.with_structured_output(schema, method=, include_raw=, strict=)` returns."""
     if method not in METHODS:
         raise ConfigError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
-    if strict is not None and not isinstance(strict, bool):
-        raise ConfigError(f"strict must be True, False or None, got {strict!r}")
+    check_strict(strict)
     if schema is None and method != "json_mode":
         raise ConfigError(f"method {method!r} needs a schema (only 'json_mode' takes schema=None)")
     fmt = {"kwargs": {"method": method, "strict": strict}, "schema": schema}

@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from agentrt.checks import check_int
 from agentrt.errors import ActorStopped, ConfigError, ReplicaLost
 from agentrt.runtime.agent import Agent
 from agentrt.runtime.runtime import Runtime
@@ -52,15 +53,15 @@ class ClusterRuntime(Runtime):
         super().__init__(None, **runtime_kw)
         if not isinstance(model, ModelSpec):
             raise ConfigError(f"model must be a ModelSpec (ModelSpec('smollm2-135m')), got {type(model).__name__}")
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
-        self.spec, self.engine_config, self.n_replicas = model, engine_config, replicas
+        self.spec, self.engine_config = model, engine_config
+        self.n_replicas = check_int("replicas", replicas, min=1)
         self.policy = make_policy(placement)
         self.threads, self.cpus, self.checkpoint_turns = threads_per_replica, cpus_per_replica, checkpoint_turns
         self._ray_init = ray_init or {}
         self._owns_ray = False
         self.replicas: list[RemoteEngine] = []
         self.where: dict[str, int] = {}  # agent name -> replica index
+        self._prefixes: dict[str, str] = {}  # agent name -> key of its static prefix (instructions + tools)
         self._loads: dict[int, dict] = {}
         self._draining: set[int] = set()
         self._snapshots: dict[str, bytes] = {}
@@ -117,7 +118,8 @@ class ClusterRuntime(Runtime):
         if behavior.engine is not None:
             raise ConfigError(f"agent {behavior.name!r} has an engine already; the cluster gives it a replica")
         name = name or behavior.name
-        idx = await self._place(behavior, name) if replica is None else self._check_replica(replica)
+        self._prefixes[name] = prefix_key(behavior.instructions, behavior._schemas())
+        idx = await self._place(name) if replica is None else self._check_replica(replica)
         behavior.engine = self.replicas[idx]
         self.where[name] = idx
         self._locks[name] = anyio.Lock()
@@ -140,9 +142,9 @@ class ClusterRuntime(Runtime):
             raise ReplicaLost(f"replica {idx} is not alive")
         return idx
 
-    async def _place(self, agent: Agent, name: str, exclude: frozenset[int] = frozenset()) -> int:
+    async def _place(self, name: str, exclude: frozenset[int] = frozenset()) -> int:
         await self.refresh()
-        info = AgentInfo(name, prefix_key(agent.instructions, agent._schemas()))
+        info = AgentInfo(name, self._prefixes.get(name, ""))
         views = [v for v in self.views() if v.index not in exclude and v.index not in self._draining]
         if not any(v.alive for v in views):
             views = [v for v in self.views() if v.index not in exclude]
@@ -156,10 +158,8 @@ class ClusterRuntime(Runtime):
             views[idx].agents += 1
         for name, idx in self.where.items():
             views[idx].agents += 1
-            behavior = self._behavior(name)
-            if behavior is not None:
-                key = prefix_key(behavior.instructions, behavior._schemas())
-                views[idx].prefixes[key] = views[idx].prefixes.get(key, 0) + 1
+            key = self._prefixes[name]
+            views[idx].prefixes[key] = views[idx].prefixes.get(key, 0) + 1
         return views
 
     async def refresh(self) -> dict[int, dict]:
@@ -232,7 +232,7 @@ class ClusterRuntime(Runtime):
 
     async def _move(self, name: str, to: int | None, why: str) -> int:
         behavior, src = self._behavior(name), self.where[name]
-        dst = self._check_replica(to) if to is not None else await self._place(behavior, name, frozenset({src}))
+        dst = self._check_replica(to) if to is not None else await self._place(name, frozenset({src}))
         if dst == src:
             return src
         data = await behavior.session.snapshot_bytes()
@@ -247,7 +247,7 @@ class ClusterRuntime(Runtime):
         behavior, src = self._behavior(name), self.where[name]
         if self.replicas[src].alive:
             return src
-        dst = await self._place(behavior, name, frozenset({src}))
+        dst = await self._place(name, frozenset({src}))
         remote = self.replicas[dst]
         data = self._snapshots.get(name)
         session = await remote.restore_bytes(data, tag=name) if data else await remote.open_session(tag=name)
@@ -280,7 +280,7 @@ class ClusterRuntime(Runtime):
             if load["kv_occupancy"] <= high:
                 continue
             for name in [n for n, i in self.where.items() if i == src and not self._locks[n].locked()]:
-                dst = await self._place(self._behavior(name), name, frozenset({src}))
+                dst = await self._place(name, frozenset({src}))
                 if loads.get(dst, {}).get("kv_occupancy", 1.0) >= target:
                     break
                 await self.migrate(name, dst, why="rebalance")

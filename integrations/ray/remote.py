@@ -10,6 +10,7 @@ remote)` works too (`ClusterRuntime.engine_for`): a LangGraph thread's sessions 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,10 +81,14 @@ class RemoteEngine:
         try:
             return await getattr(self.handle, method).remote(*args)
         except Exception as exc:  # noqa: BLE001 - mapped, re-raised
-            err = _lost(exc, self.name)
-            if isinstance(err, ReplicaLost):
-                self.alive = False
-            raise err from exc
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        """The error to raise for `exc`; a dead replica is marked and becomes ReplicaLost."""
+        err = _lost(exc, self.name)
+        if isinstance(err, ReplicaLost):
+            self.alive = False
+        return err
 
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
                            timeout: float | None = None) -> "RemoteSession":
@@ -111,10 +116,7 @@ class RemoteEngine:
                 done = ev.finish_reason is not None
                 yield ev
         except Exception as exc:  # noqa: BLE001 - mapped, re-raised
-            err = _lost(exc, self.name)
-            if isinstance(err, ReplicaLost):
-                self.alive = False
-            raise err from exc
+            raise self._failure(exc) from exc
         finally:
             if not done and self.alive:  # left early: the replica's request is cancelled and freed
                 ray.cancel(stream)
@@ -138,10 +140,8 @@ class RemoteSession:
             return
         self.closed = True
         if self.engine.alive:
-            try:
+            with contextlib.suppress(ReplicaLost):  # a replica that died took the session's KV with it
                 await self.engine.call("close_session", self.session_id)
-            except ReplicaLost:
-                pass  # its KV went with the replica
 
     async def expect_tools(self, tools: Sequence[str]) -> float:
         return await self.engine.call("expect_tools", self.session_id, list(tools))

@@ -15,7 +15,6 @@ process, or a picklable `factory()` (tests build a tiny random model that way).
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -85,8 +84,7 @@ class EngineReplica:
         if self._failure is not None:
             raise self._failure
         eng = self.engine
-        return {"pid": os.getpid(), "max_context_tokens": eng.max_context_tokens, "model_config": eng.model.cfg,
-                "kv_cache_tokens": eng.config.kv_cache_tokens, "fingerprint": _fingerprint(eng)}
+        return {"max_context_tokens": eng.max_context_tokens, "model_config": eng.model.cfg}
 
     async def _serve(self) -> None:
         from agentrt.engine.engine import Engine
@@ -183,8 +181,3 @@ class EngineReplica:
             return self._sessions[session_id]
         except KeyError:
             raise ConfigError(f"replica {self.name!r} holds no session {session_id} (closed, or moved)") from None
-
-
-def _fingerprint(engine) -> str:
-    cfg = engine.model.cfg
-    return f"{cfg.arch}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.vocab_size}"
