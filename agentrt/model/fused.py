@@ -2,17 +2,20 @@
 
 Per layer: rmsnorm -> qkv GEMM -> rope + KV store (Qwen3: each q/k head RMS-normalised first, in
 the same call) -> paged attention -> o GEMM added into the residual -> rmsnorm -> gate_up GEMM ->
-silu*up -> down GEMM added into the residual. When every layer is quantized and no sequence
-brings more than KERNEL_ATTENTION_MAX_Q tokens (decode and verify steps), all layers run in one
-native call (`agrt_decoder_layers`, same kernels, same order); otherwise layer by layer from
-Python. The eager torch forward
+silu*up -> down GEMM added into the residual. When every layer is quantized and every sequence
+attends in the kernel, all layers run in one native call (`agrt_decoder_layers`, same kernels,
+same order); otherwise layer by layer from Python. The eager torch forward
 (`LlamaModel.forward_eager`) issues ~40 small ops per layer; on a 2-core CPU their dispatch
 cost exceeded the decode step's own work.
 
-Attention runs in the kernel for sequences with few new tokens (decode, speculation verify,
-short chunks); long prefill chunks use torch's fused SDPA (kernels/reference.py), which is far
-faster for them. Numerics: fp32 throughout, same formulas as the eager path (the oracle in
-tests/test_fused.py is token-identical greedy output).
+Batch invariance (`model.batch_invariant`, True unless `load_model(batch_invariant=False)`):
+every kernel computes a row in an order fixed by that row alone (the quantized GEMM, rmsnorm,
+rope and the head refinement per row; attention per row and key count, kernels/csrc/attention.cpp),
+so with quantized weights a sequence's logits do not depend on the prefix cache, the chunking,
+the batch or speculation: greedy output is the same however the work was cut. Off, prefill
+chunks longer than KERNEL_ATTENTION_MAX_Q attend through torch's SDPA (kernels/reference.py),
+whose sums follow the chunk's shape: ~8% faster at 8k-token contexts, equal below 4k (bench:
+bench/bench_model.py). Dense (fp32) layers run torch's GEMMs, which promise no such order.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from agentrt.kernels.reference import paged_attention_rows
 from agentrt.model.quant import QLinear
 
 PATHS = ("fused", "eager")
-KERNEL_ATTENTION_MAX_Q = 16  # sequences with more new tokens (prefill chunks) attend through torch SDPA
+KERNEL_ATTENTION_MAX_Q = 16  # without batch invariance, longer chunks attend through torch SDPA
 KV_DTYPES = (torch.float32, torch.float16)  # what the kernels read and write in the KV store
 
 
@@ -60,8 +63,9 @@ class _Step:
         self.slots = meta.slot_mapping.contiguous()
         self.cos, self.sin = model.rope.cos, model.rope.sin
         self.meta = meta
-        short = [b for b, q in enumerate(meta.q_lens) if q <= KERNEL_ATTENTION_MAX_Q]
-        self.long = tuple(b for b, q in enumerate(meta.q_lens) if q > KERNEL_ATTENTION_MAX_Q)
+        cut = None if getattr(model, "batch_invariant", True) else KERNEL_ATTENTION_MAX_Q
+        short = [b for b, q in enumerate(meta.q_lens) if cut is None or q <= cut]
+        self.long = tuple(b for b, q in enumerate(meta.q_lens) if cut is not None and q > cut)
         self.short = torch.tensor(short, dtype=torch.int64)
         self.cu = torch.tensor(meta.cu_q, dtype=torch.int64)
         self.kv_lens = meta.kv_lens_t.to(torch.int64).contiguous()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrt.checks import check_bool
 from agentrt.errors import ConfigError
 from agentrt.kernels import BACKENDS, get_backend, native
 from agentrt.model.config import ModelConfig
@@ -72,7 +73,7 @@ def _check_args(source, kernels, device, quantize, forward, kv_dtype="auto") -> 
 
 def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
                kernels: str = "auto", device: str = "cpu", quantize: str = "auto",
-               forward: str = "fused", kv_dtype: str = "auto") -> LoadedModel:
+               forward: str = "fused", kv_dtype: str = "auto", batch_invariant: bool = True) -> LoadedModel:
     """Load weights and tokenizer from `source`: "smollm2-135m" (the embedded default), a
     .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
 
@@ -84,8 +85,14 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     reference); an engine can override it per step (EngineConfig.forward_path).
     kv_dtype: the KV cache's element type, "float32", "float16" (CPU: the compiled kernels and the
     torch reference read it in float32) or "auto" (the default: float16 with quantized weights on
-    the CPU kernels, else the model's dtype)."""
+    the CPU kernels, else the model's dtype).
+    batch_invariant: True (the default): on the fused path with quantized weights, a sequence's
+    logits do not depend on what the prefix cache held, how its prefill was chunked, what else
+    was batched with it or speculation (greedy output is the same however the work was cut);
+    False lets long prefill chunks attend through torch's SDPA (a few % faster at 8k-token
+    contexts, see model/fused.py)."""
     _check_args(source, kernels, device, quantize, forward, kv_dtype)
+    check_bool("load_model batch_invariant", batch_invariant)
     dt = resolve_dtype(dtype)
     mode = resolve_mode(quantize, gguf=not resolve_source(source).is_dir(),
                         cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu")
@@ -95,7 +102,7 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     model.load_hf_weights(files.weights)
     del files  # (the unpacked matrices; the model holds the packed ones)
     apply_quant(model, "int8" if mode == "int8" else "none")  # (native: loaded quantized)
-    model.forward_path = forward
+    model.forward_path, model.batch_invariant = forward, batch_invariant
     model.eval()
     model = model.to(device)
     model.kv_dtype = resolve_kv_dtype(kv_dtype, model, quantized=mode != "none")
