@@ -7,7 +7,10 @@ and llama-cpp-python (2 threads, prompt evaluation and decode timed separately).
 two systems alternate and medians are kept (this machine is shared and noisy). Also: measured
 read bandwidth and the fraction of it a batch-1 step reaches, peak RSS of loading the model
 (native vs fp32) and cold/warm start (load + first token with an empty/warm kernel cache),
-each in a fresh process. Writes bench/results/model.json.
+each in a fresh process. Batch invariance: prefill of the default (invariant) path beside
+load_model(batch_invariant=False) (long chunks through torch SDPA), also for a chunk after a long
+cached prefix, and `deterministic` with the invariance cases checked on the embedded model
+(bench/invariance_case.py). Writes bench/results/model.json.
 
     python bench/bench_model.py [--quick]
 """
@@ -28,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import invariance_case  # noqa: E402
 from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
@@ -36,6 +40,8 @@ from agentrt.model.kv import KVStore  # noqa: E402
 from agentrt.model.loader import load_model  # noqa: E402
 
 PS, CTX, TOKEN = 16, 128, 7
+SDPA = "agentrt native, SDPA prefill (batch_invariant=False)"
+LONG = (3584, 512)  # a 512-token chunk after a 3,584-token cached prefix
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,9 +64,15 @@ class Ours:
             self.model.ops.argmax(logits).tolist()
         return (time.perf_counter() - t0) / steps
 
-    def prefill_round(self, n: int) -> float:
-        kv = KVStore.allocate(self.model.cfg, -(-n // PS), PS, self.model.kv_dtype)
-        fb = build_batch([SeqChunk(list(range(100, 100 + n)), 0, list(range(-(-n // PS))))], PS)
+    def prefill_round(self, n: int, start: int = 0) -> float:
+        """Seconds to prefill n tokens at positions [start, start + n) (a chunk after a cached
+        prefix of `start` tokens: the prefix's KV is computed first, untimed)."""
+        pages = list(range(-(-(start + n) // PS)))
+        kv = KVStore.allocate(self.model.cfg, len(pages), PS, self.model.kv_dtype)
+        if start:
+            head = build_batch([SeqChunk(list(range(100, 100 + start)), 0, pages)], PS)
+            self.model(head.input_ids, head.positions, kv, head.meta, head.logits_rows, path=self.path)
+        fb = build_batch([SeqChunk(list(range(100 + start, 100 + start + n)), start, pages)], PS)
         t0 = time.perf_counter()
         self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)
         return time.perf_counter() - t0
@@ -171,7 +183,13 @@ def main() -> None:
     res["llama_cpp"] = missing or "llama-cpp-python, same GGUF, 2 threads"
     b1 = interleaved(systems, "decode_round", rounds, 1, steps)
     b8 = interleaved({k: v for k, v in systems.items() if k != "llama.cpp"}, "decode_round", rounds, 8, steps)
-    pre = {n: interleaved(systems, "prefill_round", rounds, n) for n in (256, 1024)}
+    # prefill with long chunks attending through torch SDPA (batch_invariant=False: the path
+    # before invariance, kept as a switch) beside the default, and a chunk after a long prefix
+    sdpa = load_model("smollm2-135m", quantize="native", batch_invariant=False)
+    with_sdpa = {**systems, SDPA: Ours(sdpa, "fused")}
+    pre = {n: interleaved(with_sdpa, "prefill_round", rounds, n) for n in (256, 1024)}
+    long_ctx = interleaved({k: with_sdpa[k] for k in ("agentrt native", SDPA)}, "prefill_round", rounds,
+                           LONG[1], LONG[0])
     wbytes = decode_weight_bytes(native.model)
     layer_params = sum(p.numel() for b in fp32.model.blocks for p in b.parameters())  # (the head: last row only)
     native_ops = 2 * layer_params * 1024 / pre[1024]["agentrt native"]
@@ -182,6 +200,11 @@ def main() -> None:
         "decode_b1_step_ms": {k: v * 1e3 for k, v in b1.items()},
         "decode_b8_step_ms": {k: v * 1e3 for k, v in b8.items()},
         "prefill_tok_s": {str(n): {k: n / v for k, v in p.items()} for n, p in pre.items()},
+        f"prefill_{LONG[1]}_after_{LONG[0]}_tok_s": {k: LONG[1] / v for k, v in long_ctx.items()},
+        "prefill_1024_invariant_over_sdpa": pre[1024][SDPA] / pre[1024]["agentrt native"],
+        "batch_invariant": native.model.batch_invariant,
+        **invariance_case.check(native),
+        "batch_invariant_false_deterministic": invariance_case.check(sdpa)["deterministic"],
         "decode_b8_step_over_b1_step": b8["agentrt native"] / b1["agentrt native"],
         "decode_b1_bandwidth_fraction": wbytes / bw / b1["agentrt native"],
         "gemm_peaks": peaks,
@@ -191,13 +214,16 @@ def main() -> None:
     if "llama.cpp" in systems:
         res["decode_b1_speedup_vs_llamacpp"] = b1["llama.cpp"] / b1["agentrt native"]
         res["prefill_1024_speedup_vs_llamacpp"] = pre[1024]["llama.cpp"] / pre[1024]["agentrt native"]
-    rows = [[k, b1[k] * 1e3, b8[k] * 1e3 if k in b8 else "-", 256 / pre[256][k], 1024 / pre[1024][k]]
-            for k in systems]
+    rows = [[k, b1[k] * 1e3 if k in b1 else "-", b8[k] * 1e3 if k in b8 else "-", 256 / pre[256][k],
+             1024 / pre[1024][k], LONG[1] / long_ctx[k] if k in long_ctx else "-"] for k in with_sdpa]
     print_table(f"forward speed, SmolLM2-135M (context {CTX}, medians of {rounds} alternating rounds)",
-                ["system", "decode b1 ms/step", "decode b8 ms/step", "prefill 256 tok/s", "prefill 1024 tok/s"], rows)
+                ["system", "decode b1 ms/step", "decode b8 ms/step", "prefill 256 tok/s", "prefill 1024 tok/s",
+                 f"prefill {LONG[1]} after {LONG[0]} tok/s"], rows)
+    print("deterministic (greedy tokens equal a cold single-sequence run in every case):", res["deterministic"],
+          res["invariance_cases"])
     keys = ("decode_b1_speedup_vs_llamacpp", "decode_b8_step_over_b1_step", "decode_b1_bandwidth_fraction",
             "prefill_1024_speedup_vs_llamacpp", "prefill_1024_fraction_of_int8_gemm_peak",
-            "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s")
+            "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path", "prefill_1024_invariant_over_sdpa", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s")
     print(json.dumps({k: round(res[k], 3) for k in keys if k in res}, indent=1))
     print(f"read bandwidth {bw / 1e9:.1f} GB/s; weights read per native step {wbytes / 1e6:.1f} MB")
     print("wrote", write_results("model", res))

@@ -52,6 +52,21 @@ def tiny_model(arch: str = "llama", seed: int = 0) -> LlamaModel:
     return m.eval()
 
 
+@functools.lru_cache(maxsize=2)
+def tiny_native(arch: str = "llama") -> LlamaModel:
+    """A tiny random model on the default CPU path: int8 weights, a float16 KV store, the fused
+    kernels (head_dim 64: the vector attention; GQA 3 heads over 1)."""
+    from agentrt.model.quant import quantize
+
+    hf = make_hf_model(arch, seed=7, hidden_size=192, intermediate_size=320, num_hidden_layers=2,
+                       num_attention_heads=3, num_key_value_heads=1)
+    m = LlamaModel(config_of(hf))
+    m.load_hf_weights(hf.state_dict())
+    m = quantize(m.eval(), "int8")
+    m.kv_dtype = torch.float16
+    return m
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> LlamaModel:
     return tiny_model("llama")

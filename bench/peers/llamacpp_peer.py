@@ -16,12 +16,14 @@ prompt matches (fresh logits are needed).
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 
+from bench.common import cpu
 from bench.peers.base import CallRecord, NotRun, RunResult, SerialModel, drive, forced_token
 from bench.workloads.replay import ModelCall
 
@@ -129,6 +131,13 @@ class LlamaCppSystem:
 LLAMA_CPP = "llama-cpp-python==0.3.36"  # the peer; its PyPI release is a source build (~15-20 min here)
 
 
+# llama.cpp built without -march=native: on Intel Xeons with AMX, ggml's AMX path crashes on the
+# first ~100-token prompt (../shared/notes/cpu-kernels.md); AVX-512 (VNNI, BF16) without AMX runs
+AVX512_NO_AMX = " ".join(f"-DGGML_{k}" for k in (
+    "NATIVE=OFF", "AVX=ON", "AVX2=ON", "FMA=ON", "F16C=ON", "AVX512=ON", "AVX512_VNNI=ON", "AVX512_BF16=ON",
+    "AMX_TILE=OFF", "AMX_INT8=OFF", "AMX_BF16=OFF"))
+
+
 def ensure_llama_cpp(allowed: bool) -> None:
     """Install the llama.cpp peer into this environment when it is missing (pinned; it never
     pulls torch). Without it the llama.cpp rows are reported as not run, with the reason."""
@@ -137,6 +146,10 @@ def ensure_llama_cpp(allowed: bool) -> None:
     print(f"installing the llama.cpp peer: pip install {LLAMA_CPP} (compiles llama.cpp; "
           "--no-install skips it)", flush=True)
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", LLAMA_CPP, "diskcache>=5.6"]
-    if subprocess.run(cmd, check=False).returncode != 0:
+    env = dict(os.environ)
+    if "amx_tile" in cpu()["cpu_flags"]:  # ggml's AMX path segfaults here: portable AVX-512 build
+        env["CMAKE_ARGS"] = AVX512_NO_AMX
+        cmd.insert(4, "--no-cache-dir")  # (not a cached wheel built with -march=native)
+    if subprocess.run(cmd, check=False, env=env).returncode != 0:
         print("warning: the llama.cpp peer could not be installed; its rows are reported as not run",
               file=sys.stderr)
