@@ -1,11 +1,12 @@
 """Running one workload through one scheduling policy (bench_workflows.py): a fresh engine per
 run, tasks started at their arrival times, each stage after its predecessors; JCT per task =
-completion of its last stage - its arrival."""
+completion of its last stage - its arrival. Times come from the event loop's clock, so the same
+driver runs a real engine or a simulated one (bench_sim.py: agentrt.sim on a virtual clock)."""
 
 from __future__ import annotations
 
 import statistics
-import time
+from contextlib import aclosing
 
 import anyio
 import numpy as np
@@ -40,13 +41,27 @@ def busy_time(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+async def call(eng, prompt: list[int], sp, **kw) -> tuple[list[int], float]:
+    """One streamed model call: (output ids, seconds to its first token)."""
+    t0, ttft, out = anyio.current_time(), None, []
+    async with aclosing(eng.generate(prompt, sp, **kw)) as stream:
+        async for ev in stream:
+            if ttft is None and ev.token_ids:
+                ttft = anyio.current_time() - t0
+            out.extend(ev.token_ids)
+    return out, ttft if ttft is not None else anyio.current_time() - t0
+
+
 async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, timeout: float,
-                  sequential: bool = False) -> dict:
-    """All tasks through one engine built from cfg; `sequential`: one task at a time (calibration)."""
+                  sequential: bool = False, executor=None, book=None) -> dict:
+    """All tasks through one engine built from cfg; `sequential`: one task at a time (calibration).
+    `executor`: a simulated one (agentrt.sim; run under agentrt.sim.run); `book`: a ScriptBook
+    that records every call's output (a real run, for a simulation to replay)."""
     sp = SamplingParams(max_tokens=sizes.out_tokens, ignore_eos=True)
     jct: dict[str, float] = {}
     intervals: list[tuple[float, float]] = []
-    async with Engine(lm, cfg) as eng:
+    ttfts: list[float] = []
+    async with Engine(lm, cfg, executor=executor) as eng:
         eng.declare_workflow(dag.workflow)
 
         async def stage(task: TaskPlan, s: str, done: dict) -> None:
@@ -56,36 +71,41 @@ async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, t
             calls = task.stages[s].calls
             for k, call in enumerate(calls):
                 prompt += call.suffix
-                t = time.perf_counter()
-                out = await eng.complete(prompt, sp, tag=s, task=task.task_id, workflow=dag.name)
-                intervals.append((t, time.perf_counter()))
-                prompt += fmt.encode_assistant_tokens(out.token_ids)
+                t = anyio.current_time()
+                out, ttft = await call(eng, prompt, sp, tag=s, task=task.task_id, workflow=dag.name)
+                intervals.append((t, anyio.current_time()))
+                ttfts.append(ttft)
+                if book is not None:
+                    book.record(prompt, out)
+                prompt += fmt.encode_assistant_tokens(out)
                 if k < len(calls) - 1 or len(calls) == 1:  # the tool the call asked for
                     await anyio.sleep(call.tool_s)
             done[s].set()
 
         async def run_task(task: TaskPlan, start: float) -> None:
-            await anyio.sleep(max(0.0, start - time.perf_counter()))
+            await anyio.sleep(max(0.0, start - anyio.current_time()))
             done = {s: anyio.Event() for s in dag.preds}
             async with anyio.create_task_group() as tg:
                 for s in dag.order:
                     tg.start_soon(stage, task, s, done)
-            jct[task.task_id] = time.perf_counter() - start
+            jct[task.task_id] = anyio.current_time() - start
 
-        t0 = time.perf_counter()
+        t0 = anyio.current_time()
         with anyio.move_on_after(timeout) as scope:
             if sequential:
                 for task in tasks:
-                    await run_task(task, time.perf_counter())
+                    await run_task(task, anyio.current_time())
             else:
                 async with anyio.create_task_group() as tg:
                     for task in tasks:
                         tg.start_soon(run_task, task, t0 + task.arrival)
-        wall = time.perf_counter() - t0
+        wall = anyio.current_time() - t0
         stats = engine_stats(eng)
     done = [jct[t.task_id] for t in tasks if t.task_id in jct]
     out = {"tasks": len(tasks), "completed": len(done), "timed_out": scope.cancelled_caught,
-           "wall_s": wall, "busy_s": busy_time(intervals), "jct_s": done, **jct_summary(done), **stats}
+           "wall_s": wall, "busy_s": busy_time(intervals), "jct_s": done, **jct_summary(done), **stats,
+           "turn_s_mean": statistics.fmean(b - a for a, b in intervals) if intervals else None,
+           "ttft_s_mean": statistics.fmean(ttfts) if ttfts else None}
     if len(done) < len(tasks):
         out["error"] = f"{len(tasks) - len(done)} of {len(tasks)} tasks unfinished after {timeout:.0f} s"
     return out

@@ -128,3 +128,22 @@ def tiny_model_with_tokenizer():
     m = LlamaModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     return LoadedModel(m.eval(), tok, m.cfg, "tiny-random")
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_native_with_tokenizer():
+    """tiny_model_with_tokenizer on the default CPU path (int8 weights, float16 KV, the fused
+    kernels): batch-invariant, so two processes (Ray replicas) give the same tokens whatever their
+    batches and thread counts. (Seed 5: its required tool calls close within 40 tokens; under
+    some seeds the random model fills the call's arguments with whitespace until max_tokens.)"""
+    from agentrt.model.loader import LoadedModel
+    from agentrt.model.quant import quantize
+
+    hf = make_hf_model("llama", seed=5, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=8192)
+    m = LlamaModel(config_of(hf))
+    m.load_hf_weights(hf.state_dict())
+    m = quantize(m.eval(), "int8")
+    m.kv_dtype = torch.float16
+    return LoadedModel(m, smol_tokenizer(), m.cfg, "tiny-random-int8")

@@ -15,9 +15,11 @@ from agentrt.cache.kv_manager import KVManager, Sequence
 from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
 from agentrt.cache.response_cache import CachedResponse, ResponseCache
-from agentrt.cache.tier import CostModel, HostTier
+from agentrt.cache.tier import CostModel
 from agentrt.config import EngineConfig
 from agentrt.engine import hierarchy
+from agentrt.engine.clock import Clock, WallClock
+from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.memory import MemoryManager
 from agentrt.engine.policies import make_scheduling_policy
 from agentrt.engine.prefix import attach_prefix
@@ -31,8 +33,7 @@ from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.tasks import TaskTracker
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
-from agentrt.model.batch import SeqChunk, build_batch
-from agentrt.model.kv import KVStore
+from agentrt.model.batch import SeqChunk
 from agentrt.model.llama import LlamaModel
 
 log = structlog.get_logger("agentrt.engine")
@@ -42,15 +43,21 @@ PREFETCH_PAGES_IDLE = 1024  # ... and an idle engine
 
 class EngineCore:
     def __init__(self, model: LlamaModel, config: EngineConfig | None = None, policy=None,
-                 eos_token_ids: tuple[int, ...] = ()):
+                 eos_token_ids: tuple[int, ...] = (), *, executor: Executor | None = None,
+                 clock: Clock | None = None):
+        """`executor` runs the planned batches (default: the model, ModelExecutor); `clock` gives
+        every "now" (default: the wall clock). A simulated engine passes agentrt.sim's."""
         self.cfg = cfg = config or EngineConfig()
         self.model, self.eos = model, frozenset(eos_token_ids)
+        path = None if cfg.forward_path == "auto" else cfg.forward_path
+        self.executor = executor if executor is not None else ModelExecutor(model, path)
+        self.clock = clock if clock is not None else WallClock()
         self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
-        self.kvm = KVManager(self.alloc, KVStore.allocate(model.cfg, cfg.num_pages, cfg.page_size, model.kv_dtype))
+        self.kvm = KVManager(self.alloc, self.executor.allocate(cfg.num_pages, cfg.page_size))
         # an explicit policy wins over cfg.eviction_policy; it ranks radix leaves and sessions
         self.policy = policy if policy is not None else make_policy(cfg.eviction_policy)
         self._on_request = getattr(self.policy, "on_request", None)
-        tier = HostTier(self.kvm.store, cfg.kv_tier_bytes) if cfg.kv_tier_bytes and cfg.enable_radix_cache else None
+        tier = self.executor.tier(self.kvm.store, cfg.kv_tier_bytes) if cfg.kv_tier_bytes and cfg.enable_radix_cache else None
         self.radix = RadixCache(self.alloc, self.policy, tier) if cfg.enable_radix_cache else None
         self.costs, self.retention = CostModel(), retention.ToolRetention(max_ttl_s=cfg.tool_ttl_max_s)
         from agentrt.cache.pool import SequencePool
@@ -61,13 +68,13 @@ class EngineCore:
         self.counters = Counters()
         self.tasks = TaskTracker()
         self.mem = MemoryManager(cfg, self.alloc, self.kvm, self.radix, self.policy, self.counters,
-                                 self.sessions, self.queues)
+                                 self.sessions, self.queues, self.clock)
         self.scheduler = Scheduler(
             cfg, self.queues, self.mem, self.kvm, self.radix, self.tasks,
             make_scheduling_policy(cfg.scheduling_policy, aging_s=cfg.task_aging_s,
                                    exhaustive_agents=cfg.topas_exhaustive_agents),
             attach=self._attach, fail=self.fail, tick=self._tick, reload_s=lambda: self.costs.recompute_s(1),
-            context=model.cfg.max_position_embeddings)
+            context=model.cfg.max_position_embeddings, clock=self.clock)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self._rids, self._clock = itertools.count(1), 0
 
@@ -132,7 +139,7 @@ class EngineCore:
         req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
                       cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
                       stop_ids=stops, arrival=self._tick(), task=task, workflow=workflow,
-                      submitted_s=time.monotonic())
+                      submitted_s=self.clock.now())
         self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
@@ -196,9 +203,9 @@ class EngineCore:
         if not plan.items:
             return 0
         t0, prefill = time.perf_counter(), plan.prefill_tokens
-        chunks, rows = self._run(plan.items)
-        self._postprocess(plan.items, chunks, rows)
-        dt = time.perf_counter() - t0
+        chunks, out = self._run(plan.items)
+        self._postprocess(plan.items, chunks, out.rows)
+        dt = out.seconds if out.seconds is not None else time.perf_counter() - t0
         self.costs.observe(dt, prefill)
         self.counters.step_seconds += dt
         if not prefill and self.cfg.enable_prefetch:  # a decode-only step: slack for a few copies
@@ -224,8 +231,8 @@ class EngineCore:
             if self._on_request is not None:
                 self._on_request(r.tag)
 
-    def _run(self, plan: list[tuple[Request, int]]) -> tuple[list[SeqChunk], list]:
-        """The model's forward over the planned chunks: (chunks, each chunk's logits rows)."""
+    def _run(self, plan: list[tuple[Request, int]]) -> tuple[list[SeqChunk], StepOutput]:
+        """The executor's run of the planned chunks: (chunks, each chunk's logits rows)."""
         chunks = []
         for r, n in plan:
             c, tgt = r.seq.num_cached, r.target
@@ -233,10 +240,7 @@ class EngineCore:
                 chunks.append(SeqChunk(tgt[c:c + 1] + r.draft, c, r.seq.pages, n))
             else:
                 chunks.append(SeqChunk(tgt[c:c + n], c, r.seq.pages, int(c + n == len(tgt))))
-        fb = build_batch(chunks, self.cfg.page_size)
-        path = None if self.cfg.forward_path == "auto" else self.cfg.forward_path
-        logits = self.model(fb.input_ids, fb.positions, self.kvm.store, fb.meta, fb.logits_rows, path=path)
-        return chunks, logits.split(list(fb.logits_count))
+        return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
 
     def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
@@ -245,7 +249,7 @@ class EngineCore:
             try:
                 self._account(r, ch)
                 if r.draft:
-                    self._accept(r, ch, verify(r, lg, self.model.ops.argmax))
+                    self._accept(r, ch, verify(r, lg, self.executor.argmax))
                     continue
                 r.seq.tokens.extend(ch.tokens)
                 if ch.want_logits:
@@ -275,7 +279,7 @@ class EngineCore:
 
     def _sample_and_emit(self, reqs: list[Request], logits) -> None:
         """Sample every row (engine/sample_step.py), then advance constraints and emit."""
-        for r, t in zip(reqs, sample_rows(reqs, logits, self.model.ops.argmax, self.fail)):
+        for r, t in zip(reqs, sample_rows(reqs, logits, self.executor.argmax, self.fail)):
             if t is None or r.state is State.FINISHED:
                 continue
             try:
@@ -303,8 +307,8 @@ class EngineCore:
         elif r.state is State.RUNNING:
             if r in self.running:  # (a request the memory manager failed has left it already)
                 self.running.remove(r)
-            self.tasks.served(r.tag, time.monotonic() - r.admitted_s)
-        self.tasks.ended(r.task, time.monotonic())
+            self.tasks.served(r.tag, self.clock.now() - r.admitted_s)
+        self.tasks.ended(r.task, self.clock.now())
         r.state, r.finish_reason = State.FINISHED, reason
         self.mem.drop_links(r)
         if self.responses is not None and r.constraint is None and reason in ("stop", "length"):

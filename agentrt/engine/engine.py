@@ -41,15 +41,20 @@ class Completion:
 
 class Engine:
     def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
-                 eos_token_ids: tuple[int, ...] | None = None):
+                 eos_token_ids: tuple[int, ...] | None = None, executor=None):
+        """`executor`: what runs the batches (default: the model). A simulated one
+        (agentrt.sim.SimExecutor, run under agentrt.sim.run) makes the same engine a simulation:
+        steps run on the event loop and take their modelled cost in virtual time."""
         loaded = getattr(model, "model", None)
         self.model = loaded if loaded is not None else model
         self.tokenizer = getattr(model, "tokenizer", None)
         if eos_token_ids is None:
             eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else ()
         self.config = config or EngineConfig()
-        self.core = EngineCore(self.model, self.config, policy, eos_token_ids)
-        self._steps = StepThread(self.core)  # the step loop's thread, inbox and outbox
+        clock = executor.clock() if hasattr(executor, "clock") else None  # (default: the wall clock)
+        self.core = EngineCore(self.model, self.config, policy, eos_token_ids, executor=executor, clock=clock)
+        # the step loop: its thread (a task on the loop when simulated), inbox and outbox
+        self._steps = getattr(executor, "make_steps", StepThread)(self.core)
         self._portal = self._portal_cm = None
         self._grammars = None
         self._chat = None
@@ -59,7 +64,7 @@ class Engine:
         self._portal_cm = anyio.from_thread.BlockingPortal()
         self._portal = await self._portal_cm.__aenter__()
         self._loop_thread_id = threading.get_ident()  # (the thread running this event loop)
-        self._steps.start(self._portal)
+        await self._steps.begin(self._portal)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -72,7 +77,8 @@ class Engine:
         # wake every open_session/generate waiting for a pool slot with EngineClosed, now
         self.core.pool.close(lambda: EngineClosed("the engine closed while waiting for a sequence slot"))
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._steps.join)
+            await self._steps.wait_closed()
+        await self._steps.end()  # (outside the shield: what begin() entered is left in its scope)
         # outside the shield: the portal's task group must exit from its own cancel scope
         await self._portal_cm.__aexit__(None, None, None)
 

@@ -50,17 +50,29 @@ class StepThread:
         self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
         self._thread.start()
 
+    async def begin(self, portal) -> None:
+        """start(), from the event loop that owns the engine (Engine.__aenter__)."""
+        self.start(portal)
+
     def close(self) -> None:
         """Refuse later commands and tell the thread to shut down after those queued."""
         with self._inbox_lock:
             self.closed = True
             self._inbox.put(None)
+        self._notify()
 
     def join(self) -> None:
         self._thread.join()
 
+    async def wait_closed(self) -> None:
+        """After close(): wait (off the event loop) until the thread has shut down."""
+        await anyio.to_thread.run_sync(self.join)
+
+    async def end(self) -> None:
+        """After wait_closed(): leave what begin() entered (nothing for a thread)."""
+
     def check_open(self) -> None:
-        if self._thread is None:
+        if not self.started:
             raise ConfigError("use the engine inside `async with Engine(...) as engine:`")
         if self.failed is not None:
             raise self.failure()
@@ -166,12 +178,17 @@ class StepThread:
         with self._inbox_lock:
             self.check_open()
             self._inbox.put((cmd, fail))
+        self._notify()
 
     def submit_cleanup(self, cmd: Callable[[], None]) -> None:
         """Queue a cleanup command; dropped once the engine is closed or dead."""
         with self._inbox_lock:
             if not self.closed and self.failed is None:
                 self._inbox.put((cmd, lambda e: None))
+        self._notify()
+
+    def _notify(self) -> None:
+        """A command was queued (the thread's blocking get wakes by itself; see SimSteps)."""
 
     async def invoke(self, fn: Callable[[], object], *, undo: Callable[[dict], None] | None = None) -> object:
         """Run fn in the step thread and return its result (or raise its exception). Without
@@ -212,6 +229,11 @@ class StepThread:
 
 
 async def _deliver(batch) -> None:
+    deliver_now(batch)
+
+
+def deliver_now(batch) -> None:
+    """Run each (fn, arg) of an outbox batch on the event loop's thread."""
     for fn, arg in batch:
         try:
             fn(arg)

@@ -16,7 +16,6 @@ or, last, by recompute."""
 
 from __future__ import annotations
 
-import time
 
 from agentrt.engine.request import Request, State
 from agentrt.engine.sizing import over_high_water, projected_cells
@@ -31,8 +30,8 @@ class MemoryManager:
     `queues.running`: the scheduler). It frees memory and returns what must fail; the core
     finishes those requests."""
 
-    def __init__(self, cfg, alloc, kvm, radix, policy, counters, sessions: dict, queues):
-        self.cfg, self.alloc, self.kvm, self.radix = cfg, alloc, kvm, radix
+    def __init__(self, cfg, alloc, kvm, radix, policy, counters, sessions: dict, queues, clock):
+        self.cfg, self.alloc, self.kvm, self.radix, self.clock = cfg, alloc, kvm, radix, clock
         self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
         # the scheduler's kept prefixes, evicted last: agent -> tokens of its static prefix
         self.keep: dict[str, int] | None = None
@@ -62,7 +61,7 @@ class MemoryManager:
         `level`, what may give up pages: 0 neither pinned by a TTL nor about to run (a queued
         request); 1 also the pinned; 2 also those about to run."""
         queued = {id(r.session) for r in self.queues.waiting if r.session is not None and not r.attached}
-        now = time.monotonic()
+        now = self.clock.now()
         return [s for s in self.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
                 and (level >= 2 or id(s) not in queued) and (level >= 1 or s.pin_until <= now)]
 

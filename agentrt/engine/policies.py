@@ -30,7 +30,7 @@ class Ready:
     req: object  # the engine's Request (policies return these in Decision.order)
     stage: str | None  # the agent that makes it
     task: str | None
-    arrival: float  # time.monotonic() at submission
+    arrival: float  # the core clock's now() at submission
     task_arrival: float  # ... of its task's first request
     resident: int  # prompt tokens whose KV is resident now (radix match or its session)
     cells: int  # KV cells it adds if admitted now: uncomputed prompt + max new tokens

@@ -63,7 +63,7 @@ class EngineSession:
     last_used: int = 0
     history: list[int] = field(default_factory=list)  # seq.tokens when its last turn ended
     # tool-aware retention (engine/retention.py): the tools its last turn called, when, and
-    # until when (time.monotonic()) its KV is ranked after every unpinned candidate
+    # until when (the core clock's now()) its KV is ranked after every unpinned candidate
     tools: tuple[str, ...] = ()
     tools_at: float = 0.0
     pin_until: float = 0.0
@@ -102,7 +102,7 @@ class Request:
     # workflow facts (agentrt/workflow.py): the task it serves; its stage is `tag`
     task: str | None = None
     workflow: str | None = None
-    submitted_s: float = 0.0  # time.monotonic() at add_request
+    submitted_s: float = 0.0  # the core clock's now() at add_request
     admitted_s: float = 0.0  # ... at its (latest) admission
 
     @property

@@ -20,7 +20,6 @@ tool has `min_samples` observations its duration is taken as `prior_s`.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 
 
@@ -65,7 +64,7 @@ def pin(core, sess, tools: tuple[str, ...]) -> float:
     if tier is not None and tier.free_pages() >= len(sess.seq.pages):  # out and back by copy
         reload_s = min(reload_s, 2 * len(sess.seq.pages) * tier.copy_s_per_page)
     ttl = core.retention.ttl(tools, reload_s)
-    sess.tools, sess.tools_at = tools, time.monotonic()
+    sess.tools, sess.tools_at = tools, core.clock.now()
     sess.pin_until = sess.tools_at + ttl
     core.counters.ttl_pins += ttl > 0
     return ttl
@@ -76,7 +75,7 @@ def returned(core, sess) -> None:
     whether the pin was still on (a hit) or had expired."""
     if not sess.tools:
         return
-    now = time.monotonic()
+    now = core.clock.now()
     core.retention.observe(sess.tools, now - sess.tools_at)
     if sess.pin_until > sess.tools_at:
         core.counters.ttl_hits += now <= sess.pin_until

@@ -15,7 +15,8 @@ def sample_rows(reqs: list[Request], logits, argmax, fail) -> list[int | None]:
     greedy = [i for i, r in enumerate(reqs) if is_greedy(r)]
     if greedy:
         try:
-            ids = sample_batch(logits[greedy], [reqs[i].params for i in greedy], [None] * len(greedy), argmax)
+            rows = logits if len(greedy) == len(reqs) else logits[greedy]  # (all greedy: no copy)
+            ids = sample_batch(rows, [reqs[i].params for i in greedy], [None] * len(greedy), argmax)
         except Exception:  # find the failing row: argmax is per row, the others are unchanged
             ids = [_sample_one(reqs[i], logits[i], argmax, fail) for i in greedy]
         for i, t in zip(greedy, ids):

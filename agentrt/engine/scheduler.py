@@ -48,11 +48,11 @@ class Plan:
 
 class Scheduler:
     def __init__(self, cfg, queues: Queues, mem, kvm, radix, tasks, policy, *, attach, fail,
-                 tick, reload_s, context: int):
+                 tick, reload_s, context: int, clock):
         self.cfg, self.queues, self.mem, self.kvm, self.radix = cfg, queues, mem, kvm, radix
         self.tasks, self.policy = tasks, policy
         self.attach, self.fail, self.tick, self.reload_s = attach, fail, tick, reload_s
-        self.context = context
+        self.context, self.clock = context, clock
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)
 
@@ -78,7 +78,7 @@ class Scheduler:
             if not sizing.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
                 break
             self.waiting.remove(r)
-            r.state, r.admitted_at, r.admitted_s = State.RUNNING, self.tick(), time.monotonic()
+            r.state, r.admitted_at, r.admitted_s = State.RUNNING, self.tick(), self.clock.now()
             self.running.append(r)
             admitted.append(r)
         if self.cfg.enable_prefix_grouping and len(admitted) > 1:
@@ -89,7 +89,7 @@ class Scheduler:
             return []
         if isinstance(self.policy, FCFS):
             return list(self.waiting)
-        sig, now = (tuple(r.rid for r in self.waiting), tuple(r.rid for r in self.running)), time.monotonic()
+        sig, now = (tuple(r.rid for r in self.waiting), tuple(r.rid for r in self.running)), self.clock.now()
         if self._last is not None and self._last[0] == sig and now - self._last[1] < REDECIDE_S:
             return self._last[2]
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ MAX_PREFIX = 16384  # tokens of a stage's static prefix remembered at most
 class TaskState:
     task_id: str
     workflow: str | None
-    arrival: float  # time.monotonic() of its first request
+    arrival: float  # the core clock's now() at its first request
     stage: str | None = None  # the stage of its latest request
     requests: int = 0
     live: int = 0  # its requests queued or running now

@@ -28,8 +28,6 @@ JOKE = pytest.mark.xfail(strict=True, reason=(
     "135M model: asked for a cat joke under the Joke schema's grammar it repeats one phrase inside "
     "'setup' until max_tokens=100, so 'punchline' never comes and the pydantic class does not "
     "validate (the dict variants pass: their check only looks at the keys that are there)"))
-JSON_MODE = pytest.mark.xfail(strict=True, reason=(
-    "135M model: in JSON mode (any JSON object) it writes one key, never both 'setup' and 'punchline'"))
 # parametrized standard tests that fail for one parameter only are marked by id (conftest.py), since
 # the suite refuses overrides of its tests that are not xfail as a whole
 PARAM_XFAILS = {"test_structured_output[pydantic]": JOKE, "test_structured_output_async[asyncio-pydantic]": JOKE}
@@ -105,10 +103,6 @@ class TestChatAgentrtIntegration(_Flags, ChatModelIntegrationTests):
     @JOKE
     def test_structured_output_pydantic_2_v1(self, model) -> None:
         super().test_structured_output_pydantic_2_v1(model)
-
-    @JSON_MODE
-    def test_json_mode(self, model) -> None:
-        super().test_json_mode(model)
 
     @AGENT_LOOP
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)

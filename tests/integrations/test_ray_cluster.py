@@ -1,4 +1,6 @@
-"""ClusterRuntime on a local Ray cluster started here: 2-3 replicas of a tiny random model.
+"""ClusterRuntime on a local Ray cluster started here: 2-3 replicas of a tiny random model (on the
+batch-invariant default path: int8 weights, float16 KV; the replicas' tokens cannot depend on how
+their batches or threads differ from the oracle's).
 
 Oracle: the same agents on one local Engine (`Runtime`), token for token. Checked: agents stay on
 their replica; a forced migration keeps the next turn's tokens identical and prefills only the
@@ -21,13 +23,13 @@ from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool  
 from agentrt.errors import ReplicaLost  # noqa: E402
 from agentrt.integrations.ray import ClusterRuntime, ModelSpec  # noqa: E402
 from agentrt.integrations.ray.cluster import _gone  # noqa: E402
-from tests.conftest import tiny_model_with_tokenizer  # noqa: E402
+from tests.conftest import tiny_native_with_tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(kv_cache_tokens=4096, response_cache_size=0)
-SPEC = ModelSpec(factory=tiny_model_with_tokenizer)
+SPEC = ModelSpec(factory=tiny_native_with_tokenizer)
 QUESTIONS = ["What is the weather in Paris?", "And in Tokyo?", "And in Oslo?"]
 
 
@@ -63,7 +65,7 @@ def oracle():
     """Every agent's turns on one local engine: [agent][turn] -> (tokens held, answer messages)."""
     async def main():
         out = []
-        async with Engine(tiny_model_with_tokenizer(), CONFIG) as engine, Runtime(engine) as rt:
+        async with Engine(tiny_native_with_tokenizer(), CONFIG) as engine, Runtime(engine) as rt:
             for agent in agents(3):
                 ref = await rt.spawn(agent)
                 turns = []
@@ -204,7 +206,7 @@ def test_chat_model_on_a_replica_matches_a_local_engine(local_ray):
         return [(m.content, m.usage_metadata["input_tokens"]) for m in (a, b)], b.usage_metadata
 
     async def main():
-        async with Engine(tiny_model_with_tokenizer(), CONFIG) as engine:
+        async with Engine(tiny_native_with_tokenizer(), CONFIG) as engine:
             want, _ = await calls(engine, sync=False)
         async with cluster(replicas=2) as rt:
             remote = await rt.engine_for("graph")

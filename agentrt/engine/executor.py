@@ -1,0 +1,66 @@
+"""The engine core's executor: what runs a planned batch and owns the KV storage it writes.
+
+`EngineCore.step` plans a batch (the scheduler), hands its chunks to the executor, and
+post-processes the logits rows that come back (verification, constraints, sampling, stops).
+`ModelExecutor` runs the model; `agentrt.sim.SimExecutor` prices the same batch with a cost model
+and returns rows that replay scripted tokens, so admission, scheduling, caching, eviction, the
+tier, retention, prefetch and preemption are the same code either way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from agentrt.cache.tier import HostTier
+from agentrt.model.batch import SeqChunk, build_batch
+from agentrt.model.kv import KVStore
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """rows[i]: logits [k, V] of chunk i's rows that want logits; seconds: the step's cost when
+    the executor knows it (simulated), None when the core should time it (real)."""
+
+    rows: tuple[torch.Tensor, ...]
+    seconds: float | None = None
+
+
+class Executor(Protocol):
+    simulated: bool
+
+    def allocate(self, num_pages: int, page_size: int) -> KVStore:
+        """The KV pool's storage (once, at start)."""
+
+    def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
+        """The second KV tier over `store`."""
+
+    def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
+        """Run one batch over `store`: plan[i] = (request, tokens), chunks[i] its forward chunk."""
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Row-wise argmax (greedy sampling and draft verification)."""
+
+
+class ModelExecutor:
+    """The real executor: the model's forward over a paged KV store."""
+
+    simulated = False
+
+    def __init__(self, model, path: str | None = None):
+        self.model, self.path = model, path  # path None: the model's own default forward
+
+    def allocate(self, num_pages: int, page_size: int) -> KVStore:
+        return KVStore.allocate(self.model.cfg, num_pages, page_size, self.model.kv_dtype)
+
+    def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
+        return HostTier(store, budget_bytes)
+
+    def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
+        fb = build_batch(chunks, page_size)
+        logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
+        return StepOutput(tuple(logits.split(list(fb.logits_count))))
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.model.ops.argmax(logits)

@@ -1,0 +1,130 @@
+"""The simulated executor: the engine core's real code over a priced, scripted model.
+
+`SimExecutor.run` prices the planned batch with a StepCosts model and returns logits rows that
+put all the probability on the scripted next token (ScriptBook): greedy and sampled requests,
+constraints and speculation (a draft is accepted as far as it matches the script) then take the
+real post-processing path. The KV pool is bookkeeping only (one float per slot: page ids,
+refcounts, copy-on-write and truncation are the real code), and `SimTier` holds no bytes but
+counts the real model's page size against the tier budget and charges each copy's time. The
+seconds of each step and copy accumulate until the simulated step loop (agentrt/sim/loop.py)
+lets its virtual clock pass them."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from agentrt.cache.tier import HostTier
+from agentrt.engine.clock import LoopClock
+from agentrt.engine.executor import StepOutput
+from agentrt.model.config import ModelConfig
+from agentrt.model.kv import KVStore
+from agentrt.sim.costs import StepCosts
+from agentrt.sim.loop import SimSteps
+from agentrt.sim.scripts import ScriptBook
+
+_ONE_SLOT = ModelConfig(arch="llama", vocab_size=2, hidden_size=2, intermediate_size=1, num_layers=1,
+                        num_heads=1, num_kv_heads=1, head_dim=2)
+
+
+class SimModel:
+    """A model's shape without weights: what the engine core reads of a model (its config and
+    KV element type) when a SimExecutor runs the batches."""
+
+    def __init__(self, cfg: ModelConfig, kv_dtype: torch.dtype = torch.float16):
+        self.cfg, self.kv_dtype, self.dtype = cfg, kv_dtype, torch.float32
+
+
+@dataclass(eq=False)
+class SimEntry:
+    """A demoted run of pages in the simulated tier: a size, no bytes."""
+
+    n_pages: int
+    page_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_pages * self.page_bytes
+
+    def split(self, i: int) -> tuple["SimEntry", "SimEntry"]:
+        return SimEntry(i, self.page_bytes), SimEntry(self.n_pages - i, self.page_bytes)
+
+
+class SimTier(HostTier):
+    """HostTier's budget and bookkeeping over SimEntry; copies cost time, not memory."""
+
+    def __init__(self, page_bytes: int, budget_bytes: int, copy_s_per_page: float, charge):
+        self.store, self.budget, self.page_bytes, self.used = None, int(budget_bytes), page_bytes, 0
+        self.copy_s_per_page, self._charge = copy_s_per_page, charge
+
+    def save(self, pages: list[int]) -> SimEntry:
+        self._charge(len(pages) * self.copy_s_per_page)
+        entry = SimEntry(len(pages), self.page_bytes)
+        self.used += entry.nbytes
+        return entry
+
+    def load(self, entry: SimEntry, pages: list[int]) -> None:
+        self._charge(len(pages) * self.copy_s_per_page)
+
+
+class SimExecutor:
+    simulated = True
+    make_steps = SimSteps  # the Engine's step loop: a task on the (virtual-time) event loop
+
+    @staticmethod
+    def clock() -> LoopClock:
+        return LoopClock()
+
+    def __init__(self, model: SimModel, costs: StepCosts, scripts: ScriptBook | None = None):
+        self.model, self.costs = model, costs
+        # synthetic tokens from a narrow low range: unconstrained rows need only be that wide
+        self.scripts = scripts if scripts is not None else ScriptBook((16, min(272, model.cfg.vocab_size)))
+        self.pending_s = 0.0  # simulated seconds not yet passed on the clock
+        self.busy_s, self.steps = 0.0, 0
+        self._outputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> its script
+
+    def charge(self, seconds: float) -> None:
+        self.pending_s += seconds
+        self.busy_s += seconds
+
+    def take_pending(self) -> float:
+        s, self.pending_s = self.pending_s, 0.0
+        return s
+
+    def allocate(self, num_pages: int, page_size: int) -> KVStore:
+        return KVStore.allocate(_ONE_SLOT, num_pages, page_size, torch.float32)
+
+    def tier(self, store: KVStore, budget_bytes: int) -> SimTier:
+        ps = store.page_size
+        page_bytes = KVStore.bytes_per_token(self.model.cfg, self.model.kv_dtype) * ps
+        return SimTier(page_bytes, budget_bytes, self.costs.copy_s(1, ps), self.charge)
+
+    def run(self, plan: list, chunks: list, store: KVStore, page_size: int) -> StepOutput:
+        seconds = self.costs.seconds(chunks)
+        self.charge(seconds)
+        self.steps += 1
+        toks = [[self._token(r, len(r.output) + j) for j in range(ch.want_logits)] for (r, _), ch in zip(plan, chunks)]
+        # rows as wide as the vocabulary where a constraint masks them, else as the largest token
+        # needs (a step of 256 decoders over a 128k vocabulary would allocate 128 MB for nothing)
+        wide = any(r.constraint is not None for r, _ in plan)
+        width = self.model.cfg.vocab_size if wide else 1 + max((t for ts in toks for t in ts), default=0)
+        rows = []
+        for ts in toks:
+            row = torch.full((len(ts), width), float("-inf"))
+            row[torch.arange(len(ts)), torch.tensor(ts, dtype=torch.long)] = 0.0
+            rows.append(row)
+        return StepOutput(tuple(rows), seconds)
+
+    def _token(self, r, i: int) -> int:
+        out = self._outputs.get(r)
+        if out is None:
+            out = self._outputs[r] = self.scripts.output(r.prompt, r.params.max_tokens)
+        if i < len(out):
+            return out[i]
+        return min(r.stop_ids) if r.stop_ids else (out[-1] if out else 0)  # past the script: stop
+
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> torch.Tensor:
+        return torch.argmax(logits, dim=-1)

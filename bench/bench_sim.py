@@ -1,0 +1,141 @@
+"""Simulation against reality (issue 28): the engine core's real admission, scheduling, caching,
+eviction, tier, retention and preemption code on a cost model and a virtual clock (agentrt.sim),
+validated against real runs of the same workloads on this machine, then run at a scale this
+machine cannot reach.
+
+1. Calibrate this machine's step cost model (agentrt.sim.calibrate: real engine steps timed
+   over decode and prefill shapes, non-negative least squares) -> bench/results/cost_cpu.json.
+2. Validation: bench_workflows' DAG workloads (Poisson arrivals at `--load` x the measured
+   capacity), each scheduling policy run for real (its outputs recorded) and simulated (the
+   recorded outputs replayed, so every prompt, and every cache hit, is the real run's); report
+   simulated / measured for mean JCT, per-turn latency, TTFT and hit rate, and whether the
+   policies rank the same by mean JCT.
+3. Scale: 1,000 agents x 10 turns (groups sharing a 1,000-token system prompt, tools taking
+   0.1-1 s) simulated on the published-figure GPU models (bench/costs/*.json): the wall time of
+   the simulation itself, and the simulated per-turn latency and hit rate.
+Writes bench/results/sim.json.
+
+    python bench/bench_sim.py [--quick] [--costs bench/results/cost_cpu.json] [--no-real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
+from bench.sim_scale import scale_run  # noqa: E402
+from bench.workflow_run import run_dag  # noqa: E402
+from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
+from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
+from agentrt.session.chat import ChatFormat  # noqa: E402
+from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts  # noqa: E402
+from agentrt.sim import run as sim_run  # noqa: E402
+from agentrt.sim.calibrate import calibrate  # noqa: E402
+
+COSTS = Path(__file__).resolve().parent / "costs"
+METRICS = ("mean_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate")
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 DAGs x 3 policies, 4 tasks each, quick calibration")
+    ap.add_argument("--costs", default=None, help="a calibrated CPU cost model (default: calibrate now)")
+    ap.add_argument("--dags", default=None, help="default chain,diamond (--quick) / chain,fanout,diamond")
+    ap.add_argument("--policies", default=None, help="default fcfs,lpm,topas (--quick) / all five")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks per run (--quick 4; full 8)")
+    ap.add_argument("--load", type=float, default=1.2, help="arrival rate as a multiple of the measured capacity")
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--turns", type=int, default=10)
+    a = ap.parse_args()
+    a.dags = (a.dags or ("chain,diamond" if a.quick else "chain,fanout,diamond")).split(",")
+    a.policies = (a.policies or ("fcfs,lpm,topas" if a.quick else "fcfs,lpm,srpt,program_fcfs,topas")).split(",")
+    a.tasks = a.tasks or (4 if a.quick else 8)
+    return a
+
+
+def engine_config(sizes: Sizes) -> EngineConfig:
+    work = 4 * (sizes.user_tokens[1] + sizes.result_tokens[1] + 2 * sizes.out_tokens)
+    kv = (2 * sizes.prefix_tokens + work + 15) // 16 * 16  # about two agents' prefixes + the working set
+    return EngineConfig(kv_cache_tokens=kv, kv_tier_bytes=0, response_cache_size=0, enable_speculation=False,
+                        max_transient_seqs=128, acquire_timeout=3600.0)
+
+
+def one_policy(lm, fmt, dag, tasks, sizes, cfg, costs) -> dict:
+    book = ScriptBook()
+    real = anyio.run(run_dag, lm, fmt, dag, tasks, sizes, cfg, 600.0, False, None, book)
+    model = SimModel(lm.model.cfg, lm.model.kv_dtype)
+    t0 = time.perf_counter()
+    sim = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg, 600.0, False, SimExecutor(model, costs, book))
+    sim["sim_wall_s"] = time.perf_counter() - t0
+    keep = ("mean_jct_s", "p99_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "prompt_computed", "steps",
+            "preemptions", "wall_s", "sim_wall_s", "error")
+    ratio = {m: sim[m] / real[m] if real.get(m) and sim.get(m) is not None else None for m in METRICS}
+    return {"real": {k: real.get(k) for k in keep}, "sim": {k: sim.get(k) for k in keep}, "sim_over_real": ratio}
+
+
+def validate(a, lm, costs) -> dict:
+    fmt, sizes = ChatFormat(lm.tokenizer), Sizes(prefix_tokens=300, out_tokens=8)
+    cfg, out = engine_config(sizes), {}
+    for name in a.dags:
+        dag = make_dag(fmt, lm.tokenizer, name, sizes)
+        cal = make_tasks(fmt, lm.tokenizer, dag, sizes, 2, 1.0, 1000)
+        alone = anyio.run(run_dag, lm, fmt, dag, cal, sizes, cfg, 600.0, True)
+        rate = a.load * 2 / alone["busy_s"]
+        tasks = make_tasks(fmt, lm.tokenizer, dag, sizes, a.tasks, rate, 4)
+        case = out[name] = {"rate": rate, "policies": {}}
+        for p in a.policies:
+            r = case["policies"][p] = one_policy(lm, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), costs)
+            print(f"{name} {p:13s} real mean JCT {r['real']['mean_jct_s'] or 0:.2f} s  sim {r['sim']['mean_jct_s'] or 0:.2f} s"
+                  f"  sim/real " + " ".join(f"{m} {v:.2f}" for m, v in r["sim_over_real"].items() if v), flush=True)
+        case["ranking_real"] = _rank(case["policies"], "real")
+        case["ranking_sim"] = _rank(case["policies"], "sim")
+        case["ranking_agrees"] = case["ranking_real"] == case["ranking_sim"]
+    return out
+
+
+def _rank(policies: dict, side: str) -> list[str]:
+    return sorted(policies, key=lambda p: policies[p][side]["mean_jct_s"] or float("inf"))
+
+
+def summary(cases: dict) -> dict:
+    ratios = {m: [r["sim_over_real"][m] for c in cases.values() for r in c["policies"].values()
+                  if r["sim_over_real"][m] is not None] for m in METRICS}
+    return {f"sim_over_real_{m}_median": statistics.median(v) if v else None for m, v in ratios.items()} | {
+        "cases_within_0.85_1.15": {m: sum(0.85 <= x <= 1.15 for x in v) for m, v in ratios.items()},
+        "cases": len(ratios["mean_jct_s"]), "ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()}}
+
+
+def main() -> None:
+    a = parse()
+    res: dict = {"machine": machine(), "quick": a.quick}
+    lm = load_model(DEFAULT_MODEL)
+    if a.costs:
+        costs = StepCosts.load(a.costs)
+    else:
+        costs = calibrate(lm, quick=a.quick)
+        print("wrote", costs.save(RESULTS / "cost_cpu.json"))
+    gpus = {p.stem: StepCosts.load(p) for p in sorted(COSTS.glob("gpu_*.json"))}
+    res["cost_models"] = {"cpu": costs.__dict__, **{k: v.__dict__ for k, v in gpus.items()}}
+    res["cases"] = validate(a, lm, costs)
+    res.update(summary(res["cases"]))
+    rows = [[f"{n}/{p}", *(r["sim_over_real"][m] or "-" for m in METRICS), r["sim"]["sim_wall_s"]]
+            for n, c in res["cases"].items() for p, r in c["policies"].items()]
+    print_table("simulated / measured (CPU cost model)", ["case", *METRICS, "sim wall s"], rows)
+    res["scale"] = {k: scale_run(v, a.agents, a.turns) for k, v in gpus.items()}
+    res["sim_wall_s_1000_agents"] = max(s["sim_wall_s"] for s in res["scale"].values())
+    print_table(f"{a.agents} agents x {a.turns} turns, simulated", ["cost model", "sim wall s", "virtual s",
+                "turn s mean", "hit rate"], [[k, s["sim_wall_s"], s["virtual_s"], s["turn_s_mean"], s["hit_rate"]]
+                                             for k, s in res["scale"].items()])
+    print("wrote", write_results("sim", res))
+
+
+if __name__ == "__main__":
+    main()
