@@ -16,6 +16,8 @@ or, last, by recompute."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 from agentrt.engine.request import Request, State
 from agentrt.engine.sizing import over_high_water, projected_cells
@@ -35,6 +37,73 @@ class MemoryManager:
         self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
         # the scheduler's kept prefixes, evicted last: agent -> tokens of its static prefix
         self.keep: dict[str, int] | None = None
+        # within one planning pass (None: outside one): the index is refreshed once, and each
+        # level's eligible sessions found once; who is idle does not change inside a pass (a
+        # preempted request's session had no pages left to count), what idle sessions lose
+        # goes through _forget_pages
+        self._owners: dict | None = None
+        # idle sessions' pages: page -> [(session, index)], and id(session) -> (session, pages)
+        self._index: dict[int, list] = {}
+        self._held: dict[int, tuple] = {}
+
+    @contextmanager
+    def planning(self):
+        """One Scheduler.plan pass (see _owners)."""
+        self._owners = {}
+        try:
+            yield
+        finally:
+            self._owners = None
+
+    def _forget_pages(self, s, i: int) -> None:
+        """Session s is about to lose its pages from index i: keep the owners index exact."""
+        held = self._held.get(id(s))
+        if held is None:
+            return
+        for j, p in enumerate(held[1][i:], start=i):
+            self._index[p].remove((s, j))
+        self._held[id(s)] = (s, held[1][:i])
+
+    def _refresh(self) -> None:
+        """Bring the page -> idle holders index up to date: sessions that became idle, stopped
+        being idle or whose pages changed since the last refresh (compared as tuples, in C)."""
+        now = {id(s): s for s in self.idle_sessions(2)}
+        for key in [k for k in self._held if k not in now]:
+            self._drop_holder(key)
+        for key, s in now.items():
+            pages = tuple(s.seq.pages)
+            held = self._held.get(key)
+            if held is not None and held[0] is s and held[1] == pages:
+                continue
+            if held is not None:
+                self._drop_holder(key)
+            for j, p in enumerate(pages):
+                self._index.setdefault(p, []).append((s, j))
+            self._held[key] = (s, pages)
+
+    def _drop_holder(self, key: int) -> None:
+        s, pages = self._held.pop(key)
+        for j, p in enumerate(pages):
+            holders = self._index[p]
+            holders.remove((s, j))
+            if not holders:
+                del self._index[p]
+
+    def _owners_of(self, level: int) -> dict:
+        """page -> [(session, page index)] over the sessions of idle_sessions(level): one index
+        over every idle session (level 2, the widest), kept across steps and updated by what
+        changed, seen through the level's sessions (a walk of every idle session's pages on each
+        reserve was most of a step's time at hundreds of agents)."""
+        if self._owners is None or "fresh" not in self._owners:
+            self._refresh()
+            if self._owners is not None:
+                self._owners["fresh"] = True
+        if level == 2:
+            return self._index
+        cache = self._owners if self._owners is not None else {}
+        if level not in cache:
+            cache[level] = {id(s) for s in self.idle_sessions(level)}
+        return _Filtered(self._index, cache[level])
 
     def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
         """Try to have n_pages free, without touching running requests. Candidates go in three
@@ -68,11 +137,7 @@ class MemoryManager:
     def candidates(self, level: int, allow) -> dict:
         """Resident leaves whose pages would all be freed by cutting idle sessions (of
         idle_sessions(level)) back: {leaf: [(session, page index to cut at), ...]}."""
-        idle = self.idle_sessions(level)  # (their KV is in the tree: each turn's end inserts it)
-        owners: dict[int, list] = {}
-        for s in idle:
-            for i, p in enumerate(s.seq.pages):
-                owners.setdefault(p, []).append((s, i))
+        owners = self._owners_of(level)
         cands = {}
         for leaf in self.radix.resident_leaves():
             if allow is not None and not allow(leaf):
@@ -95,6 +160,7 @@ class MemoryManager:
         for leaf in self._victim_order(list(cands)):
             for s, i in cands[leaf]:
                 if len(s.seq.pages) > i:
+                    self._forget_pages(s, i)
                     self.kvm.truncate(s.seq, min(len(s.seq.tokens), i * self.cfg.page_size))
                     self.counters.detached_sessions += 1
             if not leaf.resident or any(self.alloc.refcount(p) != 1 for p in leaf.pages):
@@ -124,6 +190,7 @@ class MemoryManager:
         for s in self._order_sessions(self.idle_sessions()):
             if s.seq.tokens:
                 self.radix.insert(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
+            self._forget_pages(s, 0)
             self.kvm.release(s.seq)
             self.counters.detached_sessions += 1
             self.counters.evicted_pages += self.radix.evict(n_pages - self.alloc.num_free)
@@ -136,6 +203,7 @@ class MemoryManager:
         for s in self._order_sessions(self.idle_sessions()):
             if self.alloc.num_free >= n_pages:
                 break
+            self._forget_pages(s, 0)
             self.kvm.release(s.seq)
             self.counters.detached_sessions += 1
         return self.alloc.num_free >= n_pages
@@ -149,12 +217,9 @@ class MemoryManager:
         """Pages reclaim() could free now: tree pages held by nobody else but idle sessions."""
         if self.radix is None:
             return 0
-        idle = {}
-        for s in self.idle_sessions():
-            for p in s.seq.pages:
-                idle[p] = idle.get(p, 0) + 1
+        idle = self._owners_of(2)  # page -> the idle sessions holding it
         return sum(1 for n in self.radix.nodes() if n.lock_ref == 0
-                   for p in n.pages if self.alloc.refcount(p) == 1 + idle.get(p, 0))
+                   for p in n.pages if self.alloc.refcount(p) == 1 + len(idle.get(p, ())))
 
     def fits(self, candidate: Request) -> bool:
         """Admission by footprint: the KV the running requests and the candidate hold (shared
@@ -192,7 +257,7 @@ class MemoryManager:
         """Drop r's KV and queue it again. A request preempted MAX_PREEMPTIONS times cannot fit
         beside what the pool must keep: it leaves the running list with its KV freed, and the
         returned OutOfKVMemory is for the caller to finish it with (instead of looping)."""
-        r.preemptions += 1
+        r.preemptions += 1  # (its pages were no idle session's: the cached owners stay true)
         self.counters.preemptions += 1
         self.queues.running.remove(r)
         self.drop_links(r)
@@ -239,3 +304,14 @@ class MemoryManager:
         if not over_high_water(used, 0, self.cfg):
             return False  # the tree walk below is only needed near the mark
         return over_high_water(used, self.evictable_pages(), self.cfg)
+
+
+class _Filtered:
+    """A page -> holders map seen through a set of eligible sessions (MemoryManager._owners_of)."""
+
+    def __init__(self, owners: dict, ids: set):
+        self.owners, self.ids = owners, ids
+
+    def get(self, page: int, default=()):
+        held = self.owners.get(page)
+        return default if held is None else [h for h in held if id(h[0]) in self.ids]

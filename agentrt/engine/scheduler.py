@@ -144,11 +144,18 @@ class Scheduler:
     def plan(self) -> Plan:
         """Decodes first (each needs at most one page), then prefill chunks while memory
         allows. Memory is taken by evicting cache, then idle sessions, then preempting."""
+        with self.mem.planning():
+            return self._plan()
+
+    def _plan(self) -> Plan:
         self.mem.resolve_followers()
         decodes = [r for r in self.running if not r.in_prefill]
         prefills = [r for r in self.running if r.in_prefill and r.leader is None]
         plan: dict[Request, int] = {}
         failed: list = []
+        # the pages every decode needs, reclaimed in one pass (each reserve below then finds them
+        # free): one walk of the tree and idle sessions per step, not one per decode
+        self.mem.reclaim(sum(self.kvm.write_cost(r.seq, r.seq.num_cached + 1) for r in decodes))
         for r in decodes:
             if r.state is State.RUNNING and r in self.running:
                 self._plan_decode(r, len(decodes), plan, failed)
