@@ -21,6 +21,7 @@ import anyio
 import anyio.from_thread
 
 from agentrt.config import EngineConfig
+from agentrt.engine.context import context_limit
 from agentrt.engine.core import EngineCore
 from agentrt.engine.loop import StepThread
 from agentrt.engine.request import TokenEvent, Usage
@@ -199,7 +200,7 @@ class Engine:
             try:
                 gen = None if params.greedy else make_generator(_seed(prompt, params))
                 box["req"] = self.core.add_request(
-                    prompt, params, emit, seq_id=seq_id, session=session and session._es,
+                    prompt, params, emit, seq_id=seq_id, session=session and session.engine_session,
                     cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen,
                     task=task, workflow=workflow)
             except BaseException as e:
@@ -280,10 +281,8 @@ class Engine:
     @property
     def max_context_tokens(self) -> int:
         """The longest request (prompt + max_tokens) this engine can ever take: the model's context,
-        and what fits under the KV pool's high-water mark."""
-        core = self.core
-        pool = int(core.cfg.high_water * core.cfg.num_pages) * core.cfg.page_size
-        return min(core.model.cfg.max_position_embeddings, pool)
+        and what fits under the KV pool's high-water mark (engine/context.py)."""
+        return context_limit(self.core.model.cfg.max_position_embeddings, self.core.cfg)
 
     def stats(self):
         with self._steps.lock:

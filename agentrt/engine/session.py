@@ -24,6 +24,17 @@ class Session:
         self._engine, self._es = engine, es
 
     @property
+    def engine(self):
+        """The Engine that opened this session (a session belongs to one engine)."""
+        return self._engine
+
+    @property
+    def engine_session(self):
+        """The step thread's record of this session (engine/request.py::EngineSession): what the
+        engine submits requests on; read or change it only in the step thread."""
+        return self._es
+
+    @property
     def tokens(self) -> list[int]:
         """Token ids whose KV the session holds now (a copy)."""
         return self._engine.session_tokens(self._es)

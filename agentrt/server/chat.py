@@ -24,6 +24,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from agentrt.engine.context import context_overflow
 from agentrt.engine.prefix import fnv1a
 from agentrt.errors import ContextLengthExceeded
 from agentrt.sampling import SamplingParams
@@ -62,15 +63,15 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
     engine, req = state.engine, call.req
     async with routed_conversation(state.router, call.key, call.messages, call.tools, tag=call.key) as (conv, _):
         call.call_prefix = prefix = f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}"
-        room = engine.max_context_tokens - len(conv.tokens)
-        max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit, room)
+        limit = engine.max_context_tokens
+        max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit,
+                                                                         limit - len(conv.tokens))
         if max_tokens > state.config.max_tokens_limit:
             raise ApiError(f"max_tokens {max_tokens} is over this server's limit "
                            f"({state.config.max_tokens_limit}; see `agentrt serve --max-tokens-limit`)", param="max_tokens")
-        if max_tokens < 1 or len(conv.tokens) + max_tokens > engine.max_context_tokens:
-            raise ApiError(f"the prompt ({len(conv.tokens)} tokens) and max_tokens ({max(max_tokens, 0)}) do not fit "
-                           f"the context of {engine.max_context_tokens} tokens", code="context_length_exceeded",
-                           param="messages")
+        overflow = context_overflow(len(conv.tokens), max_tokens, limit)
+        if overflow is not None:  # refused, not trimmed: the client sent this history and max_tokens
+            raise _too_long(overflow)
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 ignore_eos=req.ignore_eos)
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
@@ -81,7 +82,11 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
                 async for ev in events:
                     yield ev
         except ContextLengthExceeded as e:
-            raise ApiError(str(e), code="context_length_exceeded", param="messages") from None
+            raise _too_long(e) from None
+
+
+def _too_long(e: ContextLengthExceeded) -> ApiError:
+    return ApiError(str(e), code="context_length_exceeded", param="messages")
 
 
 def finish_reason(end: RoundEnd) -> str:

@@ -40,11 +40,12 @@ from typing import Any
 
 import anyio
 
+from agentrt.engine.context import context_overflow
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
-from agentrt.session.overflow import ContextPolicy, droppable, too_long
+from agentrt.session.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.session.repeats import CallLimits, RepeatGuard
 from agentrt.toolcall.formats import keep_token_ids
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
@@ -151,10 +152,10 @@ class Conversation:
     def fit(self, reply_tokens: int) -> None:
         """Make the prompt + reply_tokens fit the engine's limit (see overflow.py), or raise."""
         limit = self.engine.max_context_tokens
-        while len(self.tokens) + reply_tokens > limit:
+        while (overflow := context_overflow(len(self.tokens), reply_tokens, limit, hint=NO_ROOM)) is not None:
             groups = droppable(self.messages) if self.policy.mode == "trim" else []
             if not groups:
-                raise too_long(len(self.tokens) + reply_tokens, limit)
+                raise overflow
             drop = set(groups[0])
             first = min(drop)
             keep = [i for i in range(len(self.messages)) if i not in drop]
