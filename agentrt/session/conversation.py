@@ -185,11 +185,15 @@ class Conversation:
         engine = self.engine
         tools = self.tools if tool_choice != "none" and json_schema is None else None
         constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema)
-        parser = ToolCallParser(tools, parallel_calls=parallel_tool_calls,
+        limits = limits or CallLimits()
+        # the parser enforces the cap (it stops at the last allowed call's closing brace);
+        # without parallel calls it allows one call anyway
+        cap = limits.max_calls if parallel_tool_calls else None
+        parser = ToolCallParser(tools, parallel_calls=parallel_tool_calls, max_calls=cap,
                                 **self.chat.tool_format.parser_options()) if tools else _TextOnly()
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = _Round(parser, tuple(stop), reasoning, limits or CallLimits())
+        state = _Round(parser, tuple(stop), reasoning, limits.stop_on_repeat)
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow)) if v is not None}
         async with aclosing(engine.generate(self.tokens, params, session=self.session, constraint=constraint,
@@ -269,9 +273,9 @@ class Conversation:
 class _Round:
     """Mutable state of one round: parser, stop strings, what was seen."""
 
-    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, limits: CallLimits) -> None:
+    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, stop_on_repeat: bool) -> None:
         self.parser, self.stop, self.reasoning = parser, stop, reasoning
-        self.limits, self.guard = limits, RepeatGuard(limits.stop_on_repeat)
+        self.guard = RepeatGuard(stop_on_repeat)
         self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
         self.think = ThinkSplitter()
         self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
@@ -310,8 +314,6 @@ class _Round:
             if isinstance(ev, CallComplete):
                 self.calls.append(ev)
                 self.mark = (len(self.generated), len(self.raw))
-                cap = self.limits.max_calls
-                self.stopped = self.stopped or (cap is not None and len(self.calls) >= cap)
             elif isinstance(ev, CallInvalid):
                 self.invalid.append(ev)
             out.append(ev)
