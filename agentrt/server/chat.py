@@ -22,13 +22,14 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from agentrt.engine.context import context_overflow
-from agentrt.engine.prefix import fnv1a
 from agentrt.errors import ContextLengthExceeded
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import RoundEnd
+from agentrt.session.reply import call_id, call_prefix, finish_reason
 from agentrt.session.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
@@ -62,7 +63,7 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
     cannot be served: over the limits, or no room in the context)."""
     engine, req = state.engine, call.req
     async with routed_conversation(state.router, call.key, call.messages, call.tools, tag=call.key) as (conv, _):
-        call.call_prefix = prefix = f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}"
+        call.call_prefix = prefix = call_prefix(conv.tokens)
         limit = engine.max_context_tokens
         max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit,
                                                                          limit - len(conv.tokens))
@@ -75,7 +76,7 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 ignore_eos=req.ignore_eos)
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
-                            json_schema=call.json_schema, stop=req.stop, call_id=lambda i: f"{prefix}_{i}",
+                            json_schema=call.json_schema, stop=req.stop, call_id=partial(call_id, prefix),
                             tag=call.key)
         try:
             async with aclosing(rounds) as events:
@@ -87,12 +88,6 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
 
 def _too_long(e: ContextLengthExceeded) -> ApiError:
     return ApiError(str(e), code="context_length_exceeded", param="messages")
-
-
-def finish_reason(end: RoundEnd) -> str:
-    if end.finish_reason == "length":
-        return "length"
-    return "tool_calls" if end.calls else "stop"
 
 
 def usage(end: RoundEnd) -> dict | None:
@@ -150,7 +145,7 @@ class Chunks:
         if isinstance(ev, TextDelta):
             return self.chunk({"content": ev.text}) if ev.text else None
         if isinstance(ev, CallStarted):
-            return self.chunk({"tool_calls": [{"index": ev.index, "id": f"{self.call.call_prefix}_{ev.index}", "type": "function",
+            return self.chunk({"tool_calls": [{"index": ev.index, "id": call_id(self.call.call_prefix, ev.index), "type": "function",
                                                "function": {"name": ev.name, "arguments": ""}}]})
         if isinstance(ev, ArgumentsDelta) and ev.index not in self.invalid:
             return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})
