@@ -33,6 +33,7 @@ from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.session.overflow import ContextPolicy
 from agentrt.session.repeats import CallLimits
 from agentrt.toolcall import CallComplete
+from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
 
@@ -65,7 +66,9 @@ def as_messages(message: Any) -> list[dict]:
     raise ConfigError("an agent takes a str, a message dict or a list of message dicts")
 
 
-_ECHO_MARKUP = re.compile(r"</?tool_response>|</?tool_call>|<tool\s*$")
+# the Hermes tags a small model may echo into its answer, and a tag cut off at a line's end
+_ECHO_MARKUP = re.compile("|".join(map(re.escape, (OPEN_TAG, CLOSE_TAG, RESPONSE_OPEN, RESPONSE_CLOSE)))
+                          + r"|<tool\s*$")
 
 
 def clean_text(text: str) -> str:
