@@ -14,7 +14,7 @@ import agentrt
 ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC = [
-    "ActorRef", "Agent", "AgentAwarePolicy", "CallLimits", "ChatFormat", "Completion", "ContextPolicy", "Conversation",
+    "ActorRef", "Agent", "AgentAwarePolicy", "AgentSpec", "CallLimits", "ChatFormat", "Completion", "ContextPolicy", "Conversation",
     "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineStats", "EvictionPolicy", "LRUPolicy",
     "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
     "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
