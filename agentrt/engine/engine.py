@@ -129,7 +129,7 @@ class Engine:
         `timeout`, default EngineConfig.acquire_timeout)."""
         self._check_open()
         check_open_session_args(tag, cache_salt, timeout)
-        return await self._open_with(lambda sid: self.core.open_session(sid, tag, cache_salt), timeout)
+        return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt), timeout)
 
     async def restore(self, path, *, tag: str | None = None, cache_salt: str | None = None,
                       timeout: float | None = None) -> Session:
@@ -140,7 +140,7 @@ class Engine:
         check_open_session_args(tag, cache_salt, timeout)
         return await restore_session(self, path, tag, cache_salt, timeout)
 
-    async def _open_with(self, make: Callable[[int], object], timeout: float | None) -> Session:
+    async def open_session_with(self, make: Callable[[int], object], timeout: float | None) -> Session:
         """A session made by make(sid) in the step thread, sid taken from the pool's session
         region (PoolExhausted after `timeout`, default EngineConfig.acquire_timeout). make must
         be all or nothing: when it raises, the id goes back to the pool here."""

@@ -85,7 +85,7 @@ class Session:
         check_optional_str("tag", tag)
         check_timeout("timeout (seconds; None: EngineConfig.acquire_timeout)", timeout)
         engine, es = self._engine, self._es
-        return await engine._open_with(lambda sid: branching.fork_session(engine.core, es, sid, tag), timeout)
+        return await engine.open_session_with(lambda sid: branching.fork_session(engine.core, es, sid, tag), timeout)
 
     async def rollback(self, n_tokens: int) -> None:
         """Forget the KV of the last `n_tokens` tokens the session holds (0 <= n_tokens <=
@@ -108,4 +108,4 @@ async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
     data = await anyio.to_thread.run_sync(read)
     tag = data["tag"] if tag is None else tag
     core = engine.core
-    return await engine._open_with(lambda sid: branching.import_session(core, sid, data, tag, cache_salt), timeout)
+    return await engine.open_session_with(lambda sid: branching.import_session(core, sid, data, tag, cache_salt), timeout)

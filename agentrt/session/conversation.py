@@ -143,10 +143,11 @@ class Conversation:
         fork of its session (`Session.fork`: KV pages shared copy-on-write), so the two go on
         independently and the fork's first round prefills only its new messages. Fork between
         rounds (SessionBusy while a round runs). A transient conversation forks into another."""
-        state = copy.deepcopy((self.messages, self.originals, self.tokens, self.ends, self.dropped, self._open))
-        session = await self.session.fork(tag, timeout) if self.session is not None else None
-        other = Conversation(self.engine, tools=self.tools, session=session, chat=self.chat, policy=self.policy)
-        other.messages, other.originals, other.tokens, other.ends, other.dropped, other._open = state
+        other = copy.copy(self)  # shares the engine, chat format and policy; the history is copied
+        other.messages, other.originals, other.tokens, other.ends = copy.deepcopy(
+            (self.messages, self.originals, self.tokens, self.ends))
+        other.tools = list(self.tools) if self.tools else None
+        other.session = await self.session.fork(tag, timeout) if self.session is not None else None
         return other
 
     def fit(self, reply_tokens: int) -> None:
