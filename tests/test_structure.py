@@ -147,6 +147,15 @@ def test_no_import_circles_function_level_imports_included():
                       "above them):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+def test_the_package_top_imports_no_subpackage():
+    """agentrt/*.py (errors, checks, config, workflow, policy_names) sit below every subpackage: e.g.
+    EngineConfig takes the policy names from policy_names.py, not from the implementations."""
+    known = modules()
+    top = {name for name, path in known.items() if path.parent == ROOT / "agentrt" and path.name != "__init__.py"}
+    upward = {name: sorted(imports(name, known[name], known) - top) for name in sorted(top)}
+    assert not any(upward.values()), f"upward imports: { {k: v for k, v in upward.items() if v} }"
+
+
 def test_the_checks_catch_what_they_look_for():
     """The detectors on small sources: each rule fires, and self/cls/super() stay allowed."""
     bad = ('x._a\ngetattr(x, "_b", None)\nx.__dict__["_c"]\nx.__dict__.get("_d")\nsetattr(o, "_e", 1)\n'

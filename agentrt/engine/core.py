@@ -10,7 +10,7 @@ import time
 import structlog
 import torch
 
-from agentrt.cache.base import make_policy
+from agentrt.cache.registry import make_policy
 from agentrt.cache.kv_manager import KVManager, Sequence
 from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
