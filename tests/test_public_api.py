@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import agentrt
+from agentrt import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,3 +77,55 @@ def test_no_code_reaches_into_engine_actor_or_portal_internals():
                 if _GETATTR.search(code):
                     hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not hits, "use a public method/property instead:\n" + "\n".join(hits)
+
+
+# The exception tree, pinned: each error and its bases (the builtin ones callers catch included).
+# `errors.__all__` is computed from the classes, so it is checked against this literal, not trusted.
+ERROR_TREE = {
+    "AgentrtError": ("Exception",),
+    "ConfigError": ("AgentrtError", "ValueError"),
+    "SnapshotMismatch": ("ConfigError",),
+    "ModelLoadError": ("AgentrtError",),
+    "ModelNotFound": ("ModelLoadError", "FileNotFoundError"),
+    "CorruptModelFile": ("ModelLoadError",),
+    "UnsupportedModel": ("ModelLoadError",),
+    "TokenizerError": ("AgentrtError",),
+    "ChatTemplateError": ("AgentrtError",),
+    "ContextLengthExceeded": ("AgentrtError", "ValueError"),
+    "ResourceError": ("AgentrtError",),
+    "PoolExhausted": ("ResourceError", "TimeoutError"),
+    "OutOfKVMemory": ("ResourceError",),
+    "EngineClosed": ("AgentrtError", "RuntimeError"),
+    "EngineFailed": ("EngineClosed",),
+    "SessionBusy": ("AgentrtError", "RuntimeError"),
+    "RequestCancelled": ("AgentrtError",),
+    "GenerationTimeout": ("AgentrtError", "TimeoutError"),
+    "ReplicaLost": ("AgentrtError",),
+    "ToolError": ("AgentrtError",),
+    "ToolDefinitionError": ("ToolError", "TypeError"),
+    "ToolCallError": ("ToolError",),
+    "GrammarError": ("AgentrtError",),
+    "ActorError": ("AgentrtError",),
+    "MailboxFull": ("ActorError",),
+    "ActorStopped": ("ActorError",),
+    "AskTimeout": ("ActorError", "TimeoutError"),
+}
+
+
+def test_the_error_tree_is_pinned():
+    assert sorted(errors.__all__) == sorted(ERROR_TREE), "an error added or dropped: update ERROR_TREE and the docs"
+    for name, bases in ERROR_TREE.items():
+        assert tuple(b.__name__ for b in getattr(errors, name).__bases__) == bases, name
+
+
+def test_the_error_tree_drawing_matches_the_classes():
+    """The tree drawn in agentrt/errors.py's docstring: every error once, under its parent."""
+    drawn, parents = {}, []  # name -> parent drawn; the chain of names above the current line
+    for line in errors.__doc__.splitlines():
+        m = re.match(r"^ {4}((?:[│ ] {3})*)(?:[├└]── )?([A-Z]\w+)(?:\s{2,}|$)", line)  # (the docstring's indent)
+        if not m:
+            continue
+        depth = len(m.group(1)) // 4 + (0 if m.group(2) == "AgentrtError" else 1)
+        parents[depth:] = [m.group(2)]
+        drawn[m.group(2)] = parents[depth - 1] if depth else None
+    assert drawn == {name: None if name == "AgentrtError" else bases[0] for name, bases in ERROR_TREE.items()}
