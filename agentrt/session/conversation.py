@@ -187,11 +187,7 @@ class Conversation:
         tools = self.tools if tool_choice != "none" and json_schema is None else None
         constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema)
         limits = limits or CallLimits()
-        # the parser enforces the cap (it stops at the last allowed call's closing brace);
-        # without parallel calls it allows one call anyway
-        cap = limits.max_calls if parallel_tool_calls else None
-        parser = ToolCallParser(tools, parallel_calls=parallel_tool_calls, max_calls=cap,
-                                **self.chat.tool_format.parser_options()) if tools else _TextOnly()
+        parser = self._parser(tools, parallel_tool_calls, limits)
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = _Round(parser, tuple(stop), reasoning, limits.stop_on_repeat)
@@ -217,6 +213,14 @@ class Conversation:
             with contextlib.suppress(EngineClosed):
                 await self.session.expect_tools([c.name for c in end.calls])
         yield end
+
+    def _parser(self, tools, parallel: bool, limits: CallLimits) -> Any:
+        """The round's parser. It enforces limits.max_calls: it stops at the closing brace of the
+        last allowed call (without parallel calls it allows one call anyway)."""
+        if not tools:
+            return _TextOnly()
+        return ToolCallParser(tools, parallel_calls=parallel, max_calls=limits.max_calls if parallel else None,
+                              **self.chat.tool_format.parser_options())
 
     def _constraint(self, tools, tool_choice, parallel, constrained, json_schema):
         if json_schema is not None:
