@@ -20,6 +20,7 @@ from agentrt.runtime.actor import ActorRef
 from agentrt.runtime.agent import Agent
 from agentrt.runtime.events import TurnResult
 from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.spec import AgentSpec
 from agentrt.runtime.supervision import Supervision
 from agentrt.sampling import SamplingParams
 from agentrt.session.chat import ChatFormat
@@ -37,6 +38,7 @@ __all__ = [
     "ActorRef",
     "Agent",
     "AgentAwarePolicy",
+    "AgentSpec",
     "CallLimits",
     "ChatFormat",
     "Completion",

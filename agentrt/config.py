@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from agentrt.cache.base import POLICY_NAMES
-from agentrt.engine.policies import SCHEDULING_POLICIES
 from agentrt.checks import check_bool, check_choice, check_float, check_int
 from agentrt.errors import ConfigError
+from agentrt.policy_names import EVICTION_POLICIES, SCHEDULING_POLICIES
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class EngineConfig:
             check_bool("EngineConfig.bare_tool_calls (None: the format's default)", self.bare_tool_calls)
         check_choice("EngineConfig.forward_path", self.forward_path, ("auto", "fused", "eager"))
         check_choice("EngineConfig.tool_format", self.tool_format, ("auto", "hermes", "qwen", "llama3", "mistral"))
-        check_choice("EngineConfig.eviction_policy", self.eviction_policy, tuple(POLICY_NAMES))
+        check_choice("EngineConfig.eviction_policy", self.eviction_policy, EVICTION_POLICIES)
         check_choice("EngineConfig.scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         put("task_aging_s", check_float("EngineConfig.task_aging_s (seconds)", self.task_aging_s, min=0.0,
                                         min_open=True))

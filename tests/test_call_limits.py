@@ -67,3 +67,28 @@ def test_disabled_guard_passes_everything():
 def test_limits_are_checked(bad):
     with pytest.raises(ConfigError):
         CallLimits(**bad)
+
+
+def test_max_calls_ends_the_round_at_the_last_allowed_call():
+    """CallLimits.max_calls is the round's cap; the round's parser enforces it: the reply ends with
+    the last allowed call (its tag closed) and the request is stopped there."""
+    import anyio
+
+    from agentrt import Conversation, SamplingParams
+    from agentrt.toolcall.formats import HERMES
+    from tests.test_pipelined_tools import ScriptedEngine
+
+    schema = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}}}
+    engine = ScriptedEngine([HERMES.render_calls([("f", {"k": i}) for i in range(4)])])
+    conv = Conversation(engine, tools=[schema])
+    conv.append([{"role": "user", "content": "go"}])
+
+    async def main():
+        rounds = conv.round(SamplingParams(max_tokens=400), constrained=False, limits=CallLimits(max_calls=2))
+        return [ev async for ev in rounds][-1]
+
+    end = anyio.run(main)
+    assert [c.arguments for c in end.calls] == [{"k": 0}, {"k": 1}] and end.stopped and engine.stopped
+    assert engine.tokenizer.decode(end.generated).endswith('{"k": 1}}')
+    assert [c["function"]["arguments"] for c in conv.messages[-1]["tool_calls"]] == ['{"k": 0}', '{"k": 1}']

@@ -14,8 +14,9 @@ import torch
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.model.config import ModelConfig
 from agentrt.model.files import (
-    EMBEDDED_MODELS, EmbeddedModel, embedded_path, expected_weight_shapes, load_files, resolve_source, verify_file,
+    EMBEDDED_MODELS, EmbeddedModel, embedded_path, expected_weight_shapes, resolve_source, verify_file,
 )
+from agentrt.model.loader import load_files
 from agentrt.model.gguf_loader import load_gguf, unpermute_rope_rows
 from agentrt.model.hf_loader import load_hf_dir
 

@@ -21,6 +21,21 @@ def ready(name, stage, *, remaining, task_arrival=0.0, arrival=0.0, resident=0, 
     return Ready(name, stage, f"t-{name}", arrival, task_arrival, resident, 100, remaining, COST, successors, 100)
 
 
+
+def test_every_configurable_policy_name_builds_that_policy():
+    """The names EngineConfig accepts (agentrt/policy_names.py) and the factories agree."""
+    from agentrt import EngineConfig
+    from agentrt.cache.registry import make_policy
+    from agentrt.policy_names import EVICTION_POLICIES
+
+    for name in EVICTION_POLICIES:
+        assert make_policy(name).name == name and EngineConfig(eviction_policy=name).eviction_policy == name
+    for name in SCHEDULING_POLICIES:
+        assert make_scheduling_policy(name).name == name and EngineConfig(scheduling_policy=name)
+    for make in (make_policy, make_scheduling_policy):
+        with pytest.raises(ConfigError, match="unknown"):
+            make("nope")
+
 def view(ready_list, *, resident=None, running=(), budget=1500, now=0.0):
     resident = resident or {}
     stages = {s for r in [*ready_list, *running] for s in (r.stage, *r.successors)} | set(resident)

@@ -1,15 +1,11 @@
 """Interfaces of the cache layer. Eviction policies plug in here: LRU (`LRUPolicy`), agent-aware
 (`agent_aware.AgentAwarePolicy`, CacheScout) and later workflow-aware (TOPAS), without touching
 the radix tree. A policy ranks both radix leaves (what to evict) and idle sessions (what to
-detach under memory pressure, engine/memory.py)."""
+detach under memory pressure, engine/memory.py). Policies by name: registry.py."""
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
-
-from agentrt.errors import ConfigError
-
-POLICY_NAMES = ("lru", "agent_aware")  # accepted by EngineConfig.eviction_policy
 
 
 @runtime_checkable
@@ -70,13 +66,3 @@ class LRUPolicy:
     def order_sessions(self, sessions: list[IdleSession]) -> list[IdleSession]:
         return sorted(sessions, key=lambda s: s.last_used)
 
-
-def make_policy(name: str) -> EvictionPolicy:
-    """A fresh policy by its EngineConfig name ("lru" | "agent_aware")."""
-    if name == "lru":
-        return LRUPolicy()
-    if name == "agent_aware":
-        from agentrt.cache.agent_aware import AgentAwarePolicy  # it imports this module
-
-        return AgentAwarePolicy()
-    raise ConfigError(f"unknown eviction policy {name!r}; expected one of {POLICY_NAMES}")

@@ -111,7 +111,7 @@ def _set_history(core, es: EngineSession) -> None:
     memory hierarchy restores it to (EngineSession.history), and in the radix tree like every
     finished turn's KV, so memory pressure can rank its pages with the rest (engine/memory.py)."""
     es.history = list(es.seq.tokens)
-    core._cache(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
+    core.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:

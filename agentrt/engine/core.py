@@ -10,7 +10,7 @@ import time
 import structlog
 import torch
 
-from agentrt.cache.base import make_policy
+from agentrt.cache.registry import make_policy
 from agentrt.cache.kv_manager import KVManager, Sequence
 from agentrt.cache.pages import PageAllocator
 from agentrt.cache.radix import RadixCache
@@ -101,7 +101,7 @@ class EngineCore:
         for r in [r for r in itertools.chain(self.waiting, self.running) if r.session is sess]:
             self._finish(r, "cancelled")
         sess.closed = True
-        self._cache(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
+        self.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
         self.kvm.release(sess.seq)
         del self.sessions[sess.sid]
         self.pool.release(sess.sid)
@@ -314,7 +314,7 @@ class EngineCore:
         if self.responses is not None and r.constraint is None and reason in ("stop", "length"):
             key = ResponseCache.key("model", r.params, r.prompt, r.cache_salt)
             self.responses.put(key, CachedResponse(tuple(r.output), reason))
-        self._cache(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
+        self.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, self._tick()
             r.session.history = list(r.seq.tokens)
@@ -323,7 +323,8 @@ class EngineCore:
             self.pool.release(r.seq.seq_id)
         r.emit(TokenEvent(r.rid, last, finish_reason=reason, usage=r.usage(), error=error))
 
-    def _cache(self, tokens, pages, salt, tag) -> None:
+    def insert_prefix(self, tokens, pages, salt, tag) -> None:
+        """Offer a sequence's KV (its tokens on `pages`) to the radix tree (no-op without one)."""
         if self.radix is not None and tokens:
             self.radix.insert(tokens, pages, salt, tag)
 

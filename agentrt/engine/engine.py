@@ -21,6 +21,7 @@ import anyio
 import anyio.from_thread
 
 from agentrt.config import EngineConfig
+from agentrt.engine.context import context_limit
 from agentrt.engine.core import EngineCore
 from agentrt.engine.loop import StepThread
 from agentrt.engine.request import TokenEvent, Usage
@@ -128,7 +129,7 @@ class Engine:
         `timeout`, default EngineConfig.acquire_timeout)."""
         self._check_open()
         check_open_session_args(tag, cache_salt, timeout)
-        return await self._open_with(lambda sid: self.core.open_session(sid, tag, cache_salt), timeout)
+        return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt), timeout)
 
     async def restore(self, path, *, tag: str | None = None, cache_salt: str | None = None,
                       timeout: float | None = None) -> Session:
@@ -139,7 +140,7 @@ class Engine:
         check_open_session_args(tag, cache_salt, timeout)
         return await restore_session(self, path, tag, cache_salt, timeout)
 
-    async def _open_with(self, make: Callable[[int], object], timeout: float | None) -> Session:
+    async def open_session_with(self, make: Callable[[int], object], timeout: float | None) -> Session:
         """A session made by make(sid) in the step thread, sid taken from the pool's session
         region (PoolExhausted after `timeout`, default EngineConfig.acquire_timeout). make must
         be all or nothing: when it raises, the id goes back to the pool here."""
@@ -199,7 +200,7 @@ class Engine:
             try:
                 gen = None if params.greedy else make_generator(_seed(prompt, params))
                 box["req"] = self.core.add_request(
-                    prompt, params, emit, seq_id=seq_id, session=session and session._es,
+                    prompt, params, emit, seq_id=seq_id, session=session and session.engine_session,
                     cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen,
                     task=task, workflow=workflow)
             except BaseException as e:
@@ -280,10 +281,8 @@ class Engine:
     @property
     def max_context_tokens(self) -> int:
         """The longest request (prompt + max_tokens) this engine can ever take: the model's context,
-        and what fits under the KV pool's high-water mark."""
-        core = self.core
-        pool = int(core.cfg.high_water * core.cfg.num_pages) * core.cfg.page_size
-        return min(core.model.cfg.max_position_embeddings, pool)
+        and what fits under the KV pool's high-water mark (engine/context.py)."""
+        return context_limit(self.core.model.cfg.max_position_embeddings, self.core.cfg)
 
     def stats(self):
         with self._steps.lock:

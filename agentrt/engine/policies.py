@@ -12,57 +12,17 @@ agents outside `keep` first.
 - `program_fcfs`: the oldest task first, so a task's later calls are not queued behind newer
   tasks' first calls (Autellix / Continuum program-level ordering).
 - `topas`: seed 004, joint prefix residency and admission (engine/topas.py).
-Ties keep arrival order. Policies are pure functions of the view: no engine state is touched.
+Ties keep arrival order. Policies are pure functions of the view (engine/policy_base.py): no
+engine state is touched. `make_scheduling_policy` builds one by name, above every implementation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
-
-SCHEDULING_POLICIES = ("fcfs", "lpm", "srpt", "program_fcfs", "topas")
-
-
-@dataclass
-class Ready:
-    """A ready (waiting) request as a policy sees it."""
-
-    req: object  # the engine's Request (policies return these in Decision.order)
-    stage: str | None  # the agent that makes it
-    task: str | None
-    arrival: float  # the core clock's now() at submission
-    task_arrival: float  # ... of its task's first request
-    resident: int  # prompt tokens whose KV is resident now (radix match or its session)
-    cells: int  # KV cells it adds if admitted now: uncomputed prompt + max new tokens
-    remaining: float  # expected seconds on its task's longest remaining path (its stage included)
-    cost: float  # expected seconds of this request's own service
-    successors: tuple[str, ...] = ()  # stages its task may go to after this stage
-    work: int = 0  # tokens it still has to compute past what is resident and its agent's prefix
-
-
-@dataclass
-class SchedulingView:
-    ready: list[Ready]  # in arrival order
-    running: list[Ready]  # admitted requests, same fields (resident: what they hold)
-    prefix_len: dict[str, int]  # agent -> tokens of its static prefix (learned)
-    resident: dict[str, int]  # agent -> tokens of its static prefix resident now
-    budget: int  # KV cells (tokens) prefixes and admitted requests may use in all
-    reload_s_per_token: float  # cost of recomputing one prefix token
-    now: float
-    upcoming: dict[str, float] = field(default_factory=dict)  # agent -> expected requests soon from
-    # tasks between requests (a tool running, or the next stage about to start): engine/tasks.py
-
-
-@dataclass(frozen=True)
-class Decision:
-    order: list  # ready requests to admit, in this order
-    keep: frozenset[str] | None = None  # agents whose prefixes stay resident (None: the eviction policy decides)
-
-
-class SchedulingPolicy(Protocol):
-    name: str
-
-    def decide(self, view: SchedulingView) -> Decision: ...
+# (the view's types are importable from here too: the policies and their view in one import)
+from agentrt.engine.policy_base import Decision, Ready, SchedulingPolicy, SchedulingView  # noqa: F401
+from agentrt.engine.topas import Topas
+from agentrt.errors import ConfigError
+from agentrt.policy_names import SCHEDULING_POLICIES
 
 
 class FCFS:
@@ -103,9 +63,11 @@ class ProgramFCFS:
 
 
 def make_scheduling_policy(name: str, **topas_args) -> SchedulingPolicy:
-    """A policy by its EngineConfig.scheduling_policy name (validated there)."""
-    if name == "topas":
-        from agentrt.engine.topas import Topas
-
+    """A policy by its EngineConfig.scheduling_policy name (one of SCHEDULING_POLICIES); `topas_args`
+    configure Topas."""
+    if name == Topas.name:
         return Topas(**topas_args)
-    return {"fcfs": FCFS, "lpm": LPM, "srpt": SRPT, "program_fcfs": ProgramFCFS}[name]()
+    for cls in (FCFS, LPM, SRPT, ProgramFCFS):
+        if cls.name == name:
+            return cls()
+    raise ConfigError(f"unknown scheduling policy {name!r}; expected one of {SCHEDULING_POLICIES}")

@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from agentrt.engine import sizing
-from agentrt.engine.policies import FCFS, Ready, SchedulingView
+from agentrt.engine.policies import FCFS
+from agentrt.engine.policy_base import Ready, SchedulingView
 from agentrt.engine.prefix import common_prefix, group_new_requests
 from agentrt.engine.request import Request, State
 from agentrt.engine.speculation import choose_draft

@@ -24,6 +24,17 @@ class Session:
         self._engine, self._es = engine, es
 
     @property
+    def engine(self):
+        """The Engine that opened this session (a session belongs to one engine)."""
+        return self._engine
+
+    @property
+    def engine_session(self):
+        """The step thread's record of this session (engine/request.py::EngineSession): what the
+        engine submits requests on; read or change it only in the step thread."""
+        return self._es
+
+    @property
     def tokens(self) -> list[int]:
         """Token ids whose KV the session holds now (a copy)."""
         return self._engine.session_tokens(self._es)
@@ -74,7 +85,7 @@ class Session:
         check_optional_str("tag", tag)
         check_timeout("timeout (seconds; None: EngineConfig.acquire_timeout)", timeout)
         engine, es = self._engine, self._es
-        return await engine._open_with(lambda sid: branching.fork_session(engine.core, es, sid, tag), timeout)
+        return await engine.open_session_with(lambda sid: branching.fork_session(engine.core, es, sid, tag), timeout)
 
     async def rollback(self, n_tokens: int) -> None:
         """Forget the KV of the last `n_tokens` tokens the session holds (0 <= n_tokens <=
@@ -97,4 +108,4 @@ async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
     data = await anyio.to_thread.run_sync(read)
     tag = data["tag"] if tag is None else tag
     core = engine.core
-    return await engine._open_with(lambda sid: branching.import_session(core, sid, data, tag, cache_salt), timeout)
+    return await engine.open_session_with(lambda sid: branching.import_session(core, sid, data, tag, cache_salt), timeout)

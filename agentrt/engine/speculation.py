@@ -1,4 +1,6 @@
-"""Speculation inside the step loop: choose each decoder's draft, then verify and roll back."""
+"""Speculation inside the step loop, the engine's bookkeeping around sampling/speculative.py: choose
+each decoder's draft (its n-gram index, the cap, the grammar's prefix), and count what the one
+verification (`speculative.verify`) accepts."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import torch
 
 from agentrt.config import EngineConfig
 from agentrt.engine.request import Request
-from agentrt.sampling.speculative import NgramIndex, draft_cap, verify_greedy, verify_sampled
+from agentrt.sampling import speculative
+from agentrt.sampling.speculative import NgramIndex, draft_cap
 
 
 def choose_draft(r: Request, n_decoders: int, cfg: EngineConfig, ctx_len: int) -> list[int]:
@@ -29,28 +32,10 @@ def choose_draft(r: Request, n_decoders: int, cfg: EngineConfig, ctx_len: int) -
 
 
 def verify(r: Request, logits: torch.Tensor, argmax) -> list[int]:
-    """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1)."""
-    if r.constraint is not None:
-        acc = verify_constrained(r, logits, argmax)
-    elif r.params.greedy:
-        acc = verify_greedy(logits, r.draft, argmax)
-    else:
-        acc = verify_sampled(logits, r.draft, r.params, r.generator)
+    """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1), counted
+    for r's acceptance rate (which caps its next drafts)."""
+    acc = speculative.verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator,
+                             argmax=argmax)
     r.spec_proposed += len(r.draft)
     r.spec_accepted += len(acc) - 1
     return acc
-
-
-def verify_constrained(r: Request, logits: torch.Tensor, argmax) -> list[int]:
-    """Greedy verification under the grammar: position i is masked by the grammar state after
-    the tokens accepted before it, exactly as plain constrained decoding would mask it. The
-    constraint advances only over tokens that are kept, so nothing needs rolling back."""
-    out: list[int] = []
-    for i in range(len(r.draft) + 1):
-        row = r.constraint.mask_logits(logits[i].clone())
-        t = int(argmax(row[None])[0])
-        out.append(t)
-        r.constraint.advance(t)
-        if i == len(r.draft) or t != r.draft[i] or r.constraint.is_terminated():
-            break
-    return out

@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from agentrt.engine.policies import Decision, Ready, SchedulingView
+from agentrt.engine.policy_base import Decision, Ready, SchedulingView
 
 EPS = 1e-3  # seconds: floor of a remaining path and of a state's time
 RESIDENT = 0.5  # an agent counts as resident when this share of its prefix is

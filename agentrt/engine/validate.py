@@ -1,4 +1,6 @@
-"""Checks a request must pass before the engine does any work for it."""
+"""Checks a request must pass before the engine does any work for it: the public entry points
+(`check_generate_args`, in the caller's task) and the core (`validate_request`, in the step thread,
+for whoever calls `EngineCore.add_request`) run the same `check_params` / `check_prompt`."""
 
 from __future__ import annotations
 
@@ -6,13 +8,16 @@ import operator
 from collections.abc import Mapping
 
 from agentrt.checks import check_optional_str, check_timeout
-from agentrt.errors import ConfigError, ContextLengthExceeded, OutOfKVMemory
+from agentrt.engine.context import context_overflow, kv_limit
+from agentrt.engine.session import Session
+from agentrt.errors import ConfigError, OutOfKVMemory
 from agentrt.sampling import SamplingParams
 
 
-def check_params(params) -> SamplingParams:
-    """None -> the defaults; a SamplingParams as is; anything else ConfigError."""
-    if params is None:
+def check_params(params, *, allow_none: bool = True) -> SamplingParams:
+    """None -> the defaults (ConfigError when not allow_none); a SamplingParams as is; anything
+    else ConfigError."""
+    if params is None and allow_none:
         return SamplingParams()
     if isinstance(params, SamplingParams):
         return params
@@ -20,9 +25,9 @@ def check_params(params) -> SamplingParams:
     raise ConfigError(f"params must be a SamplingParams or None, got {type(params).__name__}{hint}")
 
 
-def check_prompt(prompt) -> list[int]:
-    """A non-empty list or tuple of int token ids -> a new list of Python ints (the token range
-    is checked against the model's vocabulary in validate_request)."""
+def check_prompt(prompt, vocab: int | None = None) -> list[int]:
+    """A non-empty list or tuple of int token ids -> a new list of Python ints, each in
+    [0, vocab) when `vocab` is given (the core knows it: validate_request)."""
     if isinstance(prompt, str):
         raise ConfigError("the prompt must be token ids, not text: encode it first "
                           "(engine.tokenizer.encode(text)) or use a Conversation / Agent")
@@ -36,16 +41,21 @@ def check_prompt(prompt) -> list[int]:
         raise ConfigError(f"the prompt must be a list of int token ids, got {type(prompt).__name__}{hint}")
     if not prompt:
         raise ConfigError("the prompt is empty; give at least one token")
-    out: list[int] = []
-    for i, t in enumerate(prompt):
-        try:
-            if isinstance(t, (bool, float, str, bytes)):
-                raise TypeError
-            out.append(operator.index(t))
-        except TypeError:
-            raise ConfigError(f"prompt token ids must be ints; prompt[{i}] is {t!r} "
-                              f"({type(t).__name__})") from None
+    # (the common case, plain ints, stays at C speed: prompts reach tens of thousands of tokens)
+    out = list(prompt) if all(type(t) is int for t in prompt) else [_token_id(i, t) for i, t in enumerate(prompt)]
+    if vocab is not None and (min(out) < 0 or max(out) >= vocab):
+        i = next(i for i, t in enumerate(out) if not 0 <= t < vocab)
+        raise ConfigError(f"prompt token ids must be ints in [0, {vocab}); prompt[{i}] is {out[i]}")
     return out
+
+
+def _token_id(i: int, t) -> int:
+    try:
+        if isinstance(t, (bool, float, str, bytes)):
+            raise TypeError
+        return operator.index(t)
+    except TypeError:
+        raise ConfigError(f"prompt token ids must be ints; prompt[{i}] is {t!r} ({type(t).__name__})") from None
 
 
 def check_generate_args(engine, prompt, params, *, session=None, cache_salt=None, tag=None,
@@ -76,31 +86,23 @@ def check_session(engine, session) -> None:
     """None, or a Session this engine opened (a session belongs to one engine)."""
     if session is None:
         return
-    from agentrt.engine.session import Session
-
     if not isinstance(session, Session):
         raise ConfigError(f"session must be a Session from engine.open_session(), got {type(session).__name__}")
-    if engine is not None and getattr(session, "_engine", engine) is not engine:
+    if engine is not None and session.engine is not engine:
         raise ConfigError("this session was opened on another engine; open one with this engine's open_session()")
 
 
 def validate_request(core, prompt, params, seq_id, session) -> None:
-    if not isinstance(params, SamplingParams):
-        raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if not isinstance(prompt, (list, tuple)):
-        raise ConfigError(f"the prompt must be a list of int token ids, got {type(prompt).__name__}")
-    if not prompt:
-        raise ConfigError("the prompt is empty; give at least one token")
-    vocab = core.model.cfg.vocab_size
-    if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= vocab for t in prompt):
-        raise ConfigError(f"prompt token ids must be ints in [0, {vocab})")
-    ctx = core.model.cfg.max_position_embeddings
+    """EngineCore.add_request's arguments against the core: types, the token range, the context
+    (ContextLengthExceeded) and the KV pool (OutOfKVMemory), the session's state."""
+    check_params(params, allow_none=False)
+    check_prompt(prompt, core.model.cfg.vocab_size)
+    overflow = context_overflow(len(prompt), params.max_tokens, core.model.cfg.max_position_embeddings,
+                                what="the model's context", hint="; shorten the conversation or lower max_tokens")
+    if overflow is not None:
+        raise overflow
     total = len(prompt) + params.max_tokens
-    if total > ctx:
-        raise ContextLengthExceeded(
-            f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} = {total} exceeds "
-            f"the model's context of {ctx}; shorten the conversation or lower max_tokens")
-    if core.kvm.pages_for(total) > core.cfg.high_water * core.cfg.num_pages:
+    if total > kv_limit(core.cfg):
         raise OutOfKVMemory(
             f"a request of {total} tokens can never fit under the KV pool's high-water mark "
             f"({core.cfg.high_water:.0%} of {core.cfg.kv_cache_tokens} tokens); raise "

@@ -1,6 +1,8 @@
-"""Where model files come from, and the format-independent result of loading them.
+"""Where model files come from, and the format-independent result of loading them (`ModelFiles`,
+checked against the config by `check_weights`); the GGUF and Hugging Face loaders build it, and
+`loader.load_files` picks the loader (above both: this module imports neither).
 
-`load_files(name_or_path)` accepts:
+`resolve_source(name_or_path)` accepts:
   * an embedded model name (`"smollm2-135m"`), shipped as a GGUF inside a pip package;
   * a path to a `.gguf` file;
   * a Hugging Face model directory (config.json + *.safetensors [+ tokenizer.json]).
@@ -116,17 +118,6 @@ def resolve_source(name_or_path: str | Path) -> Path:
     raise ModelNotFound(
         f"no model {str(name_or_path)!r}: not an embedded model name ({names}) and no such file or directory"
     )
-
-
-def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
-    """Load config, weights (as `dtype`; a GGUF's quantized matrices kept quantized with
-    `native=True`) and tokenizer from any supported source."""
-    # imported here: the loaders import ModelFiles from this module
-    from agentrt.model.gguf_loader import load_gguf
-    from agentrt.model.hf_loader import load_hf_dir
-
-    path = resolve_source(name_or_path)
-    return load_hf_dir(path, dtype) if path.is_dir() else load_gguf(path, dtype, native)
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

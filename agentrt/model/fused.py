@@ -155,13 +155,13 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
 def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
     arr, shared = layers
     n = len(model.blocks)
-    cached = getattr(model, "_native_kv", None)  # per-KV-store arguments, rebuilt when it changes
+    cached = model.fused_cache.get("kv")  # per-KV-store arguments, rebuilt when the store changes
     if cached is None or cached[0]() is not kv:  # (a weak reference: the store may be freed)
         dims = native.Dims.from_buffer_copy(shared)
         dims.page_size, dims.kv_half = kv.k[0].shape[1], int(kv.k[0].dtype == torch.float16)
         cached = (weakref.ref(kv), (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k)),
                   (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v)), dims)
-        model._native_kv = cached
+        model.fused_cache["kv"] = cached
     _, kp, vp, dims = cached
     st.lib.agrt_decoder_layers(
         ctypes.addressof(arr), n, ctypes.addressof(dims), x.data_ptr(), x.shape[0],
@@ -173,16 +173,17 @@ def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
 def native_layers(model):
     """The ctypes description of every decoder layer (built once per model), or None when a
     layer is not fully quantized (fp32 Dense layers run their matmuls in torch)."""
-    cached = model.__dict__.get("_native_layers")
-    # a replaced layer invalidates it (checked through the module dicts: this runs every step)
-    if cached is not None and all(owner._modules[name] is lin for owner, name, lin in cached[0]):
+    cached = model.fused_cache.get("layers")
+    # a replaced layer invalidates it (checked every step: the description holds raw pointers into
+    # the layers it was built from, which it keeps alive)
+    if cached is not None and all(getattr(owner, name) is lin for owner, name, lin in cached[0]):
         return cached[1]
-    slots = tuple((owner, name, owner._modules[name]) for b in model.blocks
+    slots = tuple((owner, name, getattr(owner, name)) for b in model.blocks
                   for owner, name in ((b.attn, "qkv"), (b.attn, "o"), (b.mlp, "gate_up"), (b.mlp, "down")))
     lins = [tuple(lin for _, _, lin in slots[i:i + 4]) for i in range(0, len(slots), 4)]
     ok = all(isinstance(x, QLinear) and len(x.parts) <= 3 for group in lins for x in group)
     value = _describe(model, lins) if ok else None
-    model.__dict__["_native_layers"] = (slots, value)
+    model.fused_cache["layers"] = (slots, value)
     return value
 
 

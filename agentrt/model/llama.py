@@ -7,6 +7,8 @@ Hugging Face names on load; q/k/v and gate/up are fused into one matmul each.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -118,6 +120,9 @@ class LlamaModel(nn.Module):
         self.forward_path = "fused"  # "fused" runs only where the compiled kernels are available
         # every row computed in an order of its own (model/fused.py): output independent of batching
         self.batch_invariant = True
+        # what the fused forward (model/fused.py) keeps per model: the layers' native description
+        # and the KV store's pointers, each rebuilt there when what it describes changes
+        self.fused_cache: dict[str, Any] = {}
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,

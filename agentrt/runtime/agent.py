@@ -19,21 +19,21 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import fields, replace
 from typing import Any
 
 import anyio
 
-from agentrt.checks import check_bool, check_int, check_tool_choice
 from agentrt.errors import ConfigError
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
+from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
-from agentrt.session.overflow import ContextPolicy
-from agentrt.session.repeats import CallLimits
 from agentrt.toolcall import CallComplete
-from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, run_tool_call
+from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
+from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
 
 
@@ -52,6 +52,7 @@ async def _call_group():
 
 # An agent's generation settings are the engine's SamplingParams (one validated definition).
 GenerationSettings = SamplingParams
+_SPEC_FIELDS = frozenset(f.name for f in fields(AgentSpec))
 
 
 def as_messages(message: Any) -> list[dict]:
@@ -65,7 +66,9 @@ def as_messages(message: Any) -> list[dict]:
     raise ConfigError("an agent takes a str, a message dict or a list of message dicts")
 
 
-_ECHO_MARKUP = re.compile(r"</?tool_response>|</?tool_call>|<tool\s*$")
+# the Hermes tags a small model may echo into its answer, and a tag cut off at a line's end
+_ECHO_MARKUP = re.compile("|".join(map(re.escape, (OPEN_TAG, CLOSE_TAG, RESPONSE_OPEN, RESPONSE_CLOSE)))
+                          + r"|<tool\s*$")
 
 
 def clean_text(text: str) -> str:
@@ -75,60 +78,38 @@ def clean_text(text: str) -> str:
 
 
 class Agent:
-    def __init__(self, name: str, instructions: str = "", tools: Sequence[Tool | Callable] = (), *,
-                 engine=None, settings: GenerationSettings | None = None, max_tool_rounds: int = 8,
-                 tool_choice: Any = "auto", constrained: bool = True, parallel_tool_calls: bool = True,
-                 deps: Any = None, stop_at_tools: Sequence[str] = (), context_policy: ContextPolicy | None = None,
-                 call_limits: CallLimits | None = None):
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"Agent name must be a non-empty str, got {name!r}")
-        if not isinstance(instructions, str):
-            raise ConfigError(f"Agent {name!r}: instructions must be a str (the system prompt), "
-                              f"got {type(instructions).__name__}")
-        if isinstance(tools, (str, bytes, Tool)) or callable(tools) or not isinstance(tools, Iterable):
-            raise ConfigError(f"Agent {name!r}: tools must be a list of tools or functions, got "
-                              f"{type(tools).__name__}; wrap a single one: tools=[f]")
-        if engine is not None and not callable(getattr(engine, "open_session", None)):
-            raise ConfigError(f"Agent {name!r}: engine must be an Engine (or None: the Runtime's), "
-                              f"got {type(engine).__name__}")
-        if settings is not None and not isinstance(settings, SamplingParams):
-            raise ConfigError(f"Agent {name!r}: settings must be a GenerationSettings (SamplingParams) or None, "
-                              f"got {type(settings).__name__}; e.g. GenerationSettings(max_tokens=256)")
-        max_tool_rounds = check_int(f"Agent {name!r}: max_tool_rounds", max_tool_rounds, min=0)
-        self.name, self.instructions, self.engine = name, instructions, engine
-        self.tools = {t.name: t for t in Toolset(tools)}  # as Toolset: a duplicate name raises ToolDefinitionError
-        check_tool_choice(tool_choice, tuple(self.tools))
-        self.settings = settings or GenerationSettings()
-        self.max_tool_rounds, self.tool_choice = max_tool_rounds, tool_choice
-        self.constrained = check_bool(f"Agent {name!r}: constrained", constrained)
-        self.parallel_tool_calls = check_bool(f"Agent {name!r}: parallel_tool_calls", parallel_tool_calls)
-        self.deps = deps
-        if isinstance(stop_at_tools, (str, bytes)) or not isinstance(stop_at_tools, Iterable):
-            raise ConfigError(f"Agent {name!r}: stop_at_tools must be a list of tool names, got "
-                              f"{type(stop_at_tools).__name__}; wrap a single one: stop_at_tools=[name]")
-        stop_at_tools = tuple(stop_at_tools)
-        unknown = set(stop_at_tools) - set(self.tools)
-        if unknown:
-            raise ConfigError(f"stop_at_tools names tools the agent does not have: {sorted(unknown)}")
-        self.stop_at_tools = tuple(stop_at_tools)  # e.g. handoffs: the turn ends once one has run
+    """An agent actor's behaviour: its definition (`spec`, a frozen AgentSpec) and the state it
+    gathers (session, conversation, call ids). The definition's fields read through:
+    `agent.settings` is `agent.spec.settings`."""
+
+    def __init__(self, name: str, instructions: str = "", tools: Iterable[Tool | Callable] = (), **definition: Any):
+        """`definition`: AgentSpec's keyword fields (engine, settings, tool_choice, ...), checked there."""
+        self.spec = AgentSpec(name, instructions, tools, **definition)
+        # where it runs: the spec's engine, else the Runtime's (set at start) or a replica a cluster picks
+        self.engine = self.spec.engine
+        self.tools = {t.name: t for t in self.spec.tools}
         self.session = None
         self.conversation: Conversation | None = None
-        self.context_policy = context_policy if context_policy is not None else ContextPolicy()
-        if not isinstance(self.context_policy, ContextPolicy):
-            raise ConfigError(f"context_policy must be a ContextPolicy, got {type(context_policy).__name__}")
-        self.call_limits = call_limits if call_limits is not None else CallLimits()  # repeats / too many calls
-        if not isinstance(self.call_limits, CallLimits):
-            raise ConfigError(f"call_limits must be a CallLimits, got {type(call_limits).__name__}")
         self._call_ids = itertools.count(1)
 
+    @classmethod
+    def from_spec(cls, spec: AgentSpec) -> "Agent":
+        """A new agent (no state yet) running `spec`; change one with `dataclasses.replace`."""
+        if not isinstance(spec, AgentSpec):
+            raise ConfigError(f"from_spec takes an AgentSpec, got {type(spec).__name__}")
+        return cls(**{f.name: getattr(spec, f.name) for f in fields(spec)})
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names the agent does not hold itself: the definition's fields
+        spec = self.__dict__.get("spec")
+        if spec is not None and name in _SPEC_FIELDS:
+            return getattr(spec, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def fresh(self, name: str | None = None) -> "Agent":
-        """A new agent with the same definition (and `name`, default this one's) and no state (one
-        per LangGraph thread, say)."""
-        return Agent(self.name if name is None else name, self.instructions, list(self.tools.values()),
-                     engine=self.engine, settings=self.settings, max_tool_rounds=self.max_tool_rounds,
-                     tool_choice=self.tool_choice,
-                     constrained=self.constrained, parallel_tool_calls=self.parallel_tool_calls, deps=self.deps,
-                     stop_at_tools=self.stop_at_tools, context_policy=self.context_policy, call_limits=self.call_limits)
+        """A new agent with the same definition (and `name`, default this one's; on the engine this
+        one runs on) and no state (one per LangGraph thread, say)."""
+        return Agent.from_spec(replace(self.spec, name=self.spec.name if name is None else name, engine=self.engine))
 
     async def fork(self, name: str) -> "Agent":
         """A new agent `name` with this one's definition and a fork of its conversation
@@ -136,7 +117,7 @@ class Agent:
         use `Runtime.fork`). Fork an agent between turns: the fork holds what the conversation
         holds now."""
         if self.conversation is None:
-            raise ConfigError(f"agent {self.name!r} has no conversation yet: spawn it before forking it")
+            raise ConfigError(f"agent {self.spec.name!r} has no conversation yet: spawn it before forking it")
         child = self.fresh(name)
         child.conversation = await self.conversation.fork(tag=name)
         child.session = child.conversation.session
@@ -146,7 +127,7 @@ class Agent:
     async def start(self, ctx) -> None:
         self.engine = self.engine or ctx.runtime.engine
         if self.engine is None:
-            raise ConfigError(f"agent {self.name!r} has no engine: pass engine= or give the Runtime one")
+            raise ConfigError(f"agent {self.spec.name!r} has no engine: pass engine= or give the Runtime one")
         self._limiter = ctx.runtime.tool_limiter
         if self.session is None or ctx.reset_state:
             await self._reset()
@@ -163,11 +144,11 @@ class Agent:
     async def _reset(self) -> None:
         if self.session is not None:
             await self.session.close()
-        self.session = await self.engine.open_session(tag=self.name)
-        self.conversation = Conversation(self.engine, tools=self._schemas(), session=self.session,
-                                         policy=self.context_policy)
-        if self.instructions:
-            self.conversation.append([{"role": "system", "content": self.instructions}])
+        self.session = await self.engine.open_session(tag=self.spec.name)
+        self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), session=self.session,
+                                         policy=self.spec.context_policy)
+        if self.spec.instructions:
+            self.conversation.append([{"role": "system", "content": self.spec.instructions}])
 
     @property
     def messages(self) -> list[dict]:
@@ -177,9 +158,6 @@ class Agent:
     def tokens(self) -> list[int]:
         """What the agent's session KV holds (or will, once the next round prefills)."""
         return self.conversation.tokens
-
-    def _schemas(self) -> list[dict] | None:
-        return [t.openai_schema() for t in self.tools.values()] or None
 
     # ---- one turn ----------------------------------------------------------------------
     async def handle(self, message: Any, ctx) -> TurnResult:
@@ -193,17 +171,17 @@ class Agent:
         turn: list[dict] = []
         results: list[ToolResult] = []
         usage, text = [], ""
-        for rnd in range(self.max_tool_rounds + 1):
+        for rnd in range(self.spec.max_tool_rounds + 1):
             yield RoundStarted(rnd, len(self.tokens))
             base = next(self._call_ids)
 
             def call_id(index: int, base: int = base) -> str:
-                return f"call_{self.name}_{base + index}"
+                return f"call_{self.spec.name}_{base + index}"
             end, done = None, {}
             async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(
-                        self.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.parallel_tool_calls,
-                        constrained=self.constrained, call_id=call_id, content=clean_text, limits=self.call_limits):
+                        self.spec.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.spec.parallel_tool_calls,
+                        constrained=self.spec.constrained, call_id=call_id, content=clean_text, limits=self.spec.call_limits):
                     if isinstance(ev, RoundEnd):
                         end = ev
                         self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done)
@@ -227,16 +205,16 @@ class Agent:
                          for r in round_results]
             turn += tool_msgs
             await self.conversation.add(tool_msgs)  # big results: cut, and encoded off the event loop
-            stopper = next((r.name for r in round_results if r.name in self.stop_at_tools and not r.is_error), None)
+            stopper = next((r.name for r in round_results if r.name in self.spec.stop_at_tools and not r.is_error), None)
             if stopper is not None:
                 yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper)
                 return
-        yield TurnResult(text, turn, results, usage, self.max_tool_rounds + 1, stopped_by_round_limit=True)
+        yield TurnResult(text, turn, results, usage, self.spec.max_tool_rounds + 1, stopped_by_round_limit=True)
 
     def _choice(self, rnd: int) -> Any:
-        if not self.tools or rnd >= self.max_tool_rounds:
+        if not self.tools or rnd >= self.spec.max_tool_rounds:
             return "none"
-        return self.tool_choice if rnd == 0 else "auto"
+        return self.spec.tool_choice if rnd == 0 else "auto"
 
     def _is_pure(self, name: str) -> bool:
         t = self.tools.get(name)
@@ -259,7 +237,7 @@ class Agent:
             next(self._call_ids)
 
     def _start_calls(self, tg, calls, call_id: Callable[[int], str], done: dict) -> None:
-        ctx = ToolContext(agent=self.name, deps=self.deps)
+        ctx = ToolContext(agent=self.spec.name, deps=self.spec.deps)
         for c in calls:
             t = self.tools.get(c.name)
             if t is None:

@@ -6,11 +6,13 @@ history (prompt + output); the tokens that followed their latest earlier occurre
 draft. Tool calls repeat names, keys and values that are already in the prompt, so drafts are
 often long and right. An index of every n-gram's two latest end positions makes a lookup O(1).
 
-Verification: the draft tokens are extra query positions of their sequence in the same batch.
-Greedy: accept the longest draft prefix equal to the argmax, plus the model's own next token.
-Sampling: the draft is a point mass q(d) = 1, so the standard rule accepts d with probability
-p(d); on rejection the replacement is drawn from p with d removed (max(0, p - q) renormalised),
-which leaves the output distribution exactly p.
+Verification (`verify`, the one entry point): the draft tokens are extra query positions of their
+sequence in the same batch. Greedy: accept the longest draft prefix equal to the argmax, plus the
+model's own next token. Constrained (a grammar; greedy only): the same, each position masked by
+the grammar state after the tokens accepted before it. Sampling: the draft is a point mass
+q(d) = 1, so the standard rule accepts d with probability p(d); on rejection the replacement is
+drawn from p with d removed (max(0, p - q) renormalised), which leaves the output distribution
+exactly p.
 """
 
 from __future__ import annotations
@@ -53,6 +55,18 @@ class NgramIndex:
         return []
 
 
+def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, *, constraint=None,
+           generator: torch.Generator | None = None, argmax=None) -> list[int]:
+    """Tokens accepted from logits [k+1, V] at the positions of (last token, draft...): the
+    accepted draft prefix plus one token of the model's own (1 .. k+1 tokens). A `constraint`
+    (greedy requests only) advances over exactly the tokens returned. argmax: [B, V] -> [B]."""
+    if constraint is not None:
+        return verify_constrained(logits, draft, constraint, argmax)
+    if params.greedy:
+        return verify_greedy(logits, draft, argmax)
+    return verify_sampled(logits, draft, params, generator)
+
+
 def verify_greedy(logits: torch.Tensor, draft: list[int], argmax=None) -> list[int]:
     """logits [k+1, V] at the positions of (last token, draft...). Returns the accepted draft
     prefix plus the model's own next token (1 .. k+1 tokens). argmax: [B, V] -> [B]."""
@@ -85,6 +99,21 @@ def verify_sampled(logits: torch.Tensor, draft: list[int], params: SamplingParam
         out.append(int(torch.multinomial(residual / total, 1, generator=gen)))
         return out
     out.append(int(torch.multinomial(probs[len(draft)], 1, generator=gen)))
+    return out
+
+
+def verify_constrained(logits: torch.Tensor, draft: list[int], constraint, argmax) -> list[int]:
+    """Greedy verification under the grammar: position i is masked by the grammar state after
+    the tokens accepted before it, exactly as plain constrained decoding would mask it. The
+    constraint advances only over tokens that are kept, so nothing needs rolling back."""
+    out: list[int] = []
+    for i in range(len(draft) + 1):
+        row = constraint.mask_logits(logits[i].clone())
+        t = int(argmax(row[None])[0]) if argmax else int(torch.argmax(row))
+        out.append(t)
+        constraint.advance(t)
+        if i == len(draft) or t != draft[i] or constraint.is_terminated():
+            break
     return out
 
 

@@ -22,12 +22,14 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from agentrt.engine.prefix import fnv1a
+from agentrt.engine.context import context_overflow
 from agentrt.errors import ContextLengthExceeded
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import RoundEnd
+from agentrt.session.reply import call_id, call_prefix, finish_reason
 from agentrt.session.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
@@ -61,33 +63,31 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
     cannot be served: over the limits, or no room in the context)."""
     engine, req = state.engine, call.req
     async with routed_conversation(state.router, call.key, call.messages, call.tools, tag=call.key) as (conv, _):
-        call.call_prefix = prefix = f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}"
-        room = engine.max_context_tokens - len(conv.tokens)
-        max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit, room)
+        call.call_prefix = prefix = call_prefix(conv.tokens)
+        limit = engine.max_context_tokens
+        max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit,
+                                                                         limit - len(conv.tokens))
         if max_tokens > state.config.max_tokens_limit:
             raise ApiError(f"max_tokens {max_tokens} is over this server's limit "
                            f"({state.config.max_tokens_limit}; see `agentrt serve --max-tokens-limit`)", param="max_tokens")
-        if max_tokens < 1 or len(conv.tokens) + max_tokens > engine.max_context_tokens:
-            raise ApiError(f"the prompt ({len(conv.tokens)} tokens) and max_tokens ({max(max_tokens, 0)}) do not fit "
-                           f"the context of {engine.max_context_tokens} tokens", code="context_length_exceeded",
-                           param="messages")
+        overflow = context_overflow(len(conv.tokens), max_tokens, limit)
+        if overflow is not None:  # refused, not trimmed: the client sent this history and max_tokens
+            raise _too_long(overflow)
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 ignore_eos=req.ignore_eos)
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
-                            json_schema=call.json_schema, stop=req.stop, call_id=lambda i: f"{prefix}_{i}",
+                            json_schema=call.json_schema, stop=req.stop, call_id=partial(call_id, prefix),
                             tag=call.key)
         try:
             async with aclosing(rounds) as events:
                 async for ev in events:
                     yield ev
         except ContextLengthExceeded as e:
-            raise ApiError(str(e), code="context_length_exceeded", param="messages") from None
+            raise _too_long(e) from None
 
 
-def finish_reason(end: RoundEnd) -> str:
-    if end.finish_reason == "length":
-        return "length"
-    return "tool_calls" if end.calls else "stop"
+def _too_long(e: ContextLengthExceeded) -> ApiError:
+    return ApiError(str(e), code="context_length_exceeded", param="messages")
 
 
 def usage(end: RoundEnd) -> dict | None:
@@ -145,7 +145,7 @@ class Chunks:
         if isinstance(ev, TextDelta):
             return self.chunk({"content": ev.text}) if ev.text else None
         if isinstance(ev, CallStarted):
-            return self.chunk({"tool_calls": [{"index": ev.index, "id": f"{self.call.call_prefix}_{ev.index}", "type": "function",
+            return self.chunk({"tool_calls": [{"index": ev.index, "id": call_id(self.call.call_prefix, ev.index), "type": "function",
                                                "function": {"name": ev.name, "arguments": ""}}]})
         if isinstance(ev, ArgumentsDelta) and ev.index not in self.invalid:
             return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})

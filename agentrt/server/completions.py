@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from agentrt.engine.context import context_overflow
+from agentrt.engine.validate import check_prompt
+from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 
@@ -24,19 +27,17 @@ class TextRun:
     def __init__(self, req: CompletionRequest, state, model: str) -> None:
         tok, engine = state.engine.tokenizer, state.engine
         prompt = tok.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-        if not prompt:
-            raise ApiError("prompt is empty", param="prompt")
-        vocab = engine.model.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise ApiError(f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
-        room = engine.max_context_tokens - len(prompt)
-        max_tokens = req.max_tokens or min(16, room)  # OpenAI's default for completions
+        try:
+            prompt = check_prompt(prompt, engine.model.cfg.vocab_size)
+        except ConfigError as e:
+            raise ApiError(str(e), param="prompt") from None
+        limit = engine.max_context_tokens
+        max_tokens = req.max_tokens or min(16, limit - len(prompt))  # OpenAI's default for completions
         if max_tokens > state.config.max_tokens_limit:
             raise ApiError(f"max_tokens {max_tokens} is over this server's limit ({state.config.max_tokens_limit})",
                            param="max_tokens")
-        if max_tokens > room:
-            raise ApiError(f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) do not fit the context "
-                           f"of {engine.max_context_tokens} tokens", code="context_length_exceeded", param="prompt")
+        if (overflow := context_overflow(len(prompt), max_tokens, limit)) is not None:
+            raise ApiError(str(overflow), code="context_length_exceeded", param="prompt")
         self.req, self.engine, self.prompt, self.model = req, engine, prompt, model
         self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                      ignore_eos=req.ignore_eos)

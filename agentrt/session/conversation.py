@@ -40,11 +40,12 @@ from typing import Any
 
 import anyio
 
+from agentrt.engine.context import context_overflow
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
-from agentrt.session.overflow import ContextPolicy, droppable, too_long
+from agentrt.session.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.session.repeats import CallLimits, RepeatGuard
 from agentrt.toolcall.formats import keep_token_ids
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
@@ -142,19 +143,20 @@ class Conversation:
         fork of its session (`Session.fork`: KV pages shared copy-on-write), so the two go on
         independently and the fork's first round prefills only its new messages. Fork between
         rounds (SessionBusy while a round runs). A transient conversation forks into another."""
-        state = copy.deepcopy((self.messages, self.originals, self.tokens, self.ends, self.dropped, self._open))
-        session = await self.session.fork(tag, timeout) if self.session is not None else None
-        other = Conversation(self.engine, tools=self.tools, session=session, chat=self.chat, policy=self.policy)
-        other.messages, other.originals, other.tokens, other.ends, other.dropped, other._open = state
+        other = copy.copy(self)  # shares the engine, chat format and policy; the history is copied
+        other.messages, other.originals, other.tokens, other.ends = copy.deepcopy(
+            (self.messages, self.originals, self.tokens, self.ends))
+        other.tools = list(self.tools) if self.tools else None
+        other.session = await self.session.fork(tag, timeout) if self.session is not None else None
         return other
 
     def fit(self, reply_tokens: int) -> None:
         """Make the prompt + reply_tokens fit the engine's limit (see overflow.py), or raise."""
         limit = self.engine.max_context_tokens
-        while len(self.tokens) + reply_tokens > limit:
+        while (overflow := context_overflow(len(self.tokens), reply_tokens, limit, hint=NO_ROOM)) is not None:
             groups = droppable(self.messages) if self.policy.mode == "trim" else []
             if not groups:
-                raise too_long(len(self.tokens) + reply_tokens, limit)
+                raise overflow
             drop = set(groups[0])
             first = min(drop)
             keep = [i for i in range(len(self.messages)) if i not in drop]
@@ -184,11 +186,11 @@ class Conversation:
         engine = self.engine
         tools = self.tools if tool_choice != "none" and json_schema is None else None
         constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema)
-        parser = ToolCallParser(tools, parallel_calls=parallel_tool_calls,
-                                **self.chat.tool_format.parser_options()) if tools else _TextOnly()
+        limits = limits or CallLimits()
+        parser = self._parser(tools, parallel_tool_calls, limits)
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = _Round(parser, tuple(stop), reasoning, limits or CallLimits())
+        state = _Round(parser, tuple(stop), reasoning, limits.stop_on_repeat)
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow)) if v is not None}
         async with aclosing(engine.generate(self.tokens, params, session=self.session, constraint=constraint,
@@ -211,6 +213,14 @@ class Conversation:
             with contextlib.suppress(EngineClosed):
                 await self.session.expect_tools([c.name for c in end.calls])
         yield end
+
+    def _parser(self, tools, parallel: bool, limits: CallLimits) -> Any:
+        """The round's parser. It enforces limits.max_calls: it stops at the closing brace of the
+        last allowed call (without parallel calls it allows one call anyway)."""
+        if not tools:
+            return _TextOnly()
+        return ToolCallParser(tools, parallel_calls=parallel, max_calls=limits.max_calls if parallel else None,
+                              **self.chat.tool_format.parser_options())
 
     def _constraint(self, tools, tool_choice, parallel, constrained, json_schema):
         if json_schema is not None:
@@ -268,9 +278,9 @@ class Conversation:
 class _Round:
     """Mutable state of one round: parser, stop strings, what was seen."""
 
-    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, limits: CallLimits) -> None:
+    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, stop_on_repeat: bool) -> None:
         self.parser, self.stop, self.reasoning = parser, stop, reasoning
-        self.limits, self.guard = limits, RepeatGuard(limits.stop_on_repeat)
+        self.guard = RepeatGuard(stop_on_repeat)
         self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
         self.think = ThinkSplitter()
         self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
@@ -309,8 +319,6 @@ class _Round:
             if isinstance(ev, CallComplete):
                 self.calls.append(ev)
                 self.mark = (len(self.generated), len(self.raw))
-                cap = self.limits.max_calls
-                self.stopped = self.stopped or (cap is not None and len(self.calls) >= cap)
             elif isinstance(ev, CallInvalid):
                 self.invalid.append(ev)
             out.append(ev)

@@ -8,13 +8,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrt.errors import ChatTemplateError
+from agentrt.toolcall.formats import HERMES
+from agentrt.toolcall.tags import RESPONSE_CLOSE, RESPONSE_OPEN
 
 ROLES = ("system", "user", "assistant", "tool")
 
 TOOLS_INSTRUCTION = (
     "You can call the tools listed below. To call one, answer with a block of the form\n"
-    '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
-    "(one block per call). Tool results come back inside <tool_response></tool_response>.\n"
+    f"{HERMES.block_begin}{HERMES.call_prefix('<tool name>')}{{<arguments as JSON>}}}}{HERMES.block_end}\n"
+    f"(one block per call). Tool results come back inside {RESPONSE_OPEN}{RESPONSE_CLOSE}.\n"
 )
 
 
@@ -84,12 +86,9 @@ def fallback(msgs: list[dict[str, Any]], tools: list[Mapping[str, Any]]) -> list
     out = []
     for msg in msgs:
         if msg["role"] == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{msg['content']}\n</tool_response>"})
+            out.append({"role": "user", "content": f"{RESPONSE_OPEN}\n{msg['content']}\n{RESPONSE_CLOSE}"})
         elif msg.get("tool_calls"):
-            calls = "\n".join(
-                "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                           ensure_ascii=False) + "</tool_call>"
-                for c in msg["tool_calls"])
+            calls = HERMES.render_calls([(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]])
             out.append({"role": "assistant", "content": f"{msg['content']}\n{calls}" if msg["content"] else calls})
         else:
             out.append(dict(msg))

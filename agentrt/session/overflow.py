@@ -20,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentrt.errors import ConfigError, ContextLengthExceeded
+from agentrt.errors import ConfigError
 
 MODES = ("trim", "raise")
 _CHARS_PER_TOKEN_MAX = 16  # no tokenizer spends fewer tokens per character than 1/16
+# the end of the ContextLengthExceeded message when nothing more can be dropped
+NO_ROOM = " even after dropping old turns; start a new conversation, shorten the instructions, or lower max_tokens"
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,3 @@ def droppable(messages: list[dict]) -> list[list[int]]:
             i += 1
     exchanges = [list(range(a, b)) for a, b in zip(users, users[1:])]
     return rounds + exchanges
-
-
-def too_long(needed: int, limit: int) -> ContextLengthExceeded:
-    return ContextLengthExceeded(
-        f"the conversation needs {needed} tokens with the reply's room, over the limit of {limit} even "
-        "after dropping old turns; start a new conversation, shorten the instructions, or lower max_tokens")

@@ -8,6 +8,8 @@ calls where one was asked for). `CallLimits` says what ends a round instead:
     the round (same name, same arguments) ends the round; the repeat is dropped, and the reply
     kept is the one that ended with the previous call.
   * `max_calls` (default 16, None: no cap): the round ends once that many calls are complete.
+    This is the one place the cap is set; the round's `ToolCallParser(max_calls=...)` enforces
+    it, stopping at the closing brace of the last allowed call.
 
 `RepeatGuard` sits between the parser and the round's consumers. The events of a call whose
 name was already called are held back while its argument text is still a prefix of such a call's

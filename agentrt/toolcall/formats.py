@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentrt.errors import ConfigError
+from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG
 
 # the JSON style the grammar writes (json.dumps' default separators, no other whitespace)
 ITEM_SEP, KEY_SEP = ", ", ": "
@@ -43,8 +44,8 @@ class ToolFormat:
     """How one model family writes tool calls (see the module docstring)."""
 
     name: str
-    open: str = "<tool_call>"  # text that opens a call block; "" = bare JSON
-    close: str = "</tool_call>"
+    open: str = OPEN_TAG  # text that opens a call block; "" = bare JSON
+    close: str = CLOSE_TAG
     inner: str = ""  # whitespace the template writes just inside open and close
     args_key: str = "arguments"
     separator: str = "\n"  # between blocks (list formats: between the calls inside the list)
@@ -116,10 +117,10 @@ def detect_tool_format(chat) -> ToolFormat:
     call = text[text.rfind(_PROBE_USER):]  # the assistant turn (the tool prompt may quote the tags)
     if "[TOOL_CALLS]" in call:
         return replace(MISTRAL, bare="[TOOL_CALLS]" not in special)
-    tagged = re.search(r"<tool_call>([ \n]*)\{", call)
+    tagged = re.search(re.escape(OPEN_TAG) + r"([ \n]*)\{", call)
     if tagged:
         fmt = QWEN if tagged.group(1) else HERMES
-        return replace(fmt, inner=tagged.group(1), bare="<tool_call>" not in special)
+        return replace(fmt, inner=tagged.group(1), bare=OPEN_TAG not in special)
     if re.search(r'"parameters"\s*:', call):
         return LLAMA3
     return HERMES

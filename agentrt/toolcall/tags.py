@@ -1,9 +1,13 @@
-"""The Hermes/Qwen tool-call tags and incremental matching of them."""
+"""The Hermes/Qwen tool-call tags (the one place their text is written: formats, the fallback chat
+format, the agent's clean-up) and incremental matching of them."""
 
 from __future__ import annotations
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+# a tool result in the fallback chat format (session/messages.py), as Hermes-trained models read it
+RESPONSE_OPEN = "<tool_response>"
+RESPONSE_CLOSE = "</tool_response>"
 
 
 def match_literal(literal: str, matched: int, s: str, i: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -56,12 +57,10 @@ class AgentBinding:
         if output not in ("full_history", "last_message"):
             raise ConfigError(f"output must be 'full_history' or 'last_message', got {output!r}")
         handoffs = dict(handoffs) if isinstance(handoffs, Mapping) else {t: None for t in handoffs}
-        tools = list(agent.tools.values()) + [handoff_tool(t, d) for t, d in handoffs.items()]
-        stops = tuple(agent.stop_at_tools) + tuple(f"{HANDOFF_PREFIX}{t}" for t in handoffs)
-        self.template = Agent(agent.name, agent.instructions, tools, engine=agent.engine, settings=agent.settings,
-                              max_tool_rounds=agent.max_tool_rounds, tool_choice=agent.tool_choice,
-                              constrained=agent.constrained, parallel_tool_calls=agent.parallel_tool_calls,
-                              deps=agent.deps, stop_at_tools=stops)
+        spec = agent.spec  # the whole definition, plus the handoff tools, which end the turn
+        self.template = Agent.from_spec(replace(
+            spec, engine=agent.engine, tools=spec.tools + tuple(handoff_tool(t, d) for t, d in handoffs.items()),
+            stop_at_tools=spec.stop_at_tools + tuple(f"{HANDOFF_PREFIX}{t}" for t in handoffs)))
         self.runtime, self.output = runtime, output
         self.name = agent.name
         self._read: dict[str, list[str]] = {}  # thread -> ids of the graph messages read so far

@@ -25,11 +25,11 @@ from langchain_core.messages import AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 
-from agentrt.engine.prefix import fnv1a
 from agentrt.errors import AgentrtError, GenerationTimeout, PoolExhausted
 from agentrt.sampling import SamplingParams
 from agentrt.session.conversation import Conversation, RoundEnd
 from agentrt.session.repeats import CallLimits
+from agentrt.session.reply import call_id, call_prefix, finish_reason
 from agentrt.session.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
 from agentrt.workflow import TaskContext
@@ -95,7 +95,7 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 
 
 async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGenerationChunk]:
-    chunker = Chunker(f"call_{fnv1a(conv.tokens) & 0xFFFFFFFFFFFF:012x}")
+    chunker = Chunker(call_prefix(conv.tokens))
     end = None
     task, workflow = (spec.task.task_id, spec.task.workflow) if spec.task is not None else (None, None)
     rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
@@ -118,7 +118,7 @@ class Chunker:
         self._args: dict[int, list[str]] = {}
 
     def call_id(self, index: int) -> str:
-        return f"{self.call_prefix}_{index}"
+        return call_id(self.call_prefix, index)
 
     def __call__(self, ev: Any) -> ChatGenerationChunk | None:
         if isinstance(ev, TextDelta):
@@ -138,7 +138,7 @@ class Chunker:
 
 def _last_chunk(spec: CallSpec, end: RoundEnd) -> ChatGenerationChunk:
     usage = end.usage
-    meta: dict[str, Any] = {"finish_reason": _finish_reason(end), "model_name": spec.model_name}
+    meta: dict[str, Any] = {"finish_reason": finish_reason(end), "model_name": spec.model_name}
     if spec.key is not None:
         meta["agentrt_session"] = spec.key
     usage_md = None
@@ -149,12 +149,6 @@ def _last_chunk(spec: CallSpec, end: RoundEnd) -> ChatGenerationChunk:
                     "input_token_details": {"cache_read": usage.cached_tokens}}
     msg = AIMessageChunk(content="", usage_metadata=usage_md, response_metadata=meta, chunk_position="last")
     return ChatGenerationChunk(message=msg, generation_info={"finish_reason": meta["finish_reason"]})
-
-
-def _finish_reason(end: RoundEnd) -> str:
-    if end.finish_reason == "length":
-        return "length"
-    return "tool_calls" if end.calls else "stop"
 
 
 def split_rejected(args: str) -> tuple[str, str | None]:

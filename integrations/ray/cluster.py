@@ -118,7 +118,7 @@ class ClusterRuntime(Runtime):
         if behavior.engine is not None:
             raise ConfigError(f"agent {behavior.name!r} has an engine already; the cluster gives it a replica")
         name = name or behavior.name
-        self._prefixes[name] = prefix_key(behavior.instructions, behavior._schemas())
+        self._prefixes[name] = prefix_key(behavior.spec.instructions, behavior.spec.tool_schemas())
         idx = await self._place(name) if replica is None else self._check_replica(replica)
         behavior.engine = self.replicas[idx]
         self.where[name] = idx

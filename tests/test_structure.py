@@ -1,0 +1,165 @@
+"""Structure, read from the AST of every module under agentrt/, kernels/ and integrations/ (no code
+is run): no code reaches into another object's underscored attributes, and no two modules import
+each other, directly or around a circle, counting the imports inside functions (a function-level
+import that dodges a circle at import time still ties the two modules together)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# folder -> the import name it installs as (pyproject.toml: kernels/ and integrations/ live under agentrt)
+PACKAGES = {"agentrt": "agentrt", "kernels": "agentrt.kernels", "integrations": "agentrt.integrations"}
+# underscored names that are public API by design (namedtuple's)
+PUBLIC_UNDERSCORED = {"_replace", "_asdict", "_fields", "_make"}
+ATTR_FUNCS = {"getattr", "setattr", "hasattr", "delattr"}
+
+
+def modules() -> dict[str, Path]:
+    """Import name -> file, for every module of the three folders."""
+    out = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _private(name: object) -> bool:
+    return (isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+            and name not in PUBLIC_UNDERSCORED)
+
+
+def _owner_is_self(node: ast.expr) -> bool:
+    """self / cls / super(): code of the class itself."""
+    if isinstance(node, ast.Name):
+        return node.id in ("self", "cls")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def reach_ins(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """`x._name`, getattr(x, "_name"), x.__dict__["_name"] / .get("_name") with x not self/cls/super()."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and not _owner_is_self(node.value):
+            yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTR_FUNCS \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and _private(node.args[1].value) and not _owner_is_self(node.args[0]):
+            yield node.lineno, ast.unparse(node)
+        elif _dict_key(node) is not None and _private(_dict_key(node)):
+            yield node.lineno, ast.unparse(node)
+
+
+def _dict_key(node: ast.AST) -> object:
+    """The constant key of `x.__dict__[key]` or `x.__dict__.get(key, ...)` (x not self), else None."""
+    if isinstance(node, ast.Subscript):
+        target, key = node.value, node.slice
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        target, key = node.func.value, node.args[0]
+    else:
+        return None
+    if isinstance(target, ast.Attribute) and target.attr == "__dict__" and not _owner_is_self(target.value) \
+            and isinstance(key, ast.Constant):
+        return key.value
+    return None
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of `known` that module `name` imports anywhere in its file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod itself
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # a name inside a module: the module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+            elif nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+    return out
+
+
+def test_no_code_reaches_into_another_objects_underscored_attributes():
+    hits = [f"{path.relative_to(ROOT)}:{line}: {code}"
+            for path in modules().values() for line, code in reach_ins(ast.parse(path.read_text()))]
+    assert not hits, "give the owner a small public method or property instead:\n" + "\n".join(hits)
+
+
+def test_no_import_circles_function_level_imports_included():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    found = circles(graph)
+    assert not found, "modules importing each other (move the shared part below both, or the factory " \
+                      "above them):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_package_top_imports_no_subpackage():
+    """agentrt/*.py (errors, checks, config, workflow, policy_names) sit below every subpackage: e.g.
+    EngineConfig takes the policy names from policy_names.py, not from the implementations."""
+    known = modules()
+    top = {name for name, path in known.items() if path.parent == ROOT / "agentrt" and path.name != "__init__.py"}
+    upward = {name: sorted(imports(name, known[name], known) - top) for name in sorted(top)}
+    assert not any(upward.values()), f"upward imports: { {k: v for k, v in upward.items() if v} }"
+
+
+def test_the_checks_catch_what_they_look_for():
+    """The detectors on small sources: each rule fires, and self/cls/super() stay allowed."""
+    bad = ('x._a\ngetattr(x, "_b", None)\nx.__dict__["_c"]\nx.__dict__.get("_d")\nsetattr(o, "_e", 1)\n'
+           'self._ok\ncls._ok\nsuper()._ok\ngetattr(self, "_ok")\nx.__ok__\nt._replace(a=1)\n')
+    assert [line for line, _ in reach_ins(ast.parse(bad))] == [1, 2, 3, 4, 5]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
