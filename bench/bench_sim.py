@@ -110,7 +110,7 @@ def summary(cases: dict) -> dict:
                   if r["sim_over_real"][m] is not None] for m in METRICS}
     return {f"sim_over_real_{m}_median": statistics.median(v) if v else None for m, v in ratios.items()} | {
         "cases_within_0.85_1.15": {m: sum(0.85 <= x <= 1.15 for x in v) for m, v in ratios.items()},
-        "cases": len(ratios["mean_jct_s"]), "ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()}}
+        "n_cases": len(ratios["mean_jct_s"]), "ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()}}
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ def busy_time(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-async def call(eng, prompt: list[int], sp, **kw) -> tuple[list[int], float]:
+async def timed_call(eng, prompt: list[int], sp, **kw) -> tuple[list[int], float]:
     """One streamed model call: (output ids, seconds to its first token)."""
     t0, ttft, out = anyio.current_time(), None, []
     async with aclosing(eng.generate(prompt, sp, **kw)) as stream:
@@ -72,7 +72,7 @@ async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, t
             for k, call in enumerate(calls):
                 prompt += call.suffix
                 t = anyio.current_time()
-                out, ttft = await call(eng, prompt, sp, tag=s, task=task.task_id, workflow=dag.name)
+                out, ttft = await timed_call(eng, prompt, sp, tag=s, task=task.task_id, workflow=dag.name)
                 intervals.append((t, anyio.current_time()))
                 ttfts.append(ttft)
                 if book is not None:
