@@ -41,7 +41,7 @@ from agentrt.sim import run as sim_run  # noqa: E402
 from agentrt.sim.calibrate import calibrate  # noqa: E402
 
 COSTS = Path(__file__).resolve().parent / "costs"
-METRICS = ("mean_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate")
+METRICS = ("mean_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s")  # step_s: the engine's step time
 
 
 def parse() -> argparse.Namespace:
@@ -75,7 +75,7 @@ def one_policy(lm, fmt, dag, tasks, sizes, cfg, costs) -> dict:
     t0 = time.perf_counter()
     sim = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg, 600.0, False, SimExecutor(model, costs, book))
     sim["sim_wall_s"] = time.perf_counter() - t0
-    keep = ("mean_jct_s", "p99_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "prompt_computed", "steps",
+    keep = ("mean_jct_s", "p99_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s", "prompt_computed", "steps",
             "preemptions", "wall_s", "sim_wall_s", "error")
     ratio = {m: sim[m] / real[m] if real.get(m) and sim.get(m) is not None else None for m in METRICS}
     return {"real": {k: real.get(k) for k in keep}, "sim": {k: sim.get(k) for k in keep}, "sim_over_real": ratio}

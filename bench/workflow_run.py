@@ -27,7 +27,7 @@ def engine_stats(eng) -> dict:
     st = eng.stats()
     dec = getattr(st, "decision_us_p50", None)
     return {"hit_rate": st.hit_rate, "prompt_submitted": st.prompt_submitted, "prompt_computed": st.prompt_computed,
-            "decode_tokens": st.decode_tokens, "steps": st.steps, "preemptions": st.preemptions,
+            "decode_tokens": st.decode_tokens, "steps": st.steps, "step_s": st.step_seconds, "preemptions": st.preemptions,
             "evicted_pages": st.evicted_pages, "decision_us_p50": dec}
 
 

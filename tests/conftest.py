@@ -44,6 +44,13 @@ def config_of(hf_model) -> ModelConfig:
         tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.model_type == "qwen2")
 
 
+@pytest.fixture(scope="session")
+def anyio_backend():
+    """Async tests run on asyncio (anyio's plugin would add trio, installed for agentrt.sim,
+    whose simulations tests run explicitly through agentrt.sim.run)."""
+    return "asyncio"
+
+
 @functools.lru_cache(maxsize=4)
 def tiny_model(arch: str = "llama", seed: int = 0) -> LlamaModel:
     hf = make_hf_model(arch, seed)

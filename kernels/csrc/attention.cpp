@@ -209,6 +209,7 @@ void scores_generic(const Task<T>& t, float* kf) {
       for (int h = 0; h < t.group && live > 0; ++h) {
         const float* qh = t.q + r * t.ldq + h * t.D;
         for (int64_t i = 0; i < live; ++i) {
+          for (int l = 0; l < 16; ++l) lanes[i][l] = 0.f;  // (D < 16: the lanes past D stay 0)
           for (int d = 0; d < t.D; ++d) {  // lane d % 16: a product, then fused multiply-adds
             const float qd = qh[d] * t.scale, kd = kf[i * t.D + d];
             lanes[i][d % 16] = d < 16 ? qd * kd : std::fma(qd, kd, lanes[i][d % 16]);
