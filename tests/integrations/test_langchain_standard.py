@@ -30,7 +30,7 @@ JOKE = pytest.mark.xfail(strict=True, reason=(
     "validate (the dict variants pass: their check only looks at the keys that are there)"))
 # parametrized standard tests that fail for one parameter only are marked by id (conftest.py), since
 # the suite refuses overrides of its tests that are not xfail as a whole
-PARAM_XFAILS = {"test_structured_output[pydantic]": JOKE, "test_structured_output_async[asyncio-pydantic]": JOKE}
+PARAM_XFAILS = {"test_structured_output[pydantic]": JOKE, "test_structured_output_async[pydantic]": JOKE}
 AGENT_LOOP = pytest.mark.xfail(strict=True, reason=(
     "135M model: under tool_choice='auto' it answers the weather question in prose instead of calling "
     "get_weather"))
