@@ -37,23 +37,24 @@ class MemoryManager:
         self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
         # the scheduler's kept prefixes, evicted last: agent -> tokens of its static prefix
         self.keep: dict[str, int] | None = None
-        # within one planning pass (None: outside one): the index is refreshed once, and each
-        # level's eligible sessions found once; who is idle does not change inside a pass (a
-        # preempted request's session had no pages left to count), what idle sessions lose
-        # goes through _forget_pages
-        self._owners: dict | None = None
+        # within one planning pass (None: outside one) the index is refreshed once and each
+        # level's eligible session ids are found once: who is idle does not change inside a pass
+        # (a preempted request's session had no pages left to count), and what idle sessions
+        # lose goes through _forget_pages
+        self._levels: dict[int, set] | None = None
+        self._fresh = False  # the index was refreshed in this pass
         # idle sessions' pages: page -> [(session, index)], and id(session) -> (session, pages)
         self._index: dict[int, list] = {}
         self._held: dict[int, tuple] = {}
 
     @contextmanager
     def planning(self):
-        """One Scheduler.plan pass (see _owners)."""
-        self._owners = {}
+        """One Scheduler.plan pass (see _levels)."""
+        self._levels, self._fresh = {}, False
         try:
             yield
         finally:
-            self._owners = None
+            self._levels, self._fresh = None, False
 
     def _forget_pages(self, s, i: int) -> None:
         """Session s is about to lose its pages from index i: keep the owners index exact."""
@@ -94,16 +95,17 @@ class MemoryManager:
         over every idle session (level 2, the widest), kept across steps and updated by what
         changed, seen through the level's sessions (a walk of every idle session's pages on each
         reserve was most of a step's time at hundreds of agents)."""
-        if self._owners is None or "fresh" not in self._owners:
+        if not self._fresh:  # (once per pass, on first use; outside a pass on every call)
             self._refresh()
-            if self._owners is not None:
-                self._owners["fresh"] = True
+            self._fresh = self._levels is not None
         if level == 2:
             return self._index
-        cache = self._owners if self._owners is not None else {}
-        if level not in cache:
-            cache[level] = {id(s) for s in self.idle_sessions(level)}
-        return _Filtered(self._index, cache[level])
+        ids = None if self._levels is None else self._levels.get(level)
+        if ids is None:
+            ids = {id(s) for s in self.idle_sessions(level)}
+            if self._levels is not None:
+                self._levels[level] = ids
+        return _Filtered(self._index, ids)
 
     def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
         """Try to have n_pages free, without touching running requests. Candidates go in three
