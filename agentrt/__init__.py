@@ -7,15 +7,15 @@ agent's settings are `SamplingParams`.
 """
 
 from agentrt import errors
-from agentrt.cache.agent_aware import AgentAwarePolicy
-from agentrt.cache.base import EvictionPolicy, LRUPolicy
+from agentrt.kv.agent_aware import AgentAwarePolicy
+from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
 from agentrt.engine.engine import Completion, Engine
 from agentrt.engine.request import TokenEvent, Usage
 from agentrt.engine.session import Session
 from agentrt.engine.stats import EngineStats
 from agentrt.model.config import ModelConfig
-from agentrt.model.loader import DEFAULT_MODEL, LoadedModel, load_model
+from agentrt.model.loaders.load import DEFAULT_MODEL, LoadedModel, load_model
 from agentrt.runtime.actor import ActorRef
 from agentrt.runtime.agent import Agent
 from agentrt.runtime.events import TurnResult
@@ -23,10 +23,10 @@ from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.spec import AgentSpec
 from agentrt.runtime.supervision import Supervision
 from agentrt.sampling import SamplingParams
-from agentrt.session.chat import ChatFormat
-from agentrt.session.conversation import Conversation, RoundEnd
-from agentrt.session.overflow import ContextPolicy
-from agentrt.session.repeats import CallLimits
+from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.conversation import Conversation, RoundEnd
+from agentrt.conversation.overflow import ContextPolicy
+from agentrt.conversation.repeats import CallLimits
 from agentrt.toolcall import ToolCallParser
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, tool

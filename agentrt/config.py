@@ -36,15 +36,15 @@ class EngineConfig:
     enable_session_reuse: bool = True
     eviction_policy: str = "agent_aware"  # radix leaves and idle sessions: "agent_aware" | "lru"
     # (agent_aware learns agent -> next-agent transitions and falls back to LRU when unpredictable)
-    # the second KV tier (cache/tier.py): bytes of demoted pages kept (0 = off: evicted pages are
+    # the second KV tier (kv/tier.py): bytes of demoted pages kept (0 = off: evicted pages are
     # dropped and recomputed); prefetch promotes the predicted next agents' pages between steps
     kv_tier_bytes: int = 2 << 30
     enable_prefetch: bool = True
-    # tool-aware retention (engine/retention.py): a session whose turn ended in tool calls keeps
+    # tool-aware retention (kv/retention.py): a session whose turn ended in tool calls keeps
     # its KV for a TTL from the tools' observed durations and the reload cost, at most this long
     tool_ttl: bool = True
     tool_ttl_max_s: float = 30.0
-    # workflow-aware scheduling (engine/policies.py): which ready requests are admitted and which
+    # workflow-aware scheduling (scheduling/policies.py): which ready requests are admitted and which
     # agents' prefixes stay resident: "fcfs" (arrival order) | "lpm" (longest resident prefix
     # first) | "srpt" (task with the least remaining work first) | "program_fcfs" (oldest task
     # first) | "topas" (seed 004: joint prefix residency + admission over the task DAG)

@@ -1,5 +1,5 @@
 """The names of the pluggable policies: what EngineConfig accepts, and what the factories build
-(cache/registry.py::make_policy, engine/policies.py::make_scheduling_policy). A module below both,
+(kv/registry.py::make_policy, scheduling/policies.py::make_scheduling_policy). A module below both,
 so config.py imports no implementation and no implementation imports its factory."""
 
 EVICTION_POLICIES = ("lru", "agent_aware")

@@ -5,8 +5,8 @@ A *task* is one job through a multi-agent workflow (one user question through pl
 making the request: the request's tag). A *workflow* is the DAG of stages every task of its kind
 follows: declared by the user (`Workflow.chain`, `Workflow.from_edges`), derived from a compiled
 LangGraph graph (`agentrt.integrations.langgraph.workflow_of`), or learned online by the engine
-from the stage transitions it observes (engine/tasks.py). Workflow-aware scheduling policies
-(engine/policies.py, engine/topas.py) use it to know how much work a task has left.
+from the stage transitions it observes (scheduling/tasks.py). Workflow-aware scheduling policies
+(scheduling/policies.py, scheduling/topas.py) use it to know how much work a task has left.
 
 The task travels in a context variable, so code that makes requests on a task's behalf needs no
 extra argument: `with task_scope("job-17", workflow="review"):` around the code (an agent's

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import EngineConfig, load_model  # noqa: E402
-from agentrt.session.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat import ChatFormat  # noqa: E402
 from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401

@@ -23,10 +23,10 @@ from bench.common import decode_weight_bytes, machine, print_table, read_bandwid
 from bench.peers.llamacpp_peer import llama_cpp_missing  # noqa: E402
 from agentrt.config import EngineConfig  # noqa: E402
 from agentrt.engine.core import EngineCore  # noqa: E402
-from agentrt.model.files import resolve_source  # noqa: E402
-from agentrt.model.loader import load_model  # noqa: E402
+from agentrt.model.loaders.files import resolve_source  # noqa: E402
+from agentrt.model.loaders.load import load_model  # noqa: E402
 from agentrt.sampling import SamplingParams  # noqa: E402
-from agentrt.session.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat import ChatFormat  # noqa: E402
 from agentrt.toolcall.grammar import GrammarFactory  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {

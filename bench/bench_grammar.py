@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, write_results  # noqa: E402
-from agentrt.model.files import resolve_source  # noqa: E402
-from agentrt.model.gguf_loader import load_gguf_tokenizer  # noqa: E402
+from agentrt.model.loaders.files import resolve_source  # noqa: E402
+from agentrt.model.loaders.gguf import load_gguf_tokenizer  # noqa: E402
 from agentrt.toolcall.grammar import BACKENDS, apply_bitmask  # noqa: E402
 from agentrt.toolcall.grammar_backends import (  # noqa: E402
     CALL_SEP, CallSpec, GrammarSpec, bitmask_words, schema_json,

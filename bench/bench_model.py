@@ -35,9 +35,9 @@ from bench import invariance_case  # noqa: E402
 from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
-from agentrt.model.files import resolve_source  # noqa: E402
+from agentrt.model.loaders.files import resolve_source  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
-from agentrt.model.loader import load_model  # noqa: E402
+from agentrt.model.loaders.load import load_model  # noqa: E402
 
 PS, CTX, TOKEN = 16, 128, 7
 SDPA = "agentrt native, SDPA prefill (batch_invariant=False)"
@@ -116,7 +116,7 @@ def interleaved(systems: dict, fn: str, rounds: int, *args) -> dict[str, float]:
 _PROBE = """
 import resource, sys, time
 t0 = time.perf_counter()
-from agentrt.model.loader import load_model
+from agentrt.model.loaders.load import load_model
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 t1 = time.perf_counter()

@@ -111,7 +111,7 @@ async def openai_sender(base_url: str, cache_key: bool):
 def inprocess_sender(state):
     from agentrt.server import chat
     from agentrt.server.protocol import ChatRequest
-    from agentrt.session.conversation import RoundEnd
+    from agentrt.conversation.conversation import RoundEnd
     from agentrt.toolcall import ArgumentsDelta, CallStarted, TextDelta
 
     async def send(msgs, key, tools=None, tool_choice=None, max_tokens=32):
@@ -156,7 +156,7 @@ def run_http(n: int, turns: int) -> list:
 def run_inprocess(lm, n: int, turns: int, engine_cfg) -> list:
     from agentrt import Engine
     from agentrt.server import ServerConfig
-    from agentrt.session.router import SessionPolicy, SessionRouter
+    from agentrt.conversation.router import SessionPolicy, SessionRouter
 
     async def main():
         async with Engine(lm, engine_cfg) as engine:
@@ -240,7 +240,7 @@ def main() -> None:
     ap.add_argument("--no-install", action="store_true", help="do not install llama-cpp-python when missing")
     args = ap.parse_args()
     from agentrt import EngineConfig, load_model
-    from agentrt.model.files import resolve_source
+    from agentrt.model.loaders.files import resolve_source
 
     ensure_llama_cpp(not args.no_install)
     ensure_llama_cpp_server(not args.no_install)

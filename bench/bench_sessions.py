@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine, print_table, write_results  # noqa: E402
 from bench.workloads.agentic import make_workflow  # noqa: E402
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
-from agentrt.session.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat import ChatFormat  # noqa: E402
 
 
 async def run_system(lm, fmt, workflows, cfg: EngineConfig, stateful: bool) -> dict:

@@ -35,7 +35,7 @@ from bench.sim_scale import scale_run  # noqa: E402
 from bench.workflow_run import run_dag  # noqa: E402
 from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
-from agentrt.session.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat import ChatFormat  # noqa: E402
 from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts  # noqa: E402
 from agentrt.sim import run as sim_run  # noqa: E402
 from agentrt.sim.calibrate import calibrate  # noqa: E402

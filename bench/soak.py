@@ -54,8 +54,8 @@ def tiny_model() -> LoadedModel:
     import torch
     import transformers
 
-    from agentrt.model.files import resolve_source
-    from agentrt.model.gguf_loader import load_gguf_tokenizer
+    from agentrt.model.loaders.files import resolve_source
+    from agentrt.model.loaders.gguf import load_gguf_tokenizer
     from agentrt.model.llama import LlamaModel
     from agentrt.model.config import ModelConfig
 

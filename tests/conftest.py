@@ -82,7 +82,7 @@ def tiny_llama() -> LlamaModel:
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M (fp32: the accuracy reference) with its tokenizer."""
-    from agentrt.model.loader import load_model
+    from agentrt.model.loaders.load import load_model
 
     return load_model("smollm2-135m", quantize="none")
 
@@ -90,7 +90,7 @@ def embedded():
 @pytest.fixture(scope="session")
 def embedded_native():
     """The embedded SmolLM2-135M with its GGUF quantization kept (Q4_1 layers, Q8_0 table)."""
-    from agentrt.model.loader import load_model
+    from agentrt.model.loaders.load import load_model
 
     return load_model("smollm2-135m", quantize="native")
 
@@ -116,8 +116,8 @@ def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
 @functools.lru_cache(maxsize=1)
 def smol_tokenizer():
     """The embedded model's tokenizer alone (metadata only, no weights)."""
-    from agentrt.model.files import resolve_source
-    from agentrt.model.gguf_loader import load_gguf_tokenizer
+    from agentrt.model.loaders.files import resolve_source
+    from agentrt.model.loaders.gguf import load_gguf_tokenizer
 
     return load_gguf_tokenizer(resolve_source("smollm2-135m"))
 
@@ -126,7 +126,7 @@ def smol_tokenizer():
 def tiny_model_with_tokenizer():
     """A tiny random model over SmolLM2's vocabulary with its real tokenizer: fast, and the
     grammar and chat format work on it."""
-    from agentrt.model.loader import LoadedModel
+    from agentrt.model.loaders.load import LoadedModel
 
     tok = smol_tokenizer()
     hf = make_hf_model("llama", seed=3, vocab_size=49152, hidden_size=48, intermediate_size=96,
@@ -143,7 +143,7 @@ def tiny_native_with_tokenizer():
     kernels): batch-invariant, so two processes (Ray replicas) give the same tokens whatever their
     batches and thread counts. (Seed 5: its required tool calls close within 40 tokens; under
     some seeds the random model fills the call's arguments with whitespace until max_tokens.)"""
-    from agentrt.model.loader import LoadedModel
+    from agentrt.model.loaders.load import LoadedModel
     from agentrt.model.quant import quantize
 
     hf = make_hf_model("llama", seed=5, vocab_size=49152, hidden_size=64, intermediate_size=128,

@@ -6,7 +6,7 @@ import lzma
 import shutil
 from pathlib import Path
 
-from agentrt.model.hf_loader import load_hf_tokenizer
+from agentrt.model.loaders.hf import load_hf_tokenizer
 from agentrt.model.tokenizer import Tokenizer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen2.5"

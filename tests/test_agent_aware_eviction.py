@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from agentrt import AgentAwarePolicy
-from agentrt.cache.base import LRUPolicy
+from agentrt.kv.eviction import LRUPolicy
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.errors import ConfigError

@@ -24,9 +24,9 @@ from agentrt.kernels import native
 from agentrt.model import fused
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.generate import generate, prompt_logits
-from agentrt.model.hf_loader import config_from_hf, load_hf_dir
+from agentrt.model.loaders.hf import config_from_hf, load_hf_dir
 from agentrt.model.kv import KVStore
-from agentrt.model.loader import load_model
+from agentrt.model.loaders.load import load_model
 from agentrt.model.quant import QLinear
 from agentrt.sampling import SamplingParams
 
@@ -346,7 +346,7 @@ def test_unsupported_rope_scaling(models, tmp_path):
 
 def _rewrite(src: Path, dst: Path, rope_freqs: np.ndarray | None = None, kv: dict | None = None) -> None:
     """Copy a GGUF with its rope_freqs tensor replaced and string metadata added."""
-    from agentrt.model.gguf_reader import GGUFFile
+    from agentrt.model.loaders.gguf_reader import GGUFFile
 
     f = GGUFFile(src)
     w = gguf.GGUFWriter(str(dst), f.fields["general.architecture"])

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from agentrt import EngineConfig
-from agentrt.session.chat import ChatFormat
+from agentrt.conversation.chat import ChatFormat
 
 from bench.peers.agentrt_peer import AgentrtSystem, ForcedTokens
 from bench.peers.base import CallRecord, SerialModel, drive
@@ -153,7 +153,7 @@ def test_driver_case_tables_plots_and_headline(tmp_path, capsys):
 
 def test_llamacpp_peer_reuses_each_agents_prefix():
     pytest.importorskip("llama_cpp")
-    from agentrt.model.files import resolve_source
+    from agentrt.model.loaders.files import resolve_source
     from bench.peers.llamacpp_peer import LlamaCppSystem
     from bench.workloads.replay import ModelCall
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from agentrt.config import EngineConfig
-from agentrt.engine import snapshot
+from agentrt.kv import snapshot
 from agentrt.engine.engine import Engine
 from agentrt.errors import ConfigError, OutOfKVMemory, PoolExhausted, SessionBusy, SnapshotMismatch
 from agentrt.model.generate import generate

@@ -14,7 +14,7 @@ from agentrt import Agent, Conversation, Engine, EngineConfig, Runtime, Sampling
 from agentrt.errors import ActorError, ConfigError, SessionBusy
 from agentrt.integrations.langgraph import ChatAgentrt
 from agentrt.model.generate import generate
-from agentrt.session.conversation import RoundEnd
+from agentrt.conversation.conversation import RoundEnd
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent
 

@@ -8,11 +8,11 @@ import anyio
 import pytest
 import torch
 
-from agentrt.cache.base import LRUPolicy
-from agentrt.cache.kv_manager import KVManager, Sequence
-from agentrt.cache.pages import OutOfPages, PageAllocator
-from agentrt.cache.pool import SequencePool
-from agentrt.cache.radix import RadixCache
+from agentrt.kv.eviction import LRUPolicy
+from agentrt.kv.kv_manager import KVManager, Sequence
+from agentrt.kv.pages import OutOfPages, PageAllocator
+from agentrt.kv.pool import SequencePool
+from agentrt.kv.radix import RadixCache
 from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore

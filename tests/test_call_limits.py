@@ -7,7 +7,7 @@ import pytest
 
 from agentrt import CallLimits
 from agentrt.errors import ConfigError
-from agentrt.session.repeats import RepeatGuard
+from agentrt.conversation.repeats import RepeatGuard
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, CallStarted, InvalidKind, TextDelta
 
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrt.session.chat import ChatFormat
-from agentrt.session.conversation import Conversation
+from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.conversation import Conversation
 from tests.conftest import smol_tokenizer
 from tests.qwen_fixture import qwen_tokenizer
 

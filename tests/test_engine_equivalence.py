@@ -133,7 +133,7 @@ def test_requests_that_cannot_fit_together_fail_instead_of_livelocking():
     """Two long requests that each fit alone but not together beside a pinned session: the
     engine must make progress; a request preempted too often ends with OutOfKVMemory, and
     nothing leaks."""
-    from agentrt.engine.memory import MAX_PREEMPTIONS
+    from agentrt.kv.memory import MAX_PREEMPTIONS
     from agentrt.errors import OutOfKVMemory
 
     core = EngineCore(tiny_model(), EngineConfig(kv_cache_tokens=256, page_size=16, response_cache_size=0))

@@ -16,7 +16,7 @@ import pytest
 
 import agentrt.engine.core as core_mod
 import agentrt.engine.sample_step as step_mod
-import agentrt.engine.scheduler as sched_mod
+import agentrt.scheduling.scheduler as sched_mod
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine

@@ -17,11 +17,11 @@ from tokenizers import AddedToken
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, tool
 from agentrt.model.llama import LlamaModel
-from agentrt.model.loader import LoadedModel
+from agentrt.model.loaders.load import LoadedModel
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.runtime.events import RoundStarted, TurnResult
 from agentrt.sampling import SamplingParams
-from agentrt.session.conversation import Conversation
+from agentrt.conversation.conversation import Conversation
 from tests.conftest import config_of, make_hf_model, smol_tokenizer
 from tests.engine_util import assert_quiescent
 from tests.qwen_fixture import qwen_tokenizer

@@ -13,12 +13,12 @@ import torch
 
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.model.config import ModelConfig
-from agentrt.model.files import (
+from agentrt.model.loaders.files import (
     EMBEDDED_MODELS, EmbeddedModel, embedded_path, expected_weight_shapes, resolve_source, verify_file,
 )
-from agentrt.model.loader import load_files
-from agentrt.model.gguf_loader import load_gguf, unpermute_rope_rows
-from agentrt.model.hf_loader import load_hf_dir
+from agentrt.model.loaders.load import load_files
+from agentrt.model.loaders.gguf import load_gguf, unpermute_rope_rows
+from agentrt.model.loaders.hf import load_hf_dir
 
 EMBEDDED = EMBEDDED_MODELS["smollm2-135m"]
 
@@ -287,7 +287,7 @@ def test_quantize_modes_on_a_dense_gguf(tmp_path):
     """quantize="auto" keeps a checkpoint's own form (dense F32 tensors stay dense); "int8"
     quantizes every linear layer; both run, and an unknown mode is a typed error."""
     from agentrt.model.llama import Dense
-    from agentrt.model.loader import load_model
+    from agentrt.model.loaders.load import load_model
     from agentrt.model.quant import HEAD_REFINE, QLinear
 
     config, weights = _tiny("llama", False)

@@ -233,7 +233,7 @@ def test_embedded_output_does_not_depend_on_what_the_cache_held(embedded_native,
 
 def test_batch_invariant_switch_is_checked_and_reaches_the_model():
     from agentrt.errors import ConfigError
-    from agentrt.model.loader import load_model
+    from agentrt.model.loaders.load import load_model
 
     with pytest.raises(ConfigError, match="batch_invariant must be True or False"):
         load_model("smollm2-135m", batch_invariant="yes")

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from agentrt import AgentAwarePolicy
-from agentrt.cache.base import LRUPolicy
-from agentrt.cache.kv_manager import KVManager
-from agentrt.cache.pages import PageAllocator
-from agentrt.cache.radix import RadixCache
-from agentrt.cache.tier import HostTier
+from agentrt.kv.eviction import LRUPolicy
+from agentrt.kv.kv_manager import KVManager
+from agentrt.kv.pages import PageAllocator
+from agentrt.kv.radix import RadixCache
+from agentrt.kv.tier import HostTier
 from agentrt.config import EngineConfig
-from agentrt.engine import hierarchy
+from agentrt.kv import hierarchy
 from agentrt.engine.core import EngineCore
-from agentrt.engine.retention import ToolRetention
+from agentrt.kv.retention import ToolRetention
 from agentrt.model.config import ModelConfig
 from agentrt.model.generate import generate
 from agentrt.model.kv import KVStore

@@ -7,7 +7,7 @@ import torch
 
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.generate import prompt_logits
-from agentrt.model.hf_loader import load_hf_dir
+from agentrt.model.loaders.hf import load_hf_dir
 from agentrt.model.kv import KVStore
 from agentrt.model.llama import LlamaModel
 from tests.conftest import make_hf_model, tiny_model

@@ -11,8 +11,8 @@ import pytest
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool
 from agentrt.errors import ConfigError, ContextLengthExceeded
-from agentrt.session.conversation import Conversation
-from agentrt.session.overflow import ContextPolicy, droppable
+from agentrt.conversation.conversation import Conversation
+from agentrt.conversation.overflow import ContextPolicy, droppable
 from tests.conftest import smol_tokenizer, tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent
 

@@ -13,7 +13,7 @@ import pytest
 
 from agentrt import Agent, Runtime, tool
 from agentrt.engine.request import TokenEvent, Usage
-from agentrt.session.chat import ChatFormat
+from agentrt.conversation.chat import ChatFormat
 from agentrt.toolcall.formats import HERMES
 from tests.conftest import smol_tokenizer
 

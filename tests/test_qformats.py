@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 
 from agentrt.kernels import native
 from agentrt.kernels.packing import QuantMatrix, pack, qgemm, qrows, quantize_activations, quantize_int8, unpack
-from agentrt.model.gguf_quant import BLOCK, unpack_gguf
+from agentrt.model.loaders.gguf_quant import BLOCK, unpack_gguf
 
 WITH_QUANTIZER = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)

@@ -1,15 +1,15 @@
-"""Scheduling policies (engine/policies.py, engine/topas.py) on hand-built views where the right
+"""Scheduling policies (scheduling/policies.py, scheduling/topas.py) on hand-built views where the right
 decision is known, TOPAS's aging bound under adversarial arrivals, and the workflow facts
-(agentrt.Workflow, engine/tasks.py) they rest on."""
+(agentrt.Workflow, scheduling/tasks.py) they rest on."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentrt import Workflow, task_scope
-from agentrt.engine.policies import SCHEDULING_POLICIES, Ready, SchedulingView, make_scheduling_policy
-from agentrt.engine.tasks import TaskTracker
-from agentrt.engine.topas import Topas
+from agentrt.scheduling.policies import SCHEDULING_POLICIES, Ready, SchedulingView, make_scheduling_policy
+from agentrt.scheduling.tasks import TaskTracker
+from agentrt.scheduling.topas import Topas
 from agentrt.errors import ConfigError
 
 PREFIX = 1000  # tokens of every agent's static prefix
@@ -25,7 +25,7 @@ def ready(name, stage, *, remaining, task_arrival=0.0, arrival=0.0, resident=0, 
 def test_every_configurable_policy_name_builds_that_policy():
     """The names EngineConfig accepts (agentrt/policy_names.py) and the factories agree."""
     from agentrt import EngineConfig
-    from agentrt.cache.registry import make_policy
+    from agentrt.kv.registry import make_policy
     from agentrt.policy_names import EVICTION_POLICIES
 
     for name in EVICTION_POLICIES:

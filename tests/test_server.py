@@ -18,7 +18,7 @@ import pytest
 
 from agentrt import Engine, EngineConfig, SamplingParams
 from agentrt.server import ServerConfig, ServerThread
-from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.conversation.conversation import Conversation, RoundEnd
 from tests.engine_util import assert_quiescent
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

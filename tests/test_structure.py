@@ -156,6 +156,25 @@ def test_the_package_top_imports_no_subpackage():
     assert not any(upward.values()), f"upward imports: { {k: v for k, v in upward.items() if v} }"
 
 
+# The engine's rooms, lowest first: a room imports only rooms below it. The one exception is the
+# request and session records (engine/request.py), the vocabulary all three rooms share.
+ROOMS = ("agentrt.kv", "agentrt.scheduling", "agentrt.engine")
+SHARED_RECORDS = {"agentrt.engine.request"}
+
+
+def test_the_engine_rooms_import_only_downward():
+    known = modules()
+    upward = {}
+    for level, room in enumerate(ROOMS):
+        above = ROOMS[level + 1:]
+        for name in (n for n in known if n.startswith(room + ".") and n not in SHARED_RECORDS):
+            bad = sorted(m for m in imports(name, known[name], known)
+                         if m.startswith(tuple(r + "." for r in above)) and m not in SHARED_RECORDS)
+            if bad:
+                upward[name] = bad
+    assert not upward, f"a room imports one above it: {upward}"
+
+
 def test_the_checks_catch_what_they_look_for():
     """The detectors on small sources: each rule fires, and self/cls/super() stay allowed."""
     bad = ('x._a\ngetattr(x, "_b", None)\nx.__dict__["_c"]\nx.__dict__.get("_d")\nsetattr(o, "_e", 1)\n'

@@ -9,10 +9,10 @@ from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers
 
 from agentrt.errors import ChatTemplateError
-from agentrt.model.files import resolve_source
-from agentrt.model.gguf_loader import load_gguf_tokenizer
+from agentrt.model.loaders.files import resolve_source
+from agentrt.model.loaders.gguf import load_gguf_tokenizer
 from agentrt.model.tokenizer import IncrementalDecoder, Tokenizer
-from agentrt.session.chat import CHATML_TEMPLATE, ChatFormat
+from agentrt.conversation.chat import CHATML_TEMPLATE, ChatFormat
 
 IM_START, IM_END = 1, 2
 

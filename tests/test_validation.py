@@ -20,7 +20,7 @@ from agentrt.engine import validate
 from agentrt.engine.engine import Engine
 from agentrt.errors import ActorError, ConfigError, ToolDefinitionError
 from agentrt.model.generate import generate
-from agentrt.model.loader import load_model
+from agentrt.model.loaders.load import load_model
 from agentrt.runtime.agent import Agent, GenerationSettings
 from agentrt.runtime.runtime import Runtime
 from agentrt.sampling import SamplingParams, adjusted_probs, sample_batch

@@ -10,7 +10,7 @@ import pytest
 
 from agentrt import Engine, EngineConfig, Workflow, task_scope
 from agentrt.engine.core import EngineCore
-from agentrt.engine.policies import SCHEDULING_POLICIES
+from agentrt.scheduling.policies import SCHEDULING_POLICIES
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model

@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from agentrt.model.loader import load_model
+    from agentrt.model.loaders.load import load_model
 
     return load_model(args.model, quantize=args.quantize)
 

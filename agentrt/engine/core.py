@@ -10,27 +10,27 @@ import time
 import structlog
 import torch
 
-from agentrt.cache.registry import make_policy
-from agentrt.cache.kv_manager import KVManager, Sequence
-from agentrt.cache.pages import PageAllocator
-from agentrt.cache.radix import RadixCache
-from agentrt.cache.response_cache import CachedResponse, ResponseCache
-from agentrt.cache.tier import CostModel
+from agentrt.kv.registry import make_policy
+from agentrt.kv.kv_manager import KVManager, Sequence
+from agentrt.kv.pages import PageAllocator
+from agentrt.kv.radix import RadixCache
+from agentrt.engine.response_cache import CachedResponse, ResponseCache
+from agentrt.kv.tier import CostModel
 from agentrt.config import EngineConfig
-from agentrt.engine import hierarchy
+from agentrt.kv import hierarchy
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
-from agentrt.engine.memory import MemoryManager
-from agentrt.engine.policies import make_scheduling_policy
-from agentrt.engine.prefix import attach_prefix
-from agentrt.engine.scheduler import Queues, Scheduler
+from agentrt.kv.memory import MemoryManager
+from agentrt.scheduling.policies import make_scheduling_policy
+from agentrt.scheduling.prefix import attach_prefix
+from agentrt.scheduling.scheduler import Queues, Scheduler
 from agentrt.engine.invariants import check_core
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.sample_step import finish_reason, sample_rows
-from agentrt.engine import retention
-from agentrt.engine.speculation import verify
+from agentrt.kv import retention
+from agentrt.scheduling.speculation import verify
 from agentrt.engine.stats import Counters, EngineStats
-from agentrt.engine.tasks import TaskTracker
+from agentrt.scheduling.tasks import TaskTracker
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.model.batch import SeqChunk
@@ -60,7 +60,7 @@ class EngineCore:
         tier = self.executor.tier(self.kvm.store, cfg.kv_tier_bytes) if cfg.kv_tier_bytes and cfg.enable_radix_cache else None
         self.radix = RadixCache(self.alloc, self.policy, tier) if cfg.enable_radix_cache else None
         self.costs, self.retention = CostModel(), retention.ToolRetention(max_ttl_s=cfg.tool_ttl_max_s)
-        from agentrt.cache.pool import SequencePool
+        from agentrt.kv.pool import SequencePool
 
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
         self.queues = Queues()
@@ -108,7 +108,7 @@ class EngineCore:
 
     def expect_tools(self, sess: EngineSession, tools: tuple[str, ...]) -> float:
         """The session's turn ended in calls of `tools`: pin its KV for the retention TTL
-        (engine/retention.py); returns the TTL in seconds (0: not pinned)."""
+        (kv/retention.py); returns the TTL in seconds (0: not pinned)."""
         return retention.pin(self, sess, tuple(tools))
 
     def idle(self) -> None:

@@ -29,7 +29,7 @@ from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.engine.session import Session, restore_session
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed
 from agentrt.sampling import SamplingParams, make_generator
-from agentrt.engine.prefix import fnv1a
+from agentrt.fingerprint import fnv1a
 from agentrt.workflow import Workflow, task_of
 
 
@@ -258,7 +258,7 @@ class Engine:
         """The ChatFormat of this engine's tokenizer and chat template (and its tool-call format),
         created on first use and shared (it is immutable)."""
         if self._chat is None:
-            from agentrt.session.chat import build_chat_format
+            from agentrt.conversation.chat import build_chat_format
 
             if self.tokenizer is None:
                 raise ConfigError("chat formatting needs a tokenizer: build the engine from load_model(...)")

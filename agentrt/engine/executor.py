@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from agentrt.cache.tier import HostTier
+from agentrt.kv.tier import HostTier
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
 

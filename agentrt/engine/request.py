@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from agentrt.cache.kv_manager import Sequence
+from agentrt.kv.kv_manager import Sequence
 from agentrt.sampling import SamplingParams
 
 
@@ -62,7 +62,7 @@ class EngineSession:
     closed: bool = False
     last_used: int = 0
     history: list[int] = field(default_factory=list)  # seq.tokens when its last turn ended
-    # tool-aware retention (engine/retention.py): the tools its last turn called, when, and
+    # tool-aware retention (kv/retention.py): the tools its last turn called, when, and
     # until when (the core clock's now()) its KV is ranked after every unpinned candidate
     tools: tuple[str, ...] = ()
     tools_at: float = 0.0

@@ -1,7 +1,7 @@
 """Session: a public handle on a long-lived KV session (one agent's conversation), with its
 branching operations (snapshot to disk, fork, rollback; `Engine.restore` reads a snapshot back).
 
-Each operation runs in the engine's step thread (`engine/branching.py`) between two steps, so it
+Each operation runs in the engine's step thread (`kv/branching.py`) between two steps, so it
 never races the step loop; file I/O runs in a worker thread, off the event loop."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 
 from agentrt.checks import check_int, check_optional_str, check_timeout
-from agentrt.engine import branching, snapshot
+from agentrt.kv import branching, snapshot
 from agentrt.errors import ConfigError
 
 
@@ -30,7 +30,7 @@ class Session:
 
     @property
     def engine_session(self):
-        """The step thread's record of this session (engine/request.py::EngineSession): what the
+        """The step thread's record of this session (request.py::EngineSession): what the
         engine submits requests on; read or change it only in the step thread."""
         return self._es
 
@@ -55,7 +55,7 @@ class Session:
     async def expect_tools(self, tools) -> float:
         """Tell the engine this session's turn ended in calls of `tools` (names) and its next
         request comes when they return: its KV is kept (pinned) for a TTL chosen from those
-        tools' observed durations and the cost of rebuilding it (engine/retention.py). Returns
+        tools' observed durations and the cost of rebuilding it (kv/retention.py). Returns
         the TTL in seconds (0: not pinned). `Conversation.round()` calls it for you."""
         names = tuple(tools) if isinstance(tools, (list, tuple)) else None
         if names is None or not all(isinstance(t, str) and t for t in names):

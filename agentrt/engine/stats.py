@@ -71,7 +71,7 @@ class EngineStats:
     decisions: int  # scheduling decisions timed (0 under fcfs, which takes arrival order as is)
     decision_us_p50: float  # median time of one decision (view + policy), microseconds
     decision_us_p99: float
-    tasks: int  # tasks the engine remembers (engine/tasks.py)
+    tasks: int  # tasks the engine remembers (scheduling/tasks.py)
 
     @classmethod
     def snapshot(cls, core) -> "EngineStats":

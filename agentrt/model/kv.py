@@ -1,5 +1,5 @@
 """The paged KV store: per-layer K and V tensors allocated once. Which page belongs to which
-sequence is the cache manager's business (agentrt.cache); the model only reads page tables."""
+sequence is the cache manager's business (agentrt.kv); the model only reads page tables."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Agent: an actor behaviour that holds a KV session for its whole life and runs the
 model -> tool-call -> tool -> model loop with direct Python calls.
 
-One turn (`handle` / `stream`), on the conversation core (`agentrt/session/conversation.py`):
+One turn (`handle` / `stream`), on the conversation core (`agentrt/conversation/conversation.py`):
   1. the new messages are appended to the Conversation as a token delta;
   2. `Conversation.round()` generates into the agent's own session (only the delta is
      prefilled), constrained to the model family's tool-call format when `constrained`
@@ -30,7 +30,7 @@ from agentrt.errors import ConfigError
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
-from agentrt.session.conversation import Conversation, RoundEnd
+from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.toolcall import CallComplete
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call

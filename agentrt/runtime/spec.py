@@ -15,8 +15,8 @@ from typing import Any
 from agentrt.checks import check_bool, check_int, check_tool_choice
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
-from agentrt.session.overflow import ContextPolicy
-from agentrt.session.repeats import CallLimits
+from agentrt.conversation.overflow import ContextPolicy
+from agentrt.conversation.repeats import CallLimits
 from agentrt.tools import Tool, Toolset
 
 

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentrt.errors import AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted
-from agentrt.session.conversation import RoundEnd
-from agentrt.session.router import SessionPolicy, SessionRouter
+from agentrt.conversation.conversation import RoundEnd
+from agentrt.conversation.router import SessionPolicy, SessionRouter
 
 from . import chat
 from .completions import TextRun

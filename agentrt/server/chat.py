@@ -3,7 +3,7 @@
 The conversation key is the request's `prompt_cache_key`, else the `X-Session-Id` header, else
 `user`, namespaced by the API key that made the request; a request without one is transient (the
 radix cache still shares its prefixes). The key's session keeps the ledger of the messages it
-holds (`agentrt.session.router`), so a client that resends the whole history prefills only the
+holds (`agentrt.conversation.router`), so a client that resends the whole history prefills only the
 new messages, and `usage.prompt_tokens_details.cached_tokens` is the prompt tokens served from
 KV already held.
 
@@ -28,9 +28,9 @@ from typing import Any
 from agentrt.engine.context import context_overflow
 from agentrt.errors import ContextLengthExceeded
 from agentrt.sampling import SamplingParams
-from agentrt.session.conversation import RoundEnd
-from agentrt.session.reply import call_id, call_prefix, finish_reason
-from agentrt.session.router import routed_conversation
+from agentrt.conversation.conversation import RoundEnd
+from agentrt.conversation.reply import call_id, call_prefix, finish_reason
+from agentrt.conversation.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
 from .protocol import ApiError, ChatRequest, json_schema_of, to_messages, tool_choice_of, tools_of

@@ -87,7 +87,7 @@ def calibrate(lm, quick: bool = False, name: str | None = None) -> StepCosts:
 
 
 def _tier_copy_s(model) -> float:
-    from agentrt.cache.tier import HostTier
+    from agentrt.kv.tier import HostTier
     from agentrt.model.kv import KVStore
 
     store = KVStore.allocate(model.cfg, 16, 16, model.kv_dtype)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrt.cache.tier import HostTier
+from agentrt.kv.tier import HostTier
 from agentrt.engine.clock import LoopClock
 from agentrt.engine.executor import StepOutput
 from agentrt.model.config import ModelConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-# a tool result in the fallback chat format (session/messages.py), as Hermes-trained models read it
+# a tool result in the fallback chat format (conversation/messages.py), as Hermes-trained models read it
 RESPONSE_OPEN = "<tool_response>"
 RESPONSE_CLOSE = "</tool_response>"
 

@@ -26,7 +26,7 @@ from contextlib import aclosing
 import torch
 
 from agentrt import Engine, EngineConfig, SamplingParams
-from agentrt.cache.base import LRUPolicy
+from agentrt.kv.eviction import LRUPolicy
 from bench.peers.base import CallRecord, RunResult, drive
 from bench.workloads.replay import ModelCall
 

@@ -28,7 +28,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError
 
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
-from agentrt.session.repeats import CallLimits
+from agentrt.conversation.repeats import CallLimits
 
 from .host import EngineHost
 from .messages import normalize_tool_choice, to_openai, tools_to_openai
@@ -103,7 +103,7 @@ class ChatAgentrt(BaseChatModel):
                    **kwargs: Any) -> "ChatAgentrt":
         """Load a model and run its engine on a private event loop (close() stops it)."""
         from agentrt.engine.engine import Engine
-        from agentrt.model.loader import load_model
+        from agentrt.model.loaders.load import load_model
 
         lm = load_model(source, quantize=quantize)
         host = EngineHost.start(lambda: Engine(lm, config))

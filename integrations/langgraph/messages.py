@@ -15,7 +15,7 @@ from langchain_core.messages import (AIMessage, BaseMessage, ChatMessage, HumanM
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from agentrt.errors import ConfigError
-from agentrt.session.router import canonical_json
+from agentrt.conversation.router import canonical_json
 
 _ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant",
           "system": "system", "developer": "system", "tool": "tool"}

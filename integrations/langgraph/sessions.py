@@ -6,7 +6,7 @@ the node's checkpoint namespace without its per-step task ids (`agent:<uuid>|too
 session across turns and only the new messages are prefilled. `configurable["agentrt_session"]`
 overrides the key; a call without a thread id is a transient request (the radix cache still
 shares prefixes). The routing itself (ledger, idle TTL, LRU release) is the core's
-`agentrt.session.router`, shared with the OpenAI-compatible server.
+`agentrt.conversation.router`, shared with the OpenAI-compatible server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentrt.session.router import RoutedSession, SessionPolicy, SessionRouter, routed_conversation
+from agentrt.conversation.router import RoutedSession, SessionPolicy, SessionRouter, routed_conversation
 
 __all__ = ["RoutedSession", "SessionPolicy", "SessionRouter", "routed_conversation", "session_key"]
 

@@ -27,10 +27,10 @@ from langchain_core.outputs import ChatGenerationChunk
 
 from agentrt.errors import AgentrtError, GenerationTimeout, PoolExhausted
 from agentrt.sampling import SamplingParams
-from agentrt.session.conversation import Conversation, RoundEnd
-from agentrt.session.repeats import CallLimits
-from agentrt.session.reply import call_id, call_prefix, finish_reason
-from agentrt.session.router import routed_conversation
+from agentrt.conversation.conversation import Conversation, RoundEnd
+from agentrt.conversation.repeats import CallLimits
+from agentrt.conversation.reply import call_id, call_prefix, finish_reason
+from agentrt.conversation.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
 from agentrt.workflow import TaskContext
 

@@ -39,7 +39,7 @@ class ModelSpec:
     def load(self) -> Any:
         if self.factory is not None:
             return self.factory()
-        from agentrt.model.loader import load_model
+        from agentrt.model.loaders.load import load_model
 
         return load_model(self.source, **self.load_kwargs)
 

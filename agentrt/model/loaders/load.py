@@ -12,9 +12,9 @@ from agentrt.checks import check_bool
 from agentrt.errors import ConfigError
 from agentrt.kernels import BACKENDS, get_backend, native
 from agentrt.model.config import ModelConfig
-from agentrt.model.files import ModelFiles, resolve_source
-from agentrt.model.gguf_loader import load_gguf
-from agentrt.model.hf_loader import load_hf_dir
+from agentrt.model.loaders.files import ModelFiles, resolve_source
+from agentrt.model.loaders.gguf import load_gguf
+from agentrt.model.loaders.hf import load_hf_dir
 from agentrt.model.llama import LlamaModel
 from agentrt.model.fused import PATHS
 from agentrt.model.quant import quantize as apply_quant
@@ -30,7 +30,7 @@ KV_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16}
 
 def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
     """Load config, weights (as `dtype`; a GGUF's quantized matrices kept quantized with
-    `native=True`) and tokenizer from any supported source (model/files.py::resolve_source)."""
+    `native=True`) and tokenizer from any supported source (model/loaders/files.py::resolve_source)."""
     path = resolve_source(name_or_path)
     return load_hf_dir(path, dtype) if path.is_dir() else load_gguf(path, dtype, native)
 

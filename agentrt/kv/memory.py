@@ -7,8 +7,8 @@ the radix tree (inserted when each turn ends), so its newest turn is a leaf of t
 pages the session also holds. Such a leaf is a candidate like any cache leaf: taking it cuts
 the session back to the leaf's start (its tail first, newest turn first) while its head -- the
 system prompt and tools other agents share, an interior node -- stays resident. The eviction
-policy (cache/base.py) orders all candidates together; a session pinned by tool-aware retention
-(engine/retention.py) is taken only in a second pass, after every other candidate, and one with
+policy (kv/eviction.py) orders all candidates together; a session pinned by tool-aware retention
+(kv/retention.py) is taken only in a second pass, after every other candidate, and one with
 a request queued (about to run: cutting it now would only move its pages out and back) only in
 a third -- never instead of preempting a running request. Running requests' and busy sessions' pages are never
 candidates. The next turn of a cut session gets its tail back from the tree, the tier (a copy)
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 
 from agentrt.engine.request import Request, State
-from agentrt.engine.sizing import over_high_water, projected_cells
+from agentrt.kv.sizing import over_high_water, projected_cells
 from agentrt.errors import OutOfKVMemory
 
 MAX_PREEMPTIONS = 32  # per request; beyond it the request fails instead of livelocking
@@ -175,7 +175,7 @@ class MemoryManager:
 
     def _victim_order(self, leaves: list) -> list:
         """The eviction policy's order, with the static prefixes of the agents the scheduling
-        policy keeps (engine/policies.py: Decision.keep) after every other leaf. Only nodes that
+        policy keeps (scheduling/policies.py: Decision.keep) after every other leaf. Only nodes that
         begin inside an agent's prefix are kept: its requests' own tails are not."""
         order = self.policy.victim_order(leaves)
         keep = self.keep

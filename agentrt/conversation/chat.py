@@ -52,7 +52,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agentrt.errors import ChatTemplateError
 from agentrt.model.tokenizer import Tokenizer
-from agentrt.session.messages import as_list, check_tool, fallback, normalize
+from agentrt.conversation.messages import as_list, check_tool, fallback, normalize
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 
 # Used when neither the caller nor the tokenizer provides a template.

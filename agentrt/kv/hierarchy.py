@@ -17,8 +17,8 @@ All of it runs in the engine's step thread.
 
 from __future__ import annotations
 
-from agentrt.cache.kv_manager import Sequence
-from agentrt.engine.sizing import projected_cells
+from agentrt.kv.kv_manager import Sequence
+from agentrt.kv.sizing import projected_cells
 
 
 def promote_prefix(core, tokens: list[int], salt: str | None) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from agentrt.cache.base import EvictableNode, IdleSession
+from agentrt.kv.eviction import EvictableNode, IdleSession
 from agentrt.errors import ConfigError
 
 T = TypeVar("T")

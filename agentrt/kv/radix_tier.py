@@ -1,4 +1,4 @@
-"""The radix tree's moves between the KV pool and the second tier (cache/tier.py): a resident
+"""The radix tree's moves between the KV pool and the second tier (kv/tier.py): a resident
 leaf leaves the pool (`discard`: demoted, or dropped with its demoted subtree), the tier makes
 room (`make_room`: kept copies first, then demoted leaves in policy order), a match's demoted
 continuation is found (`host_path`) and copied back (`promote`). A mixin of `RadixCache`: it

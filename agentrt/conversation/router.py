@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from agentrt.errors import ConfigError, PoolExhausted, SessionBusy
-from agentrt.session.conversation import Conversation
+from agentrt.conversation.conversation import Conversation
 
 
 def canonical_json(value: Any) -> str:

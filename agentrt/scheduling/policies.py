@@ -1,7 +1,7 @@
-"""Scheduling policies (next to the eviction policies of cache/base.py): at each scheduling
+"""Scheduling policies (next to the eviction policies of kv/eviction.py): at each scheduling
 point, given the ready requests, the agents' resident prefixes, the KV budget and the task DAGs
-(engine/tasks.py), choose which ready requests are admitted, in which order, and which agents'
-prefixes stay resident. The engine's scheduler (engine/scheduler.py) applies the decision:
+(scheduling/tasks.py), choose which ready requests are admitted, in which order, and which agents'
+prefixes stay resident. The engine's scheduler (scheduling/scheduler.py) applies the decision:
 it admits in the decided order while each request fits (the first that does not fit ends the
 admission: no request overtakes a blocked one), and the memory manager evicts the prefixes of
 agents outside `keep` first.
@@ -11,16 +11,16 @@ agents outside `keep` first.
 - `srpt`: the task with the least expected remaining work first (progress-first).
 - `program_fcfs`: the oldest task first, so a task's later calls are not queued behind newer
   tasks' first calls (Autellix / Continuum program-level ordering).
-- `topas`: seed 004, joint prefix residency and admission (engine/topas.py).
-Ties keep arrival order. Policies are pure functions of the view (engine/policy_base.py): no
+- `topas`: seed 004, joint prefix residency and admission (scheduling/topas.py).
+Ties keep arrival order. Policies are pure functions of the view (scheduling/policy_base.py): no
 engine state is touched. `make_scheduling_policy` builds one by name, above every implementation.
 """
 
 from __future__ import annotations
 
 # (the view's types are importable from here too: the policies and their view in one import)
-from agentrt.engine.policy_base import Decision, Ready, SchedulingPolicy, SchedulingView  # noqa: F401
-from agentrt.engine.topas import Topas
+from agentrt.scheduling.policy_base import Decision, Ready, SchedulingPolicy, SchedulingView  # noqa: F401
+from agentrt.scheduling.topas import Topas
 from agentrt.errors import ConfigError
 from agentrt.policy_names import SCHEDULING_POLICIES
 

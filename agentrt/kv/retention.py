@@ -3,7 +3,7 @@ runs, for a time-to-live worth what a reload would cost.
 
 When a turn ends in tool calls, the caller says so (`Session.expect_tools(names)`). The session
 is then *pinned* until `now + TTL`: memory pressure ranks its pages after every unpinned
-candidate (engine/memory.py), so they survive a tool that returns in time; at expiry they are
+candidate (kv/memory.py), so they survive a tool that returns in time; at expiry they are
 ordinary candidates again, and a pin never makes the engine preempt a running request.
 
 The TTL weighs the two costs Continuum weighs:

@@ -45,8 +45,8 @@ from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
-from agentrt.session.overflow import NO_ROOM, ContextPolicy, droppable
-from agentrt.session.repeats import CallLimits, RepeatGuard
+from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
+from agentrt.conversation.repeats import CallLimits, RepeatGuard
 from agentrt.toolcall.formats import keep_token_ids
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from agentrt.cache.agent_aware import AgentAwarePolicy
-from agentrt.cache.base import EvictionPolicy, LRUPolicy
+from agentrt.kv.agent_aware import AgentAwarePolicy
+from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.errors import ConfigError
 from agentrt.policy_names import EVICTION_POLICIES
 

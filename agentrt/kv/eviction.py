@@ -1,7 +1,7 @@
 """Interfaces of the cache layer. Eviction policies plug in here: LRU (`LRUPolicy`), agent-aware
 (`agent_aware.AgentAwarePolicy`, CacheScout) and later workflow-aware (TOPAS), without touching
 the radix tree. A policy ranks both radix leaves (what to evict) and idle sessions (what to
-detach under memory pressure, engine/memory.py). Policies by name: registry.py."""
+detach under memory pressure, kv/memory.py). Policies by name: registry.py."""
 
 from __future__ import annotations
 

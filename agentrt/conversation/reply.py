@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentrt.engine.prefix import fnv1a
-from agentrt.session.conversation import RoundEnd
+from agentrt.fingerprint import fnv1a
+from agentrt.conversation.conversation import RoundEnd
 
 
 def call_prefix(prompt: Sequence[int]) -> str:

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
 from agentrt.model.config import ModelConfig, check_sliding_window
-from agentrt.model.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.rope import factors_from_hf
 from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 

@@ -1,6 +1,6 @@
 """What the engine knows of tasks (agentrt/workflow.py): each task's arrival and current stage,
 the workflows (declared, or learned from observed stage transitions), and each stage's service
-time learned from the requests served. Scheduling policies (engine/policies.py) read it:
+time learned from the requests served. Scheduling policies (scheduling/policies.py) read it:
 `remaining(task, stage)` is the expected service on the task's longest remaining path.
 Bounded: at most `max_tasks` tasks are remembered (the least recently seen is forgotten)."""
 
@@ -10,7 +10,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from agentrt.engine.prefix import common_prefix
+from agentrt.scheduling.prefix import common_prefix
 from agentrt.errors import ConfigError
 from agentrt.workflow import Workflow
 

@@ -1,6 +1,6 @@
 """Sizing rules of one iteration, as pure functions: whether a waiting request fits the cell
 budget, how many prompt tokens each prefill gets (adaptive chunking), when prefill waits for
-memory. The scheduler (engine/scheduler.py) applies them."""
+memory. The scheduler (scheduling/scheduler.py) applies them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The interface of the scheduling policies (engine/policies.py, engine/topas.py): the view a policy
+"""The interface of the scheduling policies (scheduling/policies.py, scheduling/topas.py): the view a policy
 decides on at each scheduling point, and its decision. Policies are pure functions of the view."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class SchedulingView:
     reload_s_per_token: float  # cost of recomputing one prefix token
     now: float
     upcoming: dict[str, float] = field(default_factory=dict)  # agent -> expected requests soon from
-    # tasks between requests (a tool running, or the next stage about to start): engine/tasks.py
+    # tasks between requests (a tool running, or the next stage about to start): scheduling/tasks.py
 
 
 @dataclass(frozen=True)

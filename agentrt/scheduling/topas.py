@@ -14,7 +14,7 @@ weighted-shortest-processing-time index (Smith's rule with setup times), in seco
     score = sum(w(r) * cost(r) for r in A) / (moves + work(A) + evictions)
 
 - **progress** (numerator): an admitted request r of task J at stage s shortens J's longest
-  remaining path (engine/tasks.py: the DAG and each stage's learned service time) by cost(s);
+  remaining path (scheduling/tasks.py: the DAG and each stage's learned service time) by cost(s);
   w(r) = aging(J) / remaining(J), so what counts is the *share* of J's remaining path done (a
   task near its end gains most, as in SRPT), times task aging `1 + age(J) / aging_s`: a task
   kept waiting gains priority without bound and cannot starve.
@@ -27,7 +27,7 @@ weighted-shortest-processing-time index (Smith's rule with setup times), in seco
   the ones left out go (least needed first); each that still has ready work, or that work
   expected next needs -- a running request's task going on to its stage's successors in the
   DAG, or a task between two requests (running a tool: its stage again, or its successors;
-  engine/tasks.py::upcoming) -- is charged its reload, by that probability. `keep` names R' and
+  scheduling/tasks.py::upcoming) -- is charged its reload, by that probability. `keep` names R' and
   the resident prefixes likely needed next, so the memory manager evicts other prefixes first.
 The best state runs first. Work is not held back for nothing: after the choice, ready requests of
 other *resident* agents join the batch while they fit without evicting anything (their prefix is
@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from agentrt.engine.policy_base import Decision, Ready, SchedulingView
+from agentrt.scheduling.policy_base import Decision, Ready, SchedulingView
 
 EPS = 1e-3  # seconds: floor of a remaining path and of a state's time
 RESIDENT = 0.5  # an agent counts as resident when this share of its prefix is

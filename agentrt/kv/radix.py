@@ -11,10 +11,10 @@ The tree holds one reference on each page it lists. `lock` marks a path as in us
 locked nodes are never evicted (evicting them would free nothing while the request holds refs).
 Each cache_salt gets its own root, so tenants never share KV.
 
-With a second tier (`cache/tier.py`) a node is *resident* (pool pages), *demoted* (no pages;
+With a second tier (`kv/tier.py`) a node is *resident* (pool pages), *demoted* (no pages;
 its KV in a tier entry) or both (promoted, the tier copy kept). Resident nodes form a top
 subtree: a demoted node's children are demoted. Matching walks resident nodes only; the
-demoted continuation of a match (`host_path`) is promoted by the caller (engine/hierarchy.py).
+demoted continuation of a match (`host_path`) is promoted by the caller (kv/hierarchy.py).
 Which leaf goes is the caller's choice too (`resident_leaves`, `discard`), so sessions and the
 tree are ranked together; `evict()` is the tree-only form of it.
 """
@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from agentrt.cache.base import EvictionPolicy, LRUPolicy
-from agentrt.cache.pages import PageAllocator
-from agentrt.cache.radix_tier import TierMoves
-from agentrt.cache.tier import HostTier, TierEntry
+from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
+from agentrt.kv.pages import PageAllocator
+from agentrt.kv.radix_tier import TierMoves
+from agentrt.kv.tier import HostTier, TierEntry
 
 
 @dataclass(eq=False)
@@ -215,7 +215,7 @@ class RadixCache(TierMoves):
     def evict(self, num_pages: int) -> int:
         """Tree-only eviction: unlocked resident leaves that would free a page, in policy order,
         demoted to the tier (or dropped) until `num_pages` pages are free or none is left.
-        Returns pages freed. (The engine ranks sessions' tails with these: engine/memory.py.)"""
+        Returns pages freed. (The engine ranks sessions' tails with these: kv/memory.py.)"""
         freed = 0
         while freed < num_pages:
             # a leaf whose pages live sequences (sessions) still hold would free nothing now:

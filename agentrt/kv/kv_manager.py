@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentrt.cache.pages import PageAllocator
+from agentrt.kv.pages import PageAllocator
 from agentrt.model.kv import KVStore
 
 

@@ -24,10 +24,10 @@ import torch
 
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
-from agentrt.model import gguf_quant
+from agentrt.model.loaders import gguf_quant
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, check_sliding_window
-from agentrt.model.gguf_reader import GGUFFile, GGUFFormatError
-from agentrt.model.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
+from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.rope import factors_from_gguf
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.engine import hierarchy
+from agentrt.kv import hierarchy
 from agentrt.engine.request import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy
 
@@ -109,7 +109,7 @@ def _restore_tail(core, es: EngineSession) -> None:
 def _set_history(core, es: EngineSession) -> None:
     """After a fork, rollback or import, what the session holds is its history: the one the
     memory hierarchy restores it to (EngineSession.history), and in the radix tree like every
-    finished turn's KV, so memory pressure can rank its pages with the rest (engine/memory.py)."""
+    finished turn's KV, so memory pressure can rank its pages with the rest (kv/memory.py)."""
     es.history = list(es.seq.tokens)
     core.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
 

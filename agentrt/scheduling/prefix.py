@@ -3,20 +3,10 @@ prefix-grouped prefill (one leader prefills a block that several new requests sh
 
 from __future__ import annotations
 
-from agentrt.cache.kv_manager import KVManager
-from agentrt.cache.radix import RadixCache
+from agentrt.fingerprint import fnv1a
+from agentrt.kv.kv_manager import KVManager
+from agentrt.kv.radix import RadixCache
 from agentrt.engine.request import Request
-
-FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
-
-
-def fnv1a(tokens: list[int]) -> int:
-    """64-bit FNV-1a over the tokens' 4-byte little-endian encodings."""
-    h = FNV_OFFSET
-    for t in tokens:
-        for b in (t & 0xFFFFFFFF).to_bytes(4, "little"):
-            h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
-    return h
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

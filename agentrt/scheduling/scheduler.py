@@ -1,7 +1,7 @@
 """The scheduler: owns the request queues, admission and batch planning. One `schedule()` per
 step returns the Plan the core runs:
 
-1. **Decide** (engine/policies.py): the scheduling policy orders the ready requests and names
+1. **Decide** (scheduling/policies.py): the scheduling policy orders the ready requests and names
    the agents whose prefixes stay resident (`MemoryManager.keep`). FCFS takes arrival order
    without building a view; the others see a `SchedulingView` built here, and their decision
    time is recorded (`decision_us`).
@@ -20,12 +20,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from agentrt.engine import sizing
-from agentrt.engine.policies import FCFS
-from agentrt.engine.policy_base import Ready, SchedulingView
-from agentrt.engine.prefix import common_prefix, group_new_requests
+from agentrt.kv import sizing
+from agentrt.scheduling.policies import FCFS
+from agentrt.scheduling.policy_base import Ready, SchedulingView
+from agentrt.scheduling.prefix import common_prefix, group_new_requests
 from agentrt.engine.request import Request, State
-from agentrt.engine.speculation import choose_draft
+from agentrt.scheduling.speculation import choose_draft
 
 REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
 UPCOMING_S = 2.0  # a task whose last request ended this recently is expected back (a tool call)
