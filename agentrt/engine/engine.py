@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import anyio
 import anyio.from_thread
 
+from agentrt.checks import check_optional_str
 from agentrt.config import EngineConfig
 from agentrt.engine.context import context_limit
 from agentrt.engine.core import EngineCore
 from agentrt.engine.loop import StepThread
 from agentrt.engine.request import TokenEvent, Usage
-from agentrt.engine.validate import check_generate_args, check_open_session_args
+from agentrt.engine.validate import check_generate_args, check_open_session_args, check_prompt
 from agentrt.engine.session import Session, restore_session
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed
 from agentrt.sampling import SamplingParams, make_generator
@@ -287,6 +288,19 @@ class Engine:
     def stats(self):
         with self._steps.lock:
             return self.core.stats()
+
+    def cached_prefix_len(self, tokens: list[int], cache_salt: str | None = None) -> int:
+        """How many leading tokens of `tokens` the prefix cache holds now, in whole pages (0
+        without a radix cache): what a router asks each replica to send a prompt where most of it
+        is cached (cache-aware routing). A read under the step lock, like stats(): no access time
+        changes, nothing is locked or evicted."""
+        prompt = check_prompt(tokens)
+        check_optional_str("cache_salt", cache_salt)
+        radix = self.core.radix
+        if radix is None:
+            return 0
+        with self._steps.lock:
+            return radix.peek(prompt, cache_salt)
 
 
 def _seed(prompt: list[int], params: SamplingParams) -> int:
