@@ -1,32 +1,38 @@
-"""agentrt past one machine: a real Ray cluster on this machine, and a simulation to 64 replicas.
+"""agentrt past one machine: a real Ray cluster on this machine, and simulated engine replicas to 64.
 
-1. **Step-cost model** (measured here, one engine with 1 torch thread, as a replica of a 2-replica
-   run gets): prefill s/token (a 512-token prompt), decode step s at batch 1 and 8 (so
-   base + per-sequence), and the KV transfer s/token of a migration (snapshot -> restore between
-   two replicas, from the real run).
+1. **Step costs**: this machine's cost model (agentrt.sim: `calibrate` run at 1 torch thread, as a
+   replica of a 2-replica run gets; or `--costs PATH`), and the KV transfer cost of a migration
+   (snapshot -> restore between two replicas, fixed + per token, from the real run).
 2. **Real runs** on the embedded SmolLM2 (native quantization): A agents x T turns; a turn is one
    model call (a named tool call) and then its tool (a fixed sleep). The same workload on
    (a) one local Engine in this process and (b) a ClusterRuntime with 1 replica, 1 torch thread
    each: `ray_overhead_per_turn_ms` = median call latency (b) - (a). (a) against its own
-   simulation gives the engine's fixed per-call cost off the steps; both fixed costs join the
-   step model. Then (c) 2 replicas of 1 thread each, session-affine: its measured call latency is
-   compared with the simulation's prediction for the same workload (`validation`).
-3. **Simulation** (`bench/cluster_sim.py`) for 1-64 replicas and 100-10,000 agents (agents =
-   40 per replica, clipped to [100, 10000]), 8 turns, 8 agent types sharing a 600-token prefix
-   each, tool latencies 5-120 s by type, KV 16,384 tokens per replica (histories outgrow it: KV
-   pressure): round-robin, least-loaded, prefix-affine (cache_aware routing) and session-affine
-   with migration. Keys: `per_turn_speedup_session_affine_vs_prefix_affine_64` (mean per-turn
-   latency, prefix-affine / session-affine, at 64 replicas), its p50/p99 and steady-state (past
-   each agent's first call) variants, hit rates and imbalance per point; `step_model` (the inputs).
+   simulation gives the engine's fixed per-call cost off the steps; both fixed costs are the
+   simulation's `call_overhead`. Then (c) 2 replicas of 1 thread each, session-affine: its
+   measured call latency is compared with the simulation's prediction (`validation`).
+3. **Simulation** (`bench/cluster_sim.py`: each replica a real Engine on a simulated executor,
+   all on one virtual clock): 1-64 replicas (--quick: 1-8), agents = 40 per replica clipped to
+   [100, 10000] (--agents-per-replica, --max-agents), 8 turns (--quick: 4), 8 agent types sharing
+   a 600-token prefix each, tool latencies 5-120 s by type, KV 16,384 tokens per replica and no
+   host tier (histories outgrow it: KV pressure): round-robin, least-loaded, prefix-affine
+   (cache_aware routing) and session-affine with migration. Keys:
+   `per_turn_speedup_session_affine_vs_prefix_affine_<R>` (mean per-turn latency, prefix-affine /
+   session-affine, at the most replicas R), its p50/p99 and steady-state (past each agent's first
+   call) variants, hit rates, imbalance and the simulator's wall seconds per point;
+   `step_costs` and `overheads` (the inputs). --quick's simulation takes about a minute here;
+   the full sweep about 20 minutes (bench/cluster_sim.py says what sizes are practical).
 
-    python bench/bench_cluster.py [--quick]
+`--sim-only` skips 1-2 (no model, no Ray): the cost model from --costs (default
+bench/results/cost_cpu.json), the overheads from the last bench/results/cluster.json; it writes
+bench/results/cluster_sim.json.
+
+    python bench/bench_cluster.py [--quick] [--sim-only] [--costs PATH] [--replicas 1,2,4]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -35,154 +41,121 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cluster_sim import POLICIES, StepModel, Workload, simulate  # noqa: E402
-from bench.common import machine, print_table, write_results  # noqa: E402
+from bench.cluster_real import TOOL_S, med, run_cluster, run_local  # noqa: E402
+from bench.cluster_sim import POLICIES, Overheads, Workload, simulate  # noqa: E402
+from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
+from agentrt.sim import StepCosts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CITIES = ["Paris", "Tokyo", "Oslo", "Lima", "Rome", "Cairo"]
-TOOL_S = 0.5
+OVERHEADS = ("call_overhead", "transfer_fixed", "transfer_per_token")
 
 
-def measure_step_model(lm) -> dict:
-    """Prefill s/token and decode step s at batch 1 and 8 on one engine (1 torch thread)."""
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="4 agents x 3 turns for real; 1-8 replicas x 4 turns simulated")
+    ap.add_argument("--sim-only", action="store_true", help="the simulation alone (no model, no Ray)")
+    ap.add_argument("--costs", default=None,
+                    help="a StepCosts JSON (default: calibrate now; --sim-only: cost_cpu.json)")
+    ap.add_argument("--replicas", default=None, help="replica counts (default 1,2,4,8 --quick / 1,2,4,8,16,32,64)")
+    ap.add_argument("--agents-per-replica", type=int, default=40)
+    ap.add_argument("--max-agents", type=int, default=10000)
+    ap.add_argument("--turns", type=int, default=None, help="turns per simulated agent (default 4 --quick / 8)")
+    a = ap.parse_args()
+    a.replicas = [int(r) for r in (a.replicas or ("1,2,4,8" if a.quick else "1,2,4,8,16,32,64")).split(",")]
+    a.turns = a.turns or (4 if a.quick else 8)
+    return a
+
+
+def calibrated_costs(lm, quick: bool) -> StepCosts:
+    """This machine's cost model with 1 torch thread (a replica's share here)."""
     import torch
 
-    from agentrt import Engine, EngineConfig, SamplingParams
+    from agentrt.sim.calibrate import calibrate
 
-    torch_threads = torch.get_num_threads()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-
-    async def main():
-        async with Engine(lm, EngineConfig(kv_cache_tokens=16384, response_cache_size=0)) as eng:
-            vocab = lm.config.vocab_size
-            prefill = []
-            for rep in range(3):  # (distinct first tokens: nothing comes from the prefix cache)
-                prompt = [(i * 7919 + rep * 131) % (vocab - 100) + 50 for i in range(512)]
-                t0 = time.perf_counter()
-                await eng.complete(prompt, SamplingParams(max_tokens=1))
-                prefill.append((time.perf_counter() - t0) / len(prompt))
-
-            async def decode(tag: int) -> tuple[float, float]:
-                stamps = []
-                async for _ in eng.generate([60 + tag, 61, 62, 63], SamplingParams(max_tokens=33, ignore_eos=True)):
-                    stamps.append(time.perf_counter())
-                return stamps[1], stamps[-1]
-            one = [await decode(0) for _ in range(2)]
-            b1 = statistics.median((end - start) / 31 for start, end in one)
-            many = await asyncio.gather(*(decode(i) for i in range(8)))
-            b8 = (max(e for _, e in many) - max(s for s, _ in many)) / 31
-        return {"prefill_per_token": statistics.median(prefill), "decode_step_b1": b1, "decode_step_b8": b8}
     try:
-        return asyncio.run(main())
+        return calibrate(lm, quick=quick, name="cpu, 1 torch thread (calibrated)")
     finally:
-        torch.set_num_threads(torch_threads)
+        torch.set_num_threads(threads)
 
 
-def _agents(n: int, tool_log: list):
-    from agentrt import Agent, SamplingParams, tool
-
-    @tool
-    async def get_weather(city: str) -> dict:
-        """Current weather in a city.
-
-        Args:
-            city: the city name
-        """
-        await asyncio.sleep(TOOL_S)
-        return {"city": city, "temperature_c": 10 + len(city), "sky": "clear"}
-
-    return [Agent(f"agent{i}", f"You are weather agent {i}. Look the weather up with get_weather.", [get_weather],
-                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tool_rounds=1,
-                  stop_at_tools=["get_weather"], settings=SamplingParams(max_tokens=32)) for i in range(n)]
-
-
-async def _drive(rt, refs, turns: int, ask) -> list[dict]:
-    rows: list[dict] = []
-
-    async def one(i, ref):
-        for t in range(turns):
-            t0 = time.perf_counter()
-            result = await ask(ref, f"What is the weather in {CITIES[(i + t) % len(CITIES)]}?")
-            u = result.usage[0]
-            rows.append({"agent": i, "turn": t, "call_s": time.perf_counter() - t0 - TOOL_S,
-                         "prompt": u.prompt_tokens, "computed": u.computed_prompt_tokens,
-                         "output": u.completion_tokens})
-    await asyncio.gather(*(one(i, r) for i, r in enumerate(refs)))
-    return rows
-
-
-def run_local(lm, n: int, turns: int, threads: int = 1) -> list[dict]:
-    import torch
-
-    from agentrt import Engine, EngineConfig, Runtime
-
-    torch.set_num_threads(threads)
-
-    async def main():
-        async with Engine(lm, EngineConfig(kv_cache_tokens=16384, response_cache_size=0)) as eng, Runtime(eng) as rt:
-            refs = [await rt.spawn(a) for a in _agents(n, [])]
-            await _drive(rt, refs[:1], 1, lambda r, m: r.ask(m, timeout=600))  # warm-up
-            return await _drive(rt, refs, turns, lambda r, m: r.ask(m, timeout=600))
-    return asyncio.run(main())
-
-
-def run_cluster(replicas: int, threads: int, n: int, turns: int, migrate: bool = False) -> tuple[list[dict], dict]:
-    from agentrt import EngineConfig
-    from agentrt.integrations.ray import ClusterRuntime, ModelSpec
-
-    async def main():
-        extra: dict = {}
-        async with ClusterRuntime(ModelSpec("smollm2-135m"), replicas=replicas, threads_per_replica=threads,
-                                  cpus_per_replica=threads, engine_config=EngineConfig(kv_cache_tokens=16384,
-                                                                                       response_cache_size=0),
-                                  ray_init={"num_cpus": replicas * threads,
-                                            "runtime_env": {"env_vars": {"PYTHONPATH": str(ROOT)}}}) as rt:
-            refs = [await rt.spawn(a) for a in _agents(n, [])]
-            await _drive(rt, refs[:1], 1, lambda r, m: rt.ask(r, m, timeout=600))  # warm-up
-            rows = await _drive(rt, refs, turns, lambda r, m: rt.ask(r, m, timeout=600))
-            if migrate:  # the KV transfer cost of a migration: fixed + per token, from a short and a long session
-                moves = []
-                for ref in (refs[0], refs[1]):
-                    if ref is refs[1]:  # make this one's history long: four more turns
-                        await _drive(rt, [ref], 4, lambda r, m: rt.ask(r, m, timeout=600))
-                    tokens = len(await ref.behavior.session.tokens())
-                    t0 = time.perf_counter()
-                    await rt.migrate(ref, 1 - rt.where[ref.name])
-                    moves.append((tokens, time.perf_counter() - t0))
-                (n0, s0), (n1, s1) = moves
-                per_token = max(0.0, (s1 - s0) / max(1, n1 - n0))
-                extra = {"migrations": moves, "transfer_per_token": per_token,
-                         "transfer_fixed": max(0.0, s0 - per_token * n0)}
-        return rows, extra
-    return asyncio.run(main())
-
-
-def _med(rows: list[dict], key: str = "call_s") -> float:
-    return statistics.median(r[key] for r in rows)
-
-
-def predict_real(rows: list[dict], model: StepModel, replicas: int, n: int, turns: int) -> float:
-    """The simulation of the real run's workload: its measured prompt growth and output lengths."""
-    prompts = sorted(r["prompt"] for r in rows if r["turn"] == 0)
-    first = statistics.median(prompts)
+def predict_real(rows: list[dict], costs: StepCosts, over: Overheads, replicas: int, n: int, turns: int) -> float:
+    """The simulation of a real run's workload (its measured prompt growth and output lengths):
+    its median call latency."""
+    first = statistics.median(r["prompt"] for r in rows if r["turn"] == 0)
     growth = statistics.median(b["prompt"] - a["prompt"] for a in rows for b in rows
                                if a["agent"] == b["agent"] and b["turn"] == a["turn"] + 1)
-    out = round(statistics.median(r["output"] for r in rows))
-    w = Workload(agents=n, replicas=replicas, turns=turns, groups=n, prefix_tokens=int(first), turn_tokens=int(growth - out),
-                 output_tokens=out, tool_s=(TOOL_S,) * n, kv_tokens=16384, seed=1)
-    return simulate("session_affine", w, model)["turn_s_p50"]
+    out = max(1, round(statistics.median(r["output"] for r in rows)))
+    turn = max(1, int(growth) - out)
+    w = Workload(agents=n, replicas=replicas, turns=turns, groups=n, prefix_tokens=max(1, int(first) - turn),
+                 turn_tokens=turn, output_tokens=out, tool_s=(TOOL_S,) * n, kv_tokens=16384, seed=1)
+    return simulate("session_affine", w, costs, over)["turn_s_p50"]
 
 
-def sweep(model: StepModel, quick: bool) -> list[dict]:
-    replicas = (1, 4, 16, 64) if quick else (1, 2, 4, 8, 16, 32, 64)
+def measure(a) -> tuple[StepCosts, Overheads, dict]:
+    """Steps 1-2: the cost model, the overheads and the real runs (with the validation)."""
+    from agentrt import load_model
+
+    n, turns = (4, 3) if a.quick else (6, 5)
+    lm = load_model("smollm2-135m")
+    costs = StepCosts.load(a.costs) if a.costs else calibrated_costs(lm, a.quick)
+    local = run_local(lm, n, turns)
+    one, _ = run_cluster(1, 1, n, turns)
+    two, moved = run_cluster(2, 1, n, turns, migrate=True)
+    bare = Overheads(transfer_fixed=moved["transfer_fixed"], transfer_per_token=moved["transfer_per_token"])
+    # the fixed per-call costs the steps do not show: the engine's off-step work (the local run
+    # against its own simulation), then Ray's (1 replica against the local engine)
+    engine_overhead = max(0.0, med(local) - predict_real(local, costs, bare, 1, n, turns))
+    ray_overhead = med(one) - med(local)
+    over = Overheads(engine_overhead + max(0.0, ray_overhead), bare.transfer_fixed, bare.transfer_per_token)
+    predicted = predict_real(two, costs, over, 2, n, turns)
+    return costs, over, {
+        "agents_real": n, "turns_real": turns, "tool_s": TOOL_S, "engine_call_overhead": engine_overhead,
+        "migrations_measured": moved["migrations"], "ray_overhead_per_turn_ms": ray_overhead * 1e3,
+        "real": {"local_call_s_p50": med(local), "cluster1_call_s_p50": med(one), "cluster2_call_s_p50": med(two),
+                 "cluster2_prefill_fraction": sum(r["computed"] for r in two) / sum(r["prompt"] for r in two)},
+        "validation": {"policy": "session_affine", "replicas": 2, "measured_call_s_p50": med(two),
+                       "predicted_call_s_p50": predicted, "predicted_over_measured": predicted / med(two)}}
+
+
+def last_overheads() -> Overheads:
+    """--sim-only: the overheads of the last full run (bench/results/cluster.json), else none."""
+    try:
+        data = json.loads((RESULTS / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return Overheads()
+    got = data.get("overheads") or data.get("step_model") or {}
+    return Overheads(**{k: float(got[k]) for k in OVERHEADS if k in got})
+
+
+def sweep(costs: StepCosts, over: Overheads, a) -> list[dict]:
     out = []
-    for r in replicas:
-        agents = min(10000, max(100, 40 * r))
-        w = Workload(agents=agents, replicas=r, turns=4 if quick else 8, tool_s=(5, 10, 20, 40, 60, 80, 100, 120),
+    for r in a.replicas:
+        agents = min(a.max_agents, max(100, a.agents_per_replica * r))
+        w = Workload(agents=agents, replicas=r, turns=a.turns, tool_s=(5, 10, 20, 40, 60, 80, 100, 120),
                      kv_tokens=16384)
         for p in POLICIES:
-            out.append(simulate(p, w, model))
+            out.append(simulate(p, w, costs, over))
+            x = out[-1]
+            print(f"{r:3d} replicas {agents:5d} agents {p:15s} turn mean {x['turn_s_mean']:.2f} s "
+                  f"p99 {x['turn_s_p99']:.2f} s hit {x['hit_rate']:.2f}  ({x['sim_wall_s']:.1f} s wall)", flush=True)
     return out
+
+
+def comparison(points: list[dict]) -> dict:
+    by = {(x["policy"], x["replicas"]): x for x in points}
+    top = max(x["replicas"] for x in points)
+    sa, pa = by[("session_affine", top)], by[("prefix_affine", top)]
+    steady = pa["steady_turn_s_mean"] / sa["steady_turn_s_mean"]
+    return {
+        f"per_turn_speedup_session_affine_vs_prefix_affine_{top}": pa["turn_s_mean"] / sa["turn_s_mean"],
+        f"p99_ratio_session_affine_vs_prefix_affine_{top}": pa["turn_s_p99"] / sa["turn_s_p99"],
+        f"p50_speedup_session_affine_vs_prefix_affine_{top}": pa["turn_s_p50"] / sa["turn_s_p50"],
+        f"steady_per_turn_speedup_session_affine_vs_prefix_affine_{top}": steady,
+        f"steady_p99_ratio_session_affine_vs_prefix_affine_{top}": pa["steady_turn_s_p99"] / sa["steady_turn_s_p99"],
+        f"hit_rate_session_affine_vs_prefix_affine_{top}": [sa["hit_rate"], pa["hit_rate"]]}
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -204,64 +177,39 @@ def plot(points: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     a.set_yscale("log")  # (1 replica: 100 agents, the floor of the agent range, overload it)
     a.legend()
-    fig.suptitle("simulated placement policies under KV pressure (this machine's step-cost model)")
+    fig.suptitle("simulated engine replicas under KV pressure: placement policies (this machine's cost model)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="4 agents x 3 turns for real, 4 replica counts (minutes)")
-    args = ap.parse_args()
-    from agentrt import load_model
-
-    t_start = time.perf_counter()
-    n, turns = (4, 3) if args.quick else (6, 5)
-    lm = load_model("smollm2-135m")
-    steps = measure_step_model(lm)
-    local = run_local(lm, n, turns)
-    one, _ = run_cluster(1, 1, n, turns)
-    two, moved = run_cluster(2, 1, n, turns, migrate=True)
-    per_seq = max(0.0, (steps["decode_step_b8"] - steps["decode_step_b1"]) / 7)
-    bare = StepModel(prefill_per_token=steps["prefill_per_token"], decode_base=steps["decode_step_b1"] - per_seq,
-                     decode_per_seq=per_seq, transfer_per_token=moved["transfer_per_token"],
-                     transfer_fixed=moved["transfer_fixed"])
-    # the fixed per-call costs the steps do not show: the engine's off-step work (from the local
-    # run against its own simulation), then Ray's (1 replica against the local engine)
-    engine_overhead = max(0.0, _med(local) - predict_real(local, bare, 1, n, turns))
-    ray_overhead = _med(one) - _med(local)
-    model = dataclasses.replace(bare, call_overhead=engine_overhead + max(0.0, ray_overhead))
-    predicted = predict_real(two, model, 2, n, turns)
-    points = sweep(model, args.quick)
-    by = {(x["policy"], x["replicas"]): x for x in points}
-    top = max(x["replicas"] for x in points)
-    sa, pa = by[("session_affine", top)], by[("prefix_affine", top)]
-    out = {
-        "machine": machine(), "quick": args.quick, "agents_real": n, "turns_real": turns, "tool_s": TOOL_S,
-        "step_model": {**steps, "decode_base": model.decode_base, "decode_per_seq": model.decode_per_seq,
-                       "engine_call_overhead": engine_overhead, "call_overhead": model.call_overhead, **moved},
-        "real": {"local_call_s_p50": _med(local), "cluster1_call_s_p50": _med(one), "cluster2_call_s_p50": _med(two),
-                 "cluster2_prefill_fraction": sum(r["computed"] for r in two) / sum(r["prompt"] for r in two)},
-        "ray_overhead_per_turn_ms": ray_overhead * 1e3,
-        "validation": {"policy": "session_affine", "replicas": 2, "measured_call_s_p50": _med(two),
-                       "predicted_call_s_p50": predicted, "predicted_over_measured": predicted / _med(two)},
-        f"per_turn_speedup_session_affine_vs_prefix_affine_{top}": pa["turn_s_mean"] / sa["turn_s_mean"],
-        f"p99_ratio_session_affine_vs_prefix_affine_{top}": pa["turn_s_p99"] / sa["turn_s_p99"],
-        f"p50_speedup_session_affine_vs_prefix_affine_{top}": pa["turn_s_p50"] / sa["turn_s_p50"],
-        f"steady_per_turn_speedup_session_affine_vs_prefix_affine_{top}": pa["steady_turn_s_mean"] / sa["steady_turn_s_mean"],
-        f"steady_p99_ratio_session_affine_vs_prefix_affine_{top}": pa["steady_turn_s_p99"] / sa["steady_turn_s_p99"],
-        f"hit_rate_session_affine_vs_prefix_affine_{top}": [sa["hit_rate"], pa["hit_rate"]],
-        "simulation": points, "bench_wall_s": time.perf_counter() - t_start,
-    }
+def report(points: list[dict]) -> None:
     rows = [[x["policy"], x["replicas"], x["agents"], f"{x['turn_s_mean']:.2f}", f"{x['turn_s_p50']:.2f}",
-             f"{x['turn_s_p99']:.2f}",
-             f"{x['hit_rate']:.2f}", f"{x['imbalance']:.2f}", x["migrations"]] for x in points]
-    print_table("simulated placement (KV 16k tokens/replica)", ["policy", "replicas", "agents", "turn mean s",
-                "turn p50 s", "turn p99 s", "hit rate", "imbalance", "migrations"], rows)
+             f"{x['turn_s_p99']:.2f}", f"{x['hit_rate']:.2f}", f"{x['imbalance']:.2f}", x["migrations"],
+             f"{x['sim_wall_s']:.1f}"] for x in points]
+    print_table("simulated replicas (KV 16k tokens/replica)", ["policy", "replicas", "agents", "turn mean s",
+                "turn p50 s", "turn p99 s", "hit rate", "imbalance", "migrations", "sim wall s"], rows)
+
+
+def main() -> None:
+    a = parse()
+    t_start = time.perf_counter()
+    out: dict = {"machine": machine(), "quick": a.quick, "sim_only": a.sim_only}
+    if a.sim_only:
+        costs, over = StepCosts.load(a.costs or RESULTS / "cost_cpu.json"), last_overheads()
+    else:
+        costs, over, real = measure(a)
+        out.update(real)
+    out.update(step_costs=costs.__dict__, overheads={k: getattr(over, k) for k in OVERHEADS})
+    t_sim = time.perf_counter()
+    points = sweep(costs, over, a)
+    out.update(comparison(points), simulation=points, sim_wall_s=time.perf_counter() - t_sim,
+               bench_wall_s=time.perf_counter() - t_start)
+    report(points)
     print({k: v for k, v in out.items() if not isinstance(v, (list, dict))})
-    print("real:", out["real"], "validation:", out["validation"])
-    plot(points, ROOT / "bench" / "results" / "cluster.png")
-    print("wrote", write_results("cluster", out))
+    if not a.sim_only:
+        print("real:", out["real"], "validation:", out["validation"])
+        plot(points, ROOT / "bench" / "results" / "cluster.png")
+    print("wrote", write_results("cluster_sim" if a.sim_only else "cluster", out))
 
 
 if __name__ == "__main__":

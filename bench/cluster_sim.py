@@ -1,53 +1,62 @@
-"""A discrete-event simulation of agents on R engine replicas, driven by a measured step-cost model.
+"""Agents on R engine replicas, simulated: each replica a real `agentrt.Engine` on a simulated
+executor (agentrt.sim: the core's own admission, scheduling, radix cache, eviction, retention
+and preemption over a step cost model), all of them on one virtual clock (`agentrt.sim.run`),
+with placement and migration on top (bench/cluster_route.py: round_robin, least_loaded,
+prefix_affine, session_affine).
 
 Agents run closed loops: a model call (the prompt is the group's shared prefix plus the agent's
-history), then a tool of the agent's type (a fixed latency per type, +-20% jitter), then the
-next call, for `turns` turns. Each replica runs continuous batching step by step: a step decodes
-one token for every running request and prefills at most `chunk` prompt tokens; its time is the
-step model's `decode_base + decode_per_seq * batch + prefill_per_token * tokens`; a call's latency
-also has a fixed `call_overhead` spent off the replica (driver, RPC, parsing: measured). KV per replica
-is `kv_tokens`: the requests running hold their tokens; what is left caches finished histories
-(a radix-like tree: a group prefix node, and one suffix node per agent under it; a prefix node
-is evicted only once it has no suffix node).
+history: each turn adds `turn_tokens` of user / tool-result tokens, then the call's
+`output_tokens` synthetic tokens, ScriptBook), then a tool of the agent's type (a fixed latency
+per type, +-20% jitter, slept in virtual time), for `turns` turns; starts are spread over the
+first tool interval. A call also spends `Overheads.call_overhead` off the replica (driver, RPC,
+parsing: measured by bench_cluster). For round_robin, least_loaded and prefix_affine every call
+is a transient request routed on its own (`engine.complete(prompt, params)`); for
+session_affine each agent holds a session on its replica (`engine.open_session`), tells it the
+tool it waits on (`Session.expect_tools`: tool-aware retention), and moves with it. Replicas
+have no host tier unless `tier_bytes` says so (KV pressure is the point).
 
-Placement (`POLICIES`):
-  * round_robin, least_loaded (fewest outstanding requests), prefix_affine (the replica holding
-    the longest cached prefix of the prompt unless it is imbalanced: more than 32 outstanding
-    requests over the least loaded and 1.5x it, as sglang/vllm routers' cache_aware): every
-    call is routed on its own, and a replica's cache evicts least recently used first;
-  * session_affine: an agent lives on one replica (placed at its first call on the replica with
-    the fewest agents, then the fewest outstanding requests, as ClusterRuntime does); its
-    cache evicts the idle agent whose next call is expected latest (its tool's latency known,
-    as agentrt's tool-aware retention learns it); a call arriving at a replica with more than
-    `migrate_gap` requests over the least loaded one moves its session there first (the
-    measured transfer time: fixed + per token), when the wait it saves beats the transfer.
+Outputs per run: per-turn latency mean/p50/p99 (call start -> last token, overhead included),
+the same past each agent's first call (`steady_*`: the first calls land in a burst), KV hit rate
+(prompt tokens served from cache / prompt tokens, from every call's usage), load imbalance
+(max / mean replica busy time), migrations, preemptions, virtual seconds and the simulation's
+own wall seconds (`sim_wall_s`).
 
-Outputs per run: per-turn latency mean/p50/p99 (request arrival -> last token), the same past each
-agent's first call (`steady_*`: the first calls of all agents land in a burst at the start), KV hit
-rate (prompt tokens served from cache / prompt tokens), load imbalance (max / mean replica busy time).
+Scale: the real core is simulated step by step, so the simulator's wall time grows with agent
+turns and with agents per replica (measured here: 4-6 ms per agent turn at 40 agents per
+replica, 17 ms at 1,000 agents on one engine). bench_cluster --quick (1-8 replicas, 100-320
+agents, 4 turns, four policies) takes about 45 s; 16 replicas x 640 agents x 8 turns about 30 s
+per policy. Estimated from those rates: the full sweep (to 64 replicas x 2,560 agents x 8 turns)
+about 4 minutes per policy, 10,000 agents x 8 turns on 250 replicas about 8. Runs repeat up to
+trio's scheduling order (it shuffles ready tasks): figures differ by about 1% between runs.
+
+    from bench.cluster_sim import Workload, simulate
+    simulate("session_affine", Workload(agents=100, replicas=4), StepCosts.load("bench/results/cost_cpu.json"))
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
 import random
-from collections import OrderedDict
+import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
+import anyio
 
-@dataclass(frozen=True)
-class StepModel:
-    prefill_per_token: float  # s per prompt token computed
-    decode_base: float  # s per decode step, fixed part
-    decode_per_seq: float  # s per decode step, per running sequence
-    transfer_per_token: float  # s per token to move a session's KV between replicas (snapshot -> restore)
-    transfer_fixed: float = 0.0  # s per move, whatever its size
-    call_overhead: float = 0.0  # s a call spends outside replica steps (driver, RPC, parsing): latency only
+from agentrt import Engine, EngineConfig, SamplingParams
+from agentrt.errors import ConfigError
+from agentrt.model.config import ModelConfig
+from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts
+from agentrt.sim import run as sim_run
+from bench.cluster_route import POLICIES, Overheads, Router
 
-    def step(self, batch: int, prefill: int) -> float:
-        return (self.decode_base + self.decode_per_seq * batch if batch else 0.0) + self.prefill_per_token * prefill
+__all__ = ["POLICIES", "Overheads", "Workload", "simulate", "sim_model"]
+
+# the shape of the model the CPU cost model was calibrated on (SmolLM2-135M): for cost models
+# whose details carry no "model" (the GPU ones do)
+SMOLLM2_135M = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                           num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                           max_position_embeddings=8192, tie_word_embeddings=True)
+TOKENS = (1000, 30000)  # prompt token ids are drawn from [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -61,245 +70,159 @@ class Workload:
     output_tokens: int = 24
     tool_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0)  # per group
     kv_tokens: int = 32768  # per replica
-    chunk: int = 512
+    n_batch: int = 4096  # tokens per step (EngineConfig.n_batch)
+    tier_bytes: int = 0  # host tier per replica (EngineConfig.kv_tier_bytes)
     migrate_gap: int = 4
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("agents", "replicas", "turns", "groups", "prefix_tokens", "turn_tokens", "output_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"Workload.{name} must be an int >= 1, got {v!r}")
+        if len(self.tool_s) < self.groups or any(not t >= 0 for t in self.tool_s):
+            raise ConfigError(f"Workload.tool_s needs a latency >= 0 for each of the {self.groups} groups, "
+                              f"got {self.tool_s!r}")
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(kv_cache_tokens=self.kv_tokens, kv_tier_bytes=self.tier_bytes, n_batch=self.n_batch,
+                            max_session_seqs=self.agents, max_transient_seqs=self.agents, response_cache_size=0,
+                            enable_speculation=False, acquire_timeout=1e6)
+
 
 @dataclass
-class _Req:
-    agent: int
-    arrival: float
-    prompt: int
-    hit: int
-    prefill_left: int
-    decode_left: int
-    tokens: int = 0  # KV held
+class Record:
+    """What the driver saw of the run: per-call latencies and usage, and (trace) every call."""
+
+    latencies: list[float] = field(default_factory=list)
+    steady: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    calls: list[dict] | None = None
+
+    def add(self, agent: int, turn: int, replica: int, prompt: list[int], out, seconds: float) -> None:
+        self.latencies.append(seconds)
+        if turn > 0:
+            self.steady.append(seconds)
+        self.prompt_tokens += out.usage.prompt_tokens
+        self.cached_tokens += out.usage.cached_tokens
+        if self.calls is not None:
+            self.calls.append({"agent": agent, "turn": turn, "replica": replica, "prompt": tuple(prompt),
+                               "output": tuple(out.token_ids), "cached": out.usage.cached_tokens})
 
 
-@dataclass
-class _Replica:
-    index: int
-    queue: list = field(default_factory=list)
-    running: list = field(default_factory=list)
-    suffix: OrderedDict = field(default_factory=OrderedDict)  # agent -> cached suffix tokens (LRU order)
-    prefix: dict = field(default_factory=dict)  # group -> children count (the prefix node is cached)
-    busy: float = 0.0
-    stepping: bool = False
-
-    def outstanding(self) -> int:
-        return len(self.queue) + len(self.running)
+def sim_model(costs: StepCosts) -> SimModel:
+    """The model shape a cost model was made for (details["model"]; else SmolLM2-135M's)."""
+    shape = costs.details.get("model") if isinstance(costs.details, dict) else None
+    if shape is None:
+        return SimModel(SMOLLM2_135M)
+    return SimModel(ModelConfig(**{**shape, "rope_freq_factors": None}))
 
 
-class Sim:
-    def __init__(self, policy: str, w: Workload, model: StepModel) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}")
-        self.policy, self.w, self.m = policy, w, model
-        self.rng = random.Random(w.seed)
-        self.reps = [_Replica(i) for i in range(w.replicas)]
-        self.history = [0] * w.agents  # tokens after the prefix
-        self.group = [a % w.groups for a in range(w.agents)]
-        self.home: dict[int, int] = {}
-        self.homed = [0] * w.replicas  # agents placed per replica (session_affine)
-        self.next_at = [0.0] * w.agents  # expected next call (session_affine eviction)
-        self.turn = [0] * w.agents
-        self.events: list = []
-        self.latencies: list[float] = []
-        self.steady: list[float] = []
-        self.prompt_tokens = self.cached_tokens = 0
-        self.migrations = 0
-        self._rr = 0
-        self._seq = itertools.count()
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(*TOKENS) for _ in range(n)]
 
-    # ---- driver ----------------------------------------------------------------------------
-    def run(self) -> dict:
-        for a in range(self.w.agents):  # staggered starts over the first tool interval
-            self._push(self.rng.uniform(0, self.w.tool_s[self.group[a]]), "call", a)
-        while self.events:
-            t, _, kind, x = heapq.heappop(self.events)
-            if kind == "call":
-                self._call(t, x)
-            else:
-                self._step_end(t, self.reps[x])
-        busy = [r.busy for r in self.reps]
-        lat, steady = sorted(self.latencies), sorted(self.steady)
-        return {"steady_turn_s_mean": sum(steady) / max(1, len(steady)), "steady_turn_s_p50": _q(steady, 0.5),
-                "steady_turn_s_p99": _q(steady, 0.99),"policy": self.policy, "agents": self.w.agents, "replicas": self.w.replicas,
-                "turn_s_p50": _q(lat, 0.5), "turn_s_p99": _q(lat, 0.99), "turn_s_mean": sum(lat) / len(lat),
-                "hit_rate": self.cached_tokens / max(1, self.prompt_tokens),
-                "imbalance": max(busy) / (sum(busy) / len(busy)) if sum(busy) else 1.0,
-                "migrations": self.migrations, "turns": len(lat)}
 
-    def _push(self, t: float, kind: str, x: int) -> None:
-        heapq.heappush(self.events, (t, next(self._seq), kind, x))
+class Driver:
+    """The agents' closed loops over the replicas, through the router."""
 
-    # ---- a call arrives ----------------------------------------------------------------------
-    def _call(self, t: float, a: int) -> None:
-        self.history[a] += self.w.turn_tokens
-        r = self._route(t, a)
-        prompt = self.w.prefix_tokens + self.history[a]
-        hit = self._hit(r, a)
-        self.prompt_tokens += prompt
-        self.cached_tokens += hit
-        if a in r.suffix:
-            r.suffix.pop(a)  # the running request holds it now
-            r.prefix[self.group[a]] -= 1
-        req = _Req(a, t, prompt, hit, prompt - hit, self.w.output_tokens)
-        r.queue.append(req)
-        self._kick(t, r)
+    def __init__(self, policy: str, w: Workload, engines: list[Engine], costs: StepCosts, over: Overheads,
+                 trace: bool) -> None:
+        self.w, self.engines, self.over = w, engines, over
+        self.router = Router(policy, engines, costs, over, w.migrate_gap, w.output_tokens)
+        self.sessions = policy == "session_affine"
+        self.params = SamplingParams(max_tokens=w.output_tokens, ignore_eos=True)
+        self.prefixes = [_ids(random.Random(w.seed * 7919 + g), w.prefix_tokens) for g in range(w.groups)]
+        self.record = Record(calls=[] if trace else None)
 
-    def _hit(self, r: _Replica, a: int) -> int:
-        g = self.group[a]
-        if g not in r.prefix:
-            return 0
-        return self.w.prefix_tokens + (r.suffix.get(a, 0) if a in r.suffix else 0)
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for a in range(self.w.agents):
+                tg.start_soon(self.agent, a)
 
-    def _route(self, t: float, a: int) -> _Replica:
-        p, reps = self.policy, self.reps
-        if p == "round_robin":
-            self._rr += 1
-            return reps[self._rr % len(reps)]
-        least = min(reps, key=lambda r: (r.outstanding(), r.index))
-        if p == "least_loaded":
-            return least
-        if p == "prefix_affine":
-            best = max(reps, key=lambda r: (self._hit(r, a), -r.outstanding(), -r.index))
-            if self._hit(best, a) == 0:
-                return least
-            gap = best.outstanding() - least.outstanding()
-            return least if gap > 32 and best.outstanding() > 1.5 * least.outstanding() else best
-        if a not in self.home:  # placed once, as ClusterRuntime's session_affine: fewest agents, then load
-            first = min(reps, key=lambda r: (self.homed[r.index], r.outstanding(), r.index))
-            self.home[a] = first.index
-            self.homed[first.index] += 1
-        home = reps[self.home[a]]
-        gap = home.outstanding() - least.outstanding()
-        if home is not least and gap > self.w.migrate_gap and self._move_pays(a, home, gap):
-            return self._migrate(a, home, least)
-        return home
+    async def agent(self, a: int) -> None:
+        w, g = self.w, a % self.w.groups
+        rng = random.Random(w.seed * 1_000_003 + a)
+        await anyio.sleep(rng.uniform(0, w.tool_s[g]))
+        prompt, session = list(self.prefixes[g]), None
+        for turn in range(w.turns):
+            prompt += _ids(rng, w.turn_tokens)
+            t0 = anyio.current_time()
+            await anyio.sleep(self.over.call_overhead)
+            session, out = await self.call(a, g, prompt, session)
+            self.record.add(a, turn, out.replica, prompt, out.completion, anyio.current_time() - t0)
+            prompt += out.completion.token_ids
+            if turn < w.turns - 1:
+                await self.tool(session, g, w.tool_s[g] * rng.uniform(0.8, 1.2))
+        if session is not None:
+            await session.close()
 
-    def _move_pays(self, a: int, home: _Replica, gap: int) -> bool:
-        """Move only when the wait it saves (gap requests of decode) beats the transfer."""
-        tokens = self.w.prefix_tokens + home.suffix.get(a, 0)
-        move = self.m.transfer_fixed + self.m.transfer_per_token * tokens
-        wait = gap * self.w.output_tokens * self.m.step(min(gap, 8), 0) / min(gap, 8)
-        return move < wait
-
-    def _migrate(self, a: int, src: _Replica, dst: _Replica) -> _Replica:
-        tokens = src.suffix.get(a, 0)
-        if a not in src.suffix:  # nothing resident: it simply moves
-            self._rehome(a, src, dst)
-            return dst
-        g = self.group[a]
-        src.suffix.pop(a)
-        src.prefix[g] -= 1
-        if g not in dst.prefix:
-            dst.prefix[g] = 0
-        dst.suffix[a] = tokens
-        dst.prefix[g] += 1
-        dst.busy += self.m.transfer_fixed + self.m.transfer_per_token * (tokens + self.w.prefix_tokens)
-        self._rehome(a, src, dst)
-        self.migrations += 1
-        return dst
-
-    def _rehome(self, a: int, src: _Replica, dst: _Replica) -> None:
-        self.home[a] = dst.index
-        self.homed[src.index] -= 1
-        self.homed[dst.index] += 1
-
-    # ---- replica steps -----------------------------------------------------------------------
-    def _kick(self, t: float, r: _Replica) -> None:
-        if not r.stepping:
-            self._admit(r)
-            if r.running:
-                r.stepping = True
-                self._push(t + self._step(r), "step", r.index)
-
-    def _admit(self, r: _Replica) -> None:
-        while r.queue:
-            req = r.queue[0]
-            need = req.prompt + req.decode_left - (self.w.prefix_tokens if req.hit else 0)
-            if not self._make_room(r, need):
-                return
-            r.queue.pop(0)
-            req.tokens = need
-            r.running.append(req)
-
-    def _used(self, r: _Replica) -> int:
-        return (sum(q.tokens for q in r.running) + sum(r.suffix.values())
-                + self.w.prefix_tokens * len(r.prefix))
-
-    def _make_room(self, r: _Replica, need: int) -> bool:
-        while self._used(r) + need > self.w.kv_tokens:
-            victim = self._victim(r)
-            if victim is None:
-                return not r.running  # an idle replica always takes the request
-            kind, key = victim
-            if kind == "suffix":
-                r.suffix.pop(key)
-                r.prefix[self.group[key]] -= 1
-            else:
-                r.prefix.pop(key)
-        return True
-
-    def _victim(self, r: _Replica):
-        if r.suffix:
-            if self.policy == "session_affine":  # the idle agent expected back latest
-                return "suffix", max(r.suffix, key=lambda a: self.next_at[a])
-            return "suffix", next(iter(r.suffix))  # least recently used
-        running = {self.group[q.agent] for q in r.running}
-        free = [g for g, n in r.prefix.items() if n == 0 and g not in running]
-        return ("prefix", free[0]) if free else None
-
-    def _step(self, r: _Replica) -> float:
-        budget, prefill = self.w.chunk, 0
-        decoding = [q for q in r.running if q.prefill_left == 0]
-        for q in r.running:
-            if q.prefill_left and budget:
-                take = min(budget, q.prefill_left)
-                q.prefill_left -= take
-                budget -= take
-                prefill += take
-        for q in decoding:
-            q.decode_left -= 1
-        dt = self.m.step(len(decoding), prefill)
-        r.busy += dt
-        return dt
-
-    def _step_end(self, t: float, r: _Replica) -> None:
-        done = [q for q in r.running if q.decode_left == 0]
-        for q in done:
-            r.running.remove(q)
-            self._finish(t, r, q)
-        r.stepping = False
-        self._kick(t, r)
-
-    def _finish(self, t: float, r: _Replica, q: _Req) -> None:
-        a, g = q.agent, self.group[q.agent]
-        self.latencies.append(t - q.arrival + self.m.call_overhead)
-        if self.turn[a] > 0:  # past each agent's first call (the start burst): the steady state
-            self.steady.append(self.latencies[-1])
-        self.history[a] += self.w.output_tokens
-        r.prefix.setdefault(g, 0)
-        r.prefix[g] += 1
-        r.suffix[a] = self.history[a]
-        r.suffix.move_to_end(a)
-        self.turn[a] += 1
-        if self.turn[a] < self.w.turns:
-            tool = self.w.tool_s[g] * self.rng.uniform(0.8, 1.2)
-            self.next_at[a] = t + self.w.tool_s[g]
-            self._push(t + self.m.call_overhead + tool, "call", a)
+    async def call(self, a: int, g: int, prompt: list[int], session):
+        if self.sessions:
+            r, session = await self.router.session_for(a, session, f"group{g}", len(prompt))
         else:
-            self.next_at[a] = math.inf
+            r = self.router.route(prompt)
+        self.router.inflight[r] += 1
+        try:
+            done = await self.engines[r].complete(prompt, self.params, session=session, tag=f"group{g}")
+        finally:
+            self.router.inflight[r] -= 1
+        return session, Placed(r, done)
+
+    async def tool(self, session, g: int, seconds: float) -> None:
+        t0 = anyio.current_time()
+        if session is not None:  # tool-aware retention: the session's KV is kept for the tool's time
+            await session.expect_tools([f"tool{g}"])
+        await anyio.sleep(max(0.0, seconds - (anyio.current_time() - t0)))
 
 
-POLICIES = ("round_robin", "least_loaded", "prefix_affine", "session_affine")
+@dataclass(frozen=True)
+class Placed:
+    replica: int
+    completion: object
 
 
 def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def simulate(policy: str, workload: Workload, model: StepModel) -> dict:
-    return Sim(policy, workload, model).run()
+def summary(policy: str, w: Workload, d: Driver, executors: list[SimExecutor], engines: list[Engine],
+            virtual_s: float) -> dict:
+    lat, steady, rec = sorted(d.record.latencies), sorted(d.record.steady), d.record
+    busy = [ex.busy_s for ex in executors]
+    out = {"policy": policy, "agents": w.agents, "replicas": w.replicas, "turns": len(lat),
+           "turn_s_mean": sum(lat) / len(lat), "turn_s_p50": _q(lat, 0.5), "turn_s_p99": _q(lat, 0.99),
+           "steady_turn_s_mean": sum(steady) / max(1, len(steady)), "steady_turn_s_p50": _q(steady, 0.5),
+           "steady_turn_s_p99": _q(steady, 0.99), "hit_rate": rec.cached_tokens / max(1, rec.prompt_tokens),
+           "imbalance": max(busy) / (sum(busy) / len(busy)) if sum(busy) else 1.0,
+           "migrations": d.router.migrations, "preemptions": sum(e.stats().preemptions for e in engines),
+           "steps": sum(ex.steps for ex in executors), "virtual_s": virtual_s}
+    if rec.calls is not None:
+        out["calls"] = rec.calls
+    return out
+
+
+async def _simulate(policy: str, w: Workload, costs: StepCosts, over: Overheads, trace: bool) -> dict:
+    model, book = sim_model(costs), ScriptBook()
+    executors = [SimExecutor(model, costs, book) for _ in range(w.replicas)]
+    async with AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(Engine(model, w.engine_config(), executor=ex)) for ex in executors]
+        driver = Driver(policy, w, engines, costs, over, trace)
+        t0 = anyio.current_time()
+        await driver.run()
+        return summary(policy, w, driver, executors, engines, anyio.current_time() - t0)
+
+
+def simulate(policy: str, workload: Workload, costs: StepCosts, overheads: Overheads | None = None, *,
+             trace: bool = False) -> dict:
+    """One run of `workload` under placement `policy` (POLICIES) on simulated replicas priced by
+    `costs`; `trace`: the result's "calls" lists every call (agent, turn, replica, prompt,
+    output, cached tokens)."""
+    if policy not in POLICIES:
+        raise ConfigError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not isinstance(costs, StepCosts):
+        raise ConfigError(f"costs must be a StepCosts (agentrt.sim), got {type(costs).__name__}")
+    t0 = time.perf_counter()
+    out = sim_run(_simulate, policy, workload, costs, overheads or Overheads(), trace)
+    out["sim_wall_s"] = time.perf_counter() - t0
+    return out
