@@ -29,6 +29,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import Agent, Engine, EngineConfig, LoadedModel, Runtime, SamplingParams, tool  # noqa: E402
+from agentrt.conversation.formats import chat_format_of  # noqa: E402
 from agentrt.errors import AgentrtError, AskTimeout, RequestCancelled  # noqa: E402
 from agentrt.model.generate import generate  # noqa: E402
 from bench.common import RESULTS, machine  # noqa: E402
@@ -128,7 +129,7 @@ async def _check_next_outputs(eng, lm, agents: dict[str, Agent]) -> int:
     for agent in agents.values():
         if agent.session is None or agent.session.closed:
             continue
-        prompt = agent.tokens + eng.chat_format().generation_prompt_tokens()
+        prompt = agent.tokens + chat_format_of(eng).generation_prompt_tokens()
         out = await eng.complete(prompt, params, session=agent.session)
         ref = generate(lm.model, prompt, params, eos_token_ids=lm.tokenizer.eos_token_ids)
         bad += out.token_ids != ref

@@ -22,6 +22,7 @@ from agentrt.model.tokenizer import Tokenizer
 from agentrt.runtime.events import RoundStarted, TurnResult
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.conversation import Conversation
+from agentrt.conversation.formats import chat_format_of, grammars_of
 from tests.conftest import config_of, make_hf_model, smol_tokenizer
 from tests.engine_util import assert_quiescent
 from tests.qwen_fixture import qwen_tokenizer
@@ -96,7 +97,7 @@ def test_agent_calls_a_tool_in_the_family_format(name, tmp_path_factory):
 
     async def main():
         async with Engine(lm, EngineConfig(kv_cache_tokens=4096, response_cache_size=0, debug_invariants=True)) as eng:
-            assert eng.chat_format().tool_format.name == name
+            assert chat_format_of(eng).tool_format.name == name
             agent = Agent("a", "Use the tool.", [get_weather], tool_choice="get_weather", max_tool_rounds=1,
                           settings=SamplingParams(max_tokens=48))
             async with Runtime(eng) as rt:
@@ -109,7 +110,7 @@ def test_agent_calls_a_tool_in_the_family_format(name, tmp_path_factory):
                         elif isinstance(ev, TurnResult) and n == 0:
                             result = ev
             assert_quiescent(eng.core)
-            return eng.chat_format(), agent, result
+            return chat_format_of(eng), agent, result
 
     chat, agent, result = anyio.run(main)
     [res] = result.tool_results
@@ -170,8 +171,8 @@ def test_the_format_can_be_chosen_in_the_config():
 
     lm = _model("hermes", "")
     eng = Engine(lm, EngineConfig(tool_format="mistral", bare_tool_calls=True))
-    fmt = eng.chat_format().tool_format
-    assert fmt.name == "mistral" and fmt.bare and eng.grammars().tool_format == fmt
-    assert Engine(lm, EngineConfig(bare_tool_calls=False)).chat_format().tool_format.bare is False
+    fmt = chat_format_of(eng).tool_format
+    assert fmt.name == "mistral" and fmt.bare and grammars_of(eng).tool_format == fmt
+    assert chat_format_of(Engine(lm, EngineConfig(bare_tool_calls=False))).tool_format.bare is False
     with _pytest.raises(ConfigError, match="tool_format"):
         EngineConfig(tool_format="chatml")

@@ -18,7 +18,6 @@ from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
 from agentrt.kv.tier import HostTier
 from agentrt.config import EngineConfig
-from agentrt.kv import hierarchy
 from agentrt.engine.core import EngineCore
 from agentrt.kv.retention import ToolRetention
 from agentrt.model.config import ModelConfig
@@ -192,7 +191,7 @@ def test_tool_ttl_pins_a_session_and_learns_the_tools_duration():
     drain(core)
     hist += r.output
     core.costs.s_per_token = 1.0  # an expensive reload: worth a long pin
-    core.retention.prior_s = 20.0  # (a pin that outlives a slow machine running this test)
+    core.retention.durations.prior_s = 20.0  # (a pin that outlives a slow machine running this test)
     ttl = core.expect_tools(a, ("search",))
     assert ttl == pytest.approx(25.0)  # no observation yet: the prior, with the 1.25 margin
     held = len(a.seq.tokens)
@@ -234,7 +233,7 @@ def test_restore_tail_brings_back_a_cut_session():
     r = submit(core, [rng.randrange(V) for _ in range(180)], sp)
     drain(core)
     assert len(a.seq.tokens) < len(full)
-    hierarchy.restore_tail(core, a)
+    core.hierarchy.restore_tail(a)
     core.check_invariants()
     assert a.seq.tokens == full[:len(a.seq.tokens)] and len(a.seq.tokens) >= len(full) // 16 * 16 - 16
     prompt = full + [rng.randrange(V) for _ in range(8)]

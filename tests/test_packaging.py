@@ -20,6 +20,10 @@ def test_wheel_installs_in_fresh_venv(tmp_path):
     wheel = next(dist.glob("agentrt-*.whl"))
     tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     assert "kernels" not in tops and "integrations" not in tops and "agentrt" in tops
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "agentrt").rglob("*.py"))
+               if "__pycache__" not in p.parts and p.relative_to(ROOT).as_posix() not in names]
+    assert not missing, f"modules left out of the wheel (list their packages in pyproject.toml): {missing}"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"

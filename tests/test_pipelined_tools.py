@@ -14,6 +14,7 @@ import pytest
 from agentrt import Agent, Runtime, tool
 from agentrt.engine.request import TokenEvent, Usage
 from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.formats import CHAT_FORMAT, chat_format_of
 from agentrt.toolcall.formats import HERMES
 from tests.conftest import smol_tokenizer
 
@@ -23,15 +24,12 @@ class ScriptedEngine:
 
     def __init__(self, replies: list[str], tokenizer=None) -> None:
         self.tokenizer = tokenizer or smol_tokenizer()
-        self._chat = ChatFormat(self.tokenizer)
+        self.shared = {CHAT_FORMAT: ChatFormat(self.tokenizer)}  # (conversation/formats.py reads it)
         self.replies = list(replies)
         self.stopped: list[int] = []
         self._thread = "running"  # (Runtime checks the engine was entered)
         self.max_context_tokens = 1 << 20
         self.started = True
-
-    def chat_format(self) -> ChatFormat:
-        return self._chat
 
     async def open_session(self, tag=None):
         return _Session()
@@ -180,6 +178,6 @@ def test_two_calls_in_one_round_on_the_qwen_template(tmp_path):
     result = anyio.run(main)
     assert [r.content for r in result.tool_results] == ["alpha=1", "beta=1"] and result.text == "Both are 1."
     tokens, messages = prompts[1]
-    assert engine.chat_format().tool_format.name == "qwen"
-    rendered = engine.chat_format().render(messages, [lookup.openai_schema()])
+    assert chat_format_of(engine).tool_format.name == "qwen"
+    rendered = chat_format_of(engine).render(messages, [lookup.openai_schema()])
     assert engine.tokenizer.decode(tokens) == rendered and rendered.count("<tool_response>") == 2

@@ -45,6 +45,7 @@ from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
+from agentrt.conversation.formats import chat_format_of, grammars_of
 from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.conversation.repeats import CallLimits, RepeatGuard
 from agentrt.toolcall.formats import keep_token_ids
@@ -89,7 +90,7 @@ class Conversation:
         self.policy = policy or ContextPolicy()
         self.originals: list[dict] = []  # messages as given (before tool results were cut)
         self.dropped = 0  # messages dropped to fit the context so far
-        self.chat = chat if chat is not None else engine.chat_format()
+        self.chat = chat if chat is not None else chat_format_of(engine)
         self.tools = list(tools) if tools else None
         self.messages: list[dict] = []
         self.tokens: list[int] = []
@@ -224,9 +225,9 @@ class Conversation:
 
     def _constraint(self, tools, tool_choice, parallel, constrained, json_schema):
         if json_schema is not None:
-            return self.engine.grammars().for_json_schema(json_schema)
+            return grammars_of(self.engine).for_json_schema(json_schema)
         if tools and constrained:
-            return self.engine.grammars().for_tools(tools, tool_choice, parallel_tool_calls=parallel)
+            return grammars_of(self.engine).for_tools(tools, tool_choice, parallel_tool_calls=parallel)
         return None
 
     def _close(self, state: "_Round", call_id: Callable[[int], str], content: Callable[[str], str]) -> RoundEnd:

@@ -10,31 +10,28 @@ import time
 import structlog
 import torch
 
-from agentrt.kv.registry import make_policy
-from agentrt.kv.kv_manager import KVManager, Sequence
-from agentrt.kv.pages import PageAllocator
-from agentrt.kv.radix import RadixCache
-from agentrt.engine.response_cache import CachedResponse, ResponseCache
-from agentrt.kv.tier import CostModel
 from agentrt.config import EngineConfig
-from agentrt.kv import hierarchy
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
-from agentrt.kv.memory import MemoryManager
-from agentrt.scheduling.policies import make_scheduling_policy
-from agentrt.scheduling.prefix import attach_prefix
-from agentrt.scheduling.scheduler import Queues, Scheduler
-from agentrt.engine.invariants import check_core
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
+from agentrt.engine.response_cache import CachedResponse, ResponseCache
 from agentrt.engine.sample_step import finish_reason, sample_rows
-from agentrt.kv import retention
-from agentrt.scheduling.speculation import verify
 from agentrt.engine.stats import Counters, EngineStats
-from agentrt.scheduling.tasks import TaskTracker
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
+from agentrt.kv.branching import Branching
+from agentrt.kv.hierarchy import Hierarchy
+from agentrt.kv.kv_manager import Sequence
+from agentrt.kv.pool import SequencePool
+from agentrt.kv.registry import make_policy
+from agentrt.kv.retention import Retention
+from agentrt.kv.space import KVSpace
 from agentrt.model.batch import SeqChunk
 from agentrt.model.llama import LlamaModel
+from agentrt.scheduling.policies import make_scheduling_policy
+from agentrt.scheduling.scheduler import Queues, Scheduler
+from agentrt.scheduling.speculation import verify
+from agentrt.scheduling.tasks import TaskTracker
 
 log = structlog.get_logger("agentrt.engine")
 PREFETCH_PAGES_PER_STEP = 8  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
@@ -52,31 +49,29 @@ class EngineCore:
         path = None if cfg.forward_path == "auto" else cfg.forward_path
         self.executor = executor if executor is not None else ModelExecutor(model, path)
         self.clock = clock if clock is not None else WallClock()
-        self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
-        self.kvm = KVManager(self.alloc, self.executor.allocate(cfg.num_pages, cfg.page_size))
-        # an explicit policy wins over cfg.eviction_policy; it ranks radix leaves and sessions
-        self.policy = policy if policy is not None else make_policy(cfg.eviction_policy)
-        self._on_request = getattr(self.policy, "on_request", None)
-        tier = self.executor.tier(self.kvm.store, cfg.kv_tier_bytes) if cfg.kv_tier_bytes and cfg.enable_radix_cache else None
-        self.radix = RadixCache(self.alloc, self.policy, tier) if cfg.enable_radix_cache else None
-        self.costs, self.retention = CostModel(), retention.ToolRetention(max_ttl_s=cfg.tool_ttl_max_s)
-        from agentrt.kv.pool import SequencePool
-
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
-        self.queues = Queues()
-        self.sessions: dict[int, EngineSession] = {}
-        self.counters = Counters()
-        self.tasks = TaskTracker()
-        self.mem = MemoryManager(cfg, self.alloc, self.kvm, self.radix, self.policy, self.counters,
-                                 self.sessions, self.queues, self.clock)
+        self.queues, self.counters, self.tasks = Queues(), Counters(), TaskTracker()
+        # the KV room (kv/space.py): an explicit policy wins over cfg.eviction_policy
+        tier_bytes = cfg.kv_tier_bytes
+        self.kv = kv = KVSpace(cfg, self.executor.allocate(cfg.num_pages, cfg.page_size),
+                               policy if policy is not None else make_policy(cfg.eviction_policy),
+                               self.counters, self.queues, self.clock,
+                               make_tier=(lambda store: self.executor.tier(store, tier_bytes)) if tier_bytes else None)
+        # (the core's shortcuts into it)
+        self.alloc, self.kvm, self.radix, self.policy = kv.alloc, kv.kvm, kv.radix, kv.policy
+        self.mem, self.costs, self.sessions = kv.mem, kv.costs, kv.sessions
+        self.hierarchy = Hierarchy(kv)
+        self.retention = Retention(kv, cfg.tool_ttl_max_s)
+        self.branching = Branching(kv, self.hierarchy)
+        self.ticks = itertools.count(1)  # the logical clock: arrivals, admissions, sessions' last use
         self.scheduler = Scheduler(
-            cfg, self.queues, self.mem, self.kvm, self.radix, self.tasks,
+            cfg, self.queues, kv, self.hierarchy, self.tasks,
             make_scheduling_policy(cfg.scheduling_policy, aging_s=cfg.task_aging_s,
                                    exhaustive_agents=cfg.topas_exhaustive_agents),
-            attach=self._attach, fail=self.fail, tick=self._tick, reload_s=lambda: self.costs.recompute_s(1),
-            context=model.cfg.max_position_embeddings, clock=self.clock)
+            ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
-        self._rids, self._clock = itertools.count(1), 0
+        self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
+        self._rids = itertools.count(1)
 
     @property
     def waiting(self):
@@ -88,9 +83,7 @@ class EngineCore:
 
     # ---- sessions -------------------------------------------------------------------
     def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None) -> EngineSession:
-        sess = EngineSession(seq_id, Sequence(seq_id), tag=tag, cache_salt=cache_salt)
-        self.sessions[seq_id] = sess
-        return sess
+        return self.kv.open_session(seq_id, tag, cache_salt)
 
     def close_session(self, sess: EngineSession) -> None:
         """Release the session's sequence; its full pages live on in the radix cache."""
@@ -103,18 +96,31 @@ class EngineCore:
         sess.closed = True
         self.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
         self.kvm.release(sess.seq)
-        del self.sessions[sess.sid]
+        self.kv.forget_session(sess)
         self.pool.release(sess.sid)
 
     def expect_tools(self, sess: EngineSession, tools: tuple[str, ...]) -> float:
         """The session's turn ended in calls of `tools`: pin its KV for the retention TTL
         (kv/retention.py); returns the TTL in seconds (0: not pinned)."""
-        return retention.pin(self, sess, tuple(tools))
+        return self.retention.pin(sess, tuple(tools))
 
     def idle(self) -> None:
         """Work for an idle step loop: prefetch the predicted next agents' pages."""
         if self.cfg.enable_prefetch:
-            hierarchy.prefetch(self, PREFETCH_PAGES_IDLE)
+            self.hierarchy.prefetch(PREFETCH_PAGES_IDLE)
+
+    # ---- branching (kv/branching.py), between two steps ---------------------------------
+    def fork_session(self, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
+        return self.branching.fork(es, sid, tag)
+
+    def rollback_session(self, es: EngineSession, n_tokens: int) -> None:
+        self.branching.rollback(es, n_tokens)
+
+    def export_session(self, es: EngineSession) -> dict:
+        return self.branching.export(es)
+
+    def import_session(self, sid: int, data: dict, tag: str | None, cache_salt: str | None) -> EngineSession:
+        return self.branching.restore(sid, data, tag, cache_salt)
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
@@ -130,7 +136,7 @@ class EngineCore:
         if hit is not None:
             return self._answer_from_cache(prompt, params, hit, emit, seq_id)
         if session is not None:
-            retention.returned(self, session)
+            self.retention.returned(session)
             session.busy, seq = True, session.seq
             cache_salt, tag = session.cache_salt, tag or session.tag
         else:
@@ -138,7 +144,7 @@ class EngineCore:
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos)
         req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
                       cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
-                      stop_ids=stops, arrival=self._tick(), task=task, workflow=workflow,
+                      stop_ids=stops, arrival=next(self.ticks), task=task, workflow=workflow,
                       submitted_s=self.clock.now())
         self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
@@ -189,10 +195,6 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
     # ---- one iteration --------------------------------------------------------------
     def step(self) -> int:
         """One iteration, schedule -> run -> postprocess; returns the tokens that went through
@@ -200,6 +202,8 @@ class EngineCore:
         plan = self.scheduler.schedule()
         for r, err in plan.failed:
             self._finish(r, "error", error=err)
+        for r, err in plan.faults:
+            self.fail(r, err)
         if not plan.items:
             return 0
         t0, prefill = time.perf_counter(), plan.prefill_tokens
@@ -208,28 +212,14 @@ class EngineCore:
         dt = out.seconds if out.seconds is not None else time.perf_counter() - t0
         self.costs.observe(dt, prefill)
         self.counters.step_seconds += dt
+        for observe in self.step_observers:
+            observe(chunks, dt)
         if not prefill and self.cfg.enable_prefetch:  # a decode-only step: slack for a few copies
-            hierarchy.prefetch(self, PREFETCH_PAGES_PER_STEP)
+            self.hierarchy.prefetch(PREFETCH_PAGES_PER_STEP)
         self.counters.steps += 1
         if self.cfg.debug_invariants:
             self.check_invariants()
         return sum(n for _, n in plan.items)
-
-    def _attach(self, r: Request) -> None:
-        """Point a request about to be admitted at the KV it can reuse (once per admission)."""
-        if r.attached:
-            return
-        r.attached = True
-        promoted = []
-        reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
-                               lambda toks: promoted.extend(hierarchy.promote_prefix(self, toks, r.cache_salt)))
-        if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
-            r.cached_tokens = reused
-            self.counters.prompt_cached += reused
-            if promoted:
-                self.counters.prompt_promoted += max(0, min(reused, promoted[1]) - promoted[0])
-            if self._on_request is not None:
-                self._on_request(r.tag)
 
     def _run(self, plan: list[tuple[Request, int]]) -> tuple[list[SeqChunk], StepOutput]:
         """The executor's run of the planned chunks: (chunks, each chunk's logits rows)."""
@@ -316,7 +306,7 @@ class EngineCore:
             self.responses.put(key, CachedResponse(tuple(r.output), reason))
         self.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
-            r.session.busy, r.session.last_used = False, self._tick()
+            r.session.busy, r.session.last_used = False, next(self.ticks)
             r.session.history = list(r.seq.tokens)
         else:
             self.kvm.release(r.seq)
@@ -325,8 +315,7 @@ class EngineCore:
 
     def insert_prefix(self, tokens, pages, salt, tag) -> None:
         """Offer a sequence's KV (its tokens on `pages`) to the radix tree (no-op without one)."""
-        if self.radix is not None and tokens:
-            self.radix.insert(tokens, pages, salt, tag)
+        self.kv.insert_prefix(tokens, pages, salt, tag)
 
     def fail_all(self, error_of) -> None:
         """End every live request with finish_reason "error" and error_of(request) as its error."""
@@ -335,8 +324,20 @@ class EngineCore:
 
     # ---- observability --------------------------------------------------------------
     def stats(self) -> EngineStats:
-        return EngineStats.snapshot(self)
+        return EngineStats.snapshot(self.counters, self.kv, self.queues, self.scheduler, self.retention,
+                                    len(self.tasks.tasks))
 
     def check_invariants(self) -> None:
-        """Pages: free xor referenced, refcounts == holders; pool ids free xor in use."""
-        check_core(self)
+        """Pages free xor referenced, refcounts equal to their holders (kv/space.py); pool ids
+        free xor in use; each request in exactly the queue its state names; the task tracker
+        within its bound."""
+        live = list(itertools.chain(self.waiting, self.running))
+        self.kv.check_invariants([r.seq.pages for r in live if r.session is None])
+        self.pool.check_invariants({r.seq.seq_id for r in live if r.session is None} | set(self.sessions))
+        if len({id(r) for r in live}) != len(live):
+            raise AssertionError("a request is queued twice")
+        if any(r.state is not State.WAITING for r in self.waiting) or \
+                any(r.state is not State.RUNNING for r in self.running):
+            raise AssertionError("a request's state does not match its queue")
+        if len(self.tasks.tasks) > self.tasks.max_tasks:
+            raise AssertionError("the task tracker outgrew its bound")

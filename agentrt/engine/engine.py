@@ -58,8 +58,9 @@ class Engine:
         # the step loop: its thread (a task on the loop when simulated), inbox and outbox
         self._steps = getattr(executor, "make_steps", StepThread)(self.core)
         self._portal = self._portal_cm = None
-        self._grammars = None
-        self._chat = None
+        # what the layers above build once per engine and share (conversation/formats.py: the
+        # chat format and the grammar factory)
+        self.shared: dict[str, object] = {}
 
     # ---- lifecycle ------------------------------------------------------------------
     async def __aenter__(self) -> "Engine":
@@ -242,29 +243,6 @@ class Engine:
                 if ev.finish_reason is not None:
                     return Completion(toks, ev.finish_reason, ev.usage)
         raise AgentrtError("the request ended without a final event")
-
-    def grammars(self):
-        """The grammar factory for this engine's tokenizer and vocabulary, created on first use
-        and shared by every agent and chat model on the engine (compiled grammars are cached)."""
-        if self._grammars is None:
-            from agentrt.toolcall.grammar import GrammarFactory
-
-            if self.tokenizer is None:
-                raise ConfigError("constrained decoding needs a tokenizer: build the engine from load_model(...)")
-            self._grammars = GrammarFactory(self.tokenizer, self.model.cfg.vocab_size,
-                                            tool_format=self.chat_format().tool_format)
-        return self._grammars
-
-    def chat_format(self):
-        """The ChatFormat of this engine's tokenizer and chat template (and its tool-call format),
-        created on first use and shared (it is immutable)."""
-        if self._chat is None:
-            from agentrt.conversation.chat import build_chat_format
-
-            if self.tokenizer is None:
-                raise ConfigError("chat formatting needs a tokenizer: build the engine from load_model(...)")
-            self._chat = build_chat_format(self.tokenizer, self.config)
-        return self._chat
 
     def declare_workflow(self, workflow: Workflow) -> None:
         """Tell the scheduler the DAG of the tasks that name `workflow.name` (agentrt.workflow);

@@ -74,14 +74,15 @@ class EngineStats:
     tasks: int  # tasks the engine remembers (scheduling/tasks.py)
 
     @classmethod
-    def snapshot(cls, core) -> "EngineStats":
-        c, a, radix = core.counters, core.alloc, core.radix
-        tier = radix.tier if radix is not None else None
-        cached_only = core.radix.evictable_pages() if core.radix is not None else 0
-        times = sorted(core.scheduler.decision_us)
+    def snapshot(cls, c: Counters, kv, queues, scheduler, retention, tasks: int) -> "EngineStats":
+        """The numbers of one moment: `c` the counters, `kv` the KV room (kv/space.py), `queues`
+        the request queues, `scheduler` (its policy's decision times), `retention` (the TTLs
+        chosen), `tasks` the tasks remembered."""
+        a, radix, tier = kv.alloc, kv.radix, kv.tier
+        times = sorted(scheduler.decision_us)
         return cls(
-            waiting=len(core.waiting), running=len(core.running), sessions=len(core.sessions),
-            pages_total=a.num_pages, pages_free=a.num_free, pages_cached_only=cached_only,
+            waiting=len(queues.waiting), running=len(queues.running), sessions=len(kv.sessions),
+            pages_total=a.num_pages, pages_free=a.num_free, pages_cached_only=kv.evictable_pages(),
             kv_occupancy=(a.num_pages - a.num_free) / a.num_pages,
             prompt_submitted=c.prompt_submitted, prompt_cached=c.prompt_cached,
             prompt_computed=c.prompt_computed,
@@ -96,10 +97,10 @@ class EngineStats:
             demoted_pages=radix.demoted_pages if radix else 0, dropped_pages=radix.dropped_pages if radix else 0,
             promoted_pages=c.promoted_pages, prefetched_pages=c.prefetched_pages,
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
-            ttl_expired=c.ttl_expired, tool_ttls=dict(core.retention.chosen),
-            scheduling_policy=core.cfg.scheduling_policy, decisions=len(times),
+            ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen),
+            scheduling_policy=scheduler.policy_name, decisions=len(times),
             decision_us_p50=_quantile(times, 0.5), decision_us_p99=_quantile(times, 0.99),
-            tasks=len(core.tasks.tasks))
+            tasks=tasks)
 
 
 def _quantile(xs: list[float], q: float) -> float:

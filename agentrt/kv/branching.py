@@ -1,6 +1,6 @@
 """Session branching inside the engine: fork, rollback, export and import of a session's KV.
 
-Every function here runs in the engine's step thread (through `Engine.run_in_step_thread`), between two
+Every method of `Branching` runs in the engine's step thread (through `Engine.run_in_step_thread`), between two
 steps, so it sees the core at rest: no request is half-way through a forward. Each is all or
 nothing: on any failure it gives back what it took, and the caller's undo gives back the pool id.
 
@@ -18,100 +18,101 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.kv import hierarchy
 from agentrt.engine.request import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy
+from agentrt.kv.hierarchy import Hierarchy
+from agentrt.kv.space import KVSpace
 
 
-def check_idle(core, es: EngineSession, what: str) -> None:
-    """es is open, belongs to this core and has no turn running (typed errors otherwise)."""
-    if es.closed:
-        raise ConfigError(f"cannot {what} a closed session; open (or restore) a new one")
-    if core.sessions.get(es.sid) is not es:
-        raise ConfigError(f"cannot {what} a session of another engine; use the engine that opened it")
-    if es.busy:
-        raise SessionBusy(f"cannot {what} the session while a turn is running on it; wait for the turn "
-                          "to finish (read its stream to the end or await complete()), then retry")
+class Branching:
+    """Fork, rollback, export and import over one engine's KV space."""
 
+    def __init__(self, kv: KVSpace, hierarchy: Hierarchy):
+        self.kv, self.hierarchy = kv, hierarchy
 
-def fork_session(core, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
-    """A new session (pool id `sid`) holding es's KV by aliasing every page es holds."""
-    check_idle(core, es, "fork")
-    _restore_tail(core, es)
-    n = min(len(es.seq.tokens), len(es.seq.pages) * core.kvm.ps)  # (pages always cover the tokens)
-    child = core.open_session(sid, es.tag if tag is None else tag, es.cache_salt)
-    try:
-        core.kvm.alias(child.seq, es.seq.tokens[:n], es.seq.pages)
-    except BaseException:
-        del core.sessions[sid]
-        raise
-    child.last_used = es.last_used
-    _set_history(core, child)
-    return child
+    def check_idle(self, es: EngineSession, what: str) -> None:
+        """es is open, belongs to this core and has no turn running (typed errors otherwise)."""
+        if es.closed:
+            raise ConfigError(f"cannot {what} a closed session; open (or restore) a new one")
+        if self.kv.sessions.get(es.sid) is not es:
+            raise ConfigError(f"cannot {what} a session of another engine; use the engine that opened it")
+        if es.busy:
+            raise SessionBusy(f"cannot {what} the session while a turn is running on it; wait for the turn "
+                              "to finish (read its stream to the end or await complete()), then retry")
 
+    def fork(self, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
+        """A new session (pool id `sid`) holding es's KV by aliasing every page es holds."""
+        self.check_idle(es, "fork")
+        self._restore_tail(es)
+        n = min(len(es.seq.tokens), len(es.seq.pages) * self.kv.kvm.ps)  # (pages always cover the tokens)
+        child = self.kv.open_session(sid, es.tag if tag is None else tag, es.cache_salt)
+        try:
+            self.kv.kvm.alias(child.seq, es.seq.tokens[:n], es.seq.pages)
+        except BaseException:
+            self.kv.forget_session(child)
+            raise
+        child.last_used = es.last_used
+        self._set_history(child)
+        return child
 
-def rollback_session(core, es: EngineSession, n_tokens: int) -> None:
-    """Forget the KV of the session's last n_tokens tokens (0 <= n_tokens <= what it holds)."""
-    check_idle(core, es, "roll back")
-    held = len(es.seq.tokens)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= held:
-        raise ConfigError(f"n_tokens must be an int in [0, {held}] (the session holds {held} tokens), "
-                          f"got {n_tokens!r}")
-    core.kvm.truncate(es.seq, held - n_tokens)
-    _set_history(core, es)  # (restore_tail must not bring the dropped tokens back)
+    def rollback(self, es: EngineSession, n_tokens: int) -> None:
+        """Forget the KV of the session's last n_tokens tokens (0 <= n_tokens <= what it holds)."""
+        self.check_idle(es, "roll back")
+        held = len(es.seq.tokens)
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= held:
+            raise ConfigError(f"n_tokens must be an int in [0, {held}] (the session holds {held} tokens), "
+                              f"got {n_tokens!r}")
+        self.kv.kvm.truncate(es.seq, held - n_tokens)
+        self._set_history(es)  # (restore_tail must not bring the dropped tokens back)
 
+    def export(self, es: EngineSession) -> dict:
+        """{tokens, k, v, tag}: the session's token ids and their KV as CPU tensors
+        [layers, n_tokens, Hkv, D] (copies: the store goes on changing after this returns)."""
+        self.check_idle(es, "snapshot")
+        self._restore_tail(es)
+        n = len(es.seq.tokens)
+        store = self.kv.kvm.store
+        slots = _slots(es.seq.pages, n, store.page_size, store.k[0].device)
+        k = torch.stack([_flat(t).index_select(0, slots) for t in store.k]).cpu()
+        v = torch.stack([_flat(t).index_select(0, slots) for t in store.v]).cpu()
+        return {"tokens": list(es.seq.tokens), "k": k, "v": v, "tag": es.tag}
 
-def export_session(core, es: EngineSession) -> dict:
-    """{tokens, k, v, tag}: the session's token ids and their KV as CPU tensors
-    [layers, n_tokens, Hkv, D] (copies: the store goes on changing after this returns)."""
-    check_idle(core, es, "snapshot")
-    _restore_tail(core, es)
-    n = len(es.seq.tokens)
-    store = core.kvm.store
-    slots = _slots(es.seq.pages, n, store.page_size, store.k[0].device)
-    k = torch.stack([_flat(t).index_select(0, slots) for t in store.k]).cpu()
-    v = torch.stack([_flat(t).index_select(0, slots) for t in store.v]).cpu()
-    return {"tokens": list(es.seq.tokens), "k": k, "v": v, "tag": es.tag}
+    def restore(self, sid: int, data: dict, tag: str | None, cache_salt: str | None) -> EngineSession:
+        """A new session (pool id `sid`) holding data's tokens and KV (read_snapshot checked both
+        against the model). Pages come from free memory, then evictable cache and idle sessions."""
+        tokens, n = list(data["tokens"]), len(data["tokens"])
+        need = self.kv.kvm.pages_for(n)
+        if not self.kv.mem.reclaim(need):
+            raise OutOfKVMemory(
+                f"restoring a session of {n} tokens needs {need} free KV pages; only {self.kv.alloc.num_free} of "
+                f"{self.kv.alloc.num_pages} could be freed (running requests and busy sessions hold the rest): "
+                "wait for running turns to finish, close idle sessions, or raise EngineConfig.kv_cache_tokens")
+        pages = self.kv.alloc.alloc(need)
+        try:
+            store = self.kv.kvm.store
+            slots = _slots(pages, n, store.page_size, store.k[0].device)
+            for dst, src in zip(store.k + store.v, list(data["k"]) + list(data["v"])):
+                _flat(dst).index_copy_(0, slots, src.to(dst.device, dst.dtype))
+            es = self.kv.open_session(sid, tag, cache_salt)
+        except BaseException:
+            self.kv.alloc.decref(pages)
+            raise
+        es.seq.pages, es.seq.tokens = pages, tokens
+        self._set_history(es)
+        return es
 
+    def _restore_tail(self, es: EngineSession) -> None:
+        """A tail the session gave up under memory pressure comes back first (when the engine's
+        memory manager can do that), so a fork or snapshot holds the session's whole history."""
+        if self.kv.radix is not None:
+            self.hierarchy.restore_tail(es)
 
-def import_session(core, sid: int, data: dict, tag: str | None, cache_salt: str | None) -> EngineSession:
-    """A new session (pool id `sid`) holding data's tokens and KV (read_snapshot checked both
-    against the model). Pages come from free memory, then evictable cache and idle sessions."""
-    tokens, n = list(data["tokens"]), len(data["tokens"])
-    need = core.kvm.pages_for(n)
-    if not core.mem.reclaim(need):
-        raise OutOfKVMemory(
-            f"restoring a session of {n} tokens needs {need} free KV pages; only {core.alloc.num_free} of "
-            f"{core.alloc.num_pages} could be freed (running requests and busy sessions hold the rest): "
-            "wait for running turns to finish, close idle sessions, or raise EngineConfig.kv_cache_tokens")
-    pages = core.alloc.alloc(need)
-    try:
-        store = core.kvm.store
-        slots = _slots(pages, n, store.page_size, store.k[0].device)
-        for dst, src in zip(store.k + store.v, list(data["k"]) + list(data["v"])):
-            _flat(dst).index_copy_(0, slots, src.to(dst.device, dst.dtype))
-        es = core.open_session(sid, tag, cache_salt)
-    except BaseException:
-        core.alloc.decref(pages)
-        raise
-    es.seq.pages, es.seq.tokens = pages, tokens
-    _set_history(core, es)
-    return es
-
-
-def _restore_tail(core, es: EngineSession) -> None:
-    """A tail the session gave up under memory pressure comes back first (when the engine's
-    memory manager can do that), so a fork or snapshot holds the session's whole history."""
-    if core.radix is not None:
-        hierarchy.restore_tail(core, es)
-
-
-def _set_history(core, es: EngineSession) -> None:
-    """After a fork, rollback or import, what the session holds is its history: the one the
-    memory hierarchy restores it to (EngineSession.history), and in the radix tree like every
-    finished turn's KV, so memory pressure can rank its pages with the rest (kv/memory.py)."""
-    es.history = list(es.seq.tokens)
-    core.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
+    def _set_history(self, es: EngineSession) -> None:
+        """After a fork, rollback or import, what the session holds is its history: the one the
+        memory hierarchy restores it to (EngineSession.history), and in the radix tree like every
+        finished turn's KV, so memory pressure can rank its pages with the rest (kv/memory.py)."""
+        es.history = list(es.seq.tokens)
+        self.kv.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:

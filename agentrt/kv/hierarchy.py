@@ -1,93 +1,121 @@
 """Moving KV up the memory hierarchy: promotion at admission, prefetch while the loop has
 slack, and bringing back a session tail given up under pressure.
 
-* **Promotion** (`promote_prefix`): before a request's prefix is matched, the demoted nodes that
+* **Promotion** (`Hierarchy.promote_prefix`): before a request's prefix is matched, the demoted nodes that
   continue its resident match (`RadixCache.host_path`) are copied back into fresh pool pages
   when the copy is cheaper than recomputing their tokens (`HostTier.copy_s_per_page`, measured
   at start, against `CostModel`, learned from the step loop). The path is locked meanwhile, so
   making room never takes the nodes being promoted or their ancestors.
-* **Prefetch** (`prefetch`): between steps, the demoted pages of the agents the policy predicts
+* **Prefetch** (`Hierarchy.prefetch`): between steps, the demoted pages of the agents the policy predicts
   next (`AgentAwarePolicy.distances`, closest first) are promoted, into free pages above the
   high-water reserve and into pages of leaves predicted to be needed later than them -- never
   at the expense of a running request, so a wrong prediction costs copies, not correctness.
-* **Tail restore** (`restore_tail`): a cut session points its page table at its history again
+* **Tail restore** (`Hierarchy.restore_tail`): a cut session points its page table at its history again
   (tree pages, promoted from the tier where needed), e.g. before a snapshot.
-All of it runs in the engine's step thread.
+All of it runs in the engine's step thread, over the KV room's state (kv/space.py).
 """
 
 from __future__ import annotations
 
 from agentrt.kv.kv_manager import Sequence
 from agentrt.kv.sizing import projected_cells
+from agentrt.kv.space import KVSpace
 
 
-def promote_prefix(core, tokens: list[int], salt: str | None) -> tuple[int, int]:
-    """Promote the demoted continuation of `tokens`' resident match; returns the token range
-    [start, end) now resident again ((0, 0): nothing promoted)."""
-    radix = core.radix
-    if radix is None or radix.tier is None:
-        return 0, 0
-    path = radix.host_path(tokens, salt)
-    if not path:
-        return 0, 0
-    start = path[0].start
-    end = min(len(tokens), path[-1].start + len(path[-1].key))
-    n_pages = sum(len(x.key) for x in path) // core.cfg.page_size
-    if n_pages * radix.tier.copy_s_per_page >= core.costs.recompute_s(end - start):
-        return 0, 0
-    return start, _promote_path(core, path, n_pages, allow=None, pinned=True) or start
+class Hierarchy:
+    """Promotion, prefetch and tail restore over one engine's KV space."""
 
+    def __init__(self, kv: KVSpace):
+        self.kv = kv
 
-def _promote_path(core, path: list, n_pages: int, allow, pinned: bool = False) -> int:
-    """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
-    Room comes from the candidates reclaim() may take (pinned ones too for a request being
-    admitted: recomputing instead would take them anyway), never from dropping whole sessions."""
-    radix, ps, end = core.radix, core.cfg.page_size, 0
-    radix.lock(path[-1])
-    try:
-        core.mem.reclaim(n_pages, allow, pinned=pinned, trim=False)
-        for node in path:
-            n = len(node.key) // ps
-            if node.resident:
+    def promote_prefix(self, tokens: list[int], salt: str | None) -> tuple[int, int]:
+        """Promote the demoted continuation of `tokens`' resident match; returns the token range
+        [start, end) now resident again ((0, 0): nothing promoted)."""
+        radix = self.kv.radix
+        if radix is None or radix.tier is None:
+            return 0, 0
+        path = radix.host_path(tokens, salt)
+        if not path:
+            return 0, 0
+        start = path[0].start
+        end = min(len(tokens), path[-1].start + len(path[-1].key))
+        n_pages = sum(len(x.key) for x in path) // self.kv.cfg.page_size
+        if n_pages * radix.tier.copy_s_per_page >= self.kv.costs.recompute_s(end - start):
+            return 0, 0
+        return start, self._promote_path(path, n_pages, allow=None, pinned=True) or start
+
+    def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False) -> int:
+        """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
+        Room comes from the candidates reclaim() may take (pinned ones too for a request being
+        admitted: recomputing instead would take them anyway), never from dropping whole sessions."""
+        radix, ps, end = self.kv.radix, self.kv.cfg.page_size, 0
+        radix.lock(path[-1])
+        try:
+            self.kv.mem.reclaim(n_pages, allow, pinned=pinned, trim=False)
+            for node in path:
+                n = len(node.key) // ps
+                if node.resident:
+                    end = node.start + len(node.key)
+                    continue
+                parent = node.parent
+                if self.kv.alloc.num_free < n or node.host is None or not (parent.resident or parent.parent is None):
+                    break  # (room ran out, or making room took an ancestor out of the pool)
+                radix.promote(node, self.kv.alloc.alloc(n))
+                self.kv.counters.promoted_pages += n
                 end = node.start + len(node.key)
-                continue
-            parent = node.parent
-            if core.alloc.num_free < n or node.host is None or not (parent.resident or parent.parent is None):
-                break  # (room ran out, or making room took an ancestor out of the pool)
-            radix.promote(node, core.alloc.alloc(n))
-            core.counters.promoted_pages += n
-            end = node.start + len(node.key)
-    finally:
-        radix.unlock(path[-1])
-    return end
+        finally:
+            radix.unlock(path[-1])
+        return end
 
+    def prefetch(self, max_pages: int) -> int:
+        """Promote demoted pages of the agents predicted to run next; returns pages promoted."""
+        radix, policy = self.kv.radix, self.kv.policy
+        distances = getattr(policy, "distances", None)
+        if radix is None or radix.tier is None or not radix.tier.used or distances is None or max_pages <= 0:
+            return 0
+        dist = distances()
+        frontier = _frontier(radix, dist) if dist else {}
+        if not frontier:
+            return 0
+        far, done, ps = len(dist) + 1, 0, self.kv.cfg.page_size
+        leaves = self.kv.mem.candidates(0, None)  # (one scan: what making room could take)
+        for tag, d in sorted(dist.items(), key=lambda kv: kv[1]):
+            for path in frontier.get(tag, ()):
+                n = sum(len(x.key) for x in path) // ps
+                if done + n > max_pages:
+                    continue
+                if n > self._spare_pages() and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
+                    continue
+                end = self._promote_path(path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d)
+                got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
+                self.kv.counters.prefetched_pages += got
+                done += got
+            if done >= max_pages:
+                break
+        return done
 
-def prefetch(core, max_pages: int) -> int:
-    """Promote demoted pages of the agents predicted to run next; returns pages promoted."""
-    radix, policy = core.radix, core.policy
-    distances = getattr(policy, "distances", None)
-    if radix is None or radix.tier is None or not radix.tier.used or distances is None or max_pages <= 0:
-        return 0
-    dist = distances()
-    frontier = _frontier(radix, dist) if dist else {}
-    if not frontier:
-        return 0
-    far, done, ps = len(dist) + 1, 0, core.cfg.page_size
-    leaves = core.mem.candidates(0, None)  # (one scan: what making room could take)
-    for tag, d in sorted(dist.items(), key=lambda kv: kv[1]):
-        for path in frontier.get(tag, ()):
-            n = sum(len(x.key) for x in path) // ps
-            if done + n > max_pages:
-                continue
-            if n > _spare_pages(core) and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
-                continue
-            end = _promote_path(core, path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d)
-            got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
-            core.counters.prefetched_pages += got
-            done += got
-        if done >= max_pages:
-            break
-    return done
+    def _spare_pages(self) -> int:
+        """Free pages beyond a reserve for the running requests' growth and the high-water gap."""
+        cfg = self.kv.cfg
+        reserve = int((1 - cfg.high_water) * cfg.num_pages)
+        reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in self.kv.queues.running)
+        return max(0, self.kv.alloc.num_free - reserve)
+
+    def restore_tail(self, es) -> None:
+        """Point an idle session's page table at its whole history again when pressure cut it:
+        the tree's pages (promoted from the tier first) replace the shorter table. What neither
+        holds any more stays cut (the next turn recomputes it)."""
+        hist, seq = es.history, es.seq
+        if self.kv.radix is None or es.busy or len(hist) <= len(seq.tokens) or hist[:len(seq.tokens)] != seq.tokens:
+            return
+        self.promote_prefix(hist, es.cache_salt)
+        m = self.kv.radix.match_prefix(hist, es.cache_salt)
+        if m.length <= len(seq.tokens):
+            return
+        tmp = Sequence(seq.seq_id)
+        self.kv.kvm.alias(tmp, hist[:m.length], m.pages)
+        self.kv.kvm.release(seq)
+        seq.tokens, seq.pages = tmp.tokens, tmp.pages
 
 
 def _frontier(radix, dist: dict) -> dict[str, list[list]]:
@@ -107,28 +135,3 @@ def _frontier(radix, dist: dict) -> dict[str, list[list]]:
             path.append(max(kids, key=lambda c: c.last_access))
         out.setdefault(node.tag, []).append(path)
     return out
-
-
-def _spare_pages(core) -> int:
-    """Free pages beyond a reserve for the running requests' growth and the high-water gap."""
-    cfg = core.cfg
-    reserve = int((1 - cfg.high_water) * cfg.num_pages)
-    reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in core.running)
-    return max(0, core.alloc.num_free - reserve)
-
-
-def restore_tail(core, es) -> None:
-    """Point an idle session's page table at its whole history again when pressure cut it:
-    the tree's pages (promoted from the tier first) replace the shorter table. What neither
-    holds any more stays cut (the next turn recomputes it)."""
-    hist, seq = es.history, es.seq
-    if core.radix is None or es.busy or len(hist) <= len(seq.tokens) or hist[:len(seq.tokens)] != seq.tokens:
-        return
-    promote_prefix(core, hist, es.cache_salt)
-    m = core.radix.match_prefix(hist, es.cache_salt)
-    if m.length <= len(seq.tokens):
-        return
-    tmp = Sequence(seq.seq_id)
-    core.kvm.alias(tmp, hist[:m.length], m.pages)
-    core.kvm.release(seq)
-    seq.tokens, seq.pages = tmp.tokens, tmp.pages

@@ -22,6 +22,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from agentrt.kv.space import KVSpace
+
 
 class ToolRetention:
     def __init__(self, *, max_ttl_s: float = 30.0, window: int = 32, quantile: float = 0.9,
@@ -55,29 +57,40 @@ class ToolRetention:
             self._durations.setdefault(t, deque(maxlen=self.window)).append(max(0.0, seconds))
 
 
-def pin(core, sess, tools: tuple[str, ...]) -> float:
-    """Pin an idle session whose turn called `tools` (in the step thread); returns the TTL."""
-    if sess.busy or not core.cfg.tool_ttl or not tools:
-        return 0.0
-    tier = core.radix.tier if core.radix is not None else None
-    reload_s = core.costs.recompute_s(len(sess.seq.tokens))
-    if tier is not None and tier.free_pages() >= len(sess.seq.pages):  # out and back by copy
-        reload_s = min(reload_s, 2 * len(sess.seq.pages) * tier.copy_s_per_page)
-    ttl = core.retention.ttl(tools, reload_s)
-    sess.tools, sess.tools_at = tools, core.clock.now()
-    sess.pin_until = sess.tools_at + ttl
-    core.counters.ttl_pins += ttl > 0
-    return ttl
+class Retention:
+    """Tool-aware retention over one engine's KV space: pins sessions whose turn ended in tool
+    calls, and learns the tools' durations when the sessions come back."""
 
+    def __init__(self, kv: KVSpace, max_ttl_s: float):
+        self.kv, self.durations = kv, ToolRetention(max_ttl_s=max_ttl_s)
 
-def returned(core, sess) -> None:
-    """A request arrived on a session that was waiting on tools: learn their duration; count
-    whether the pin was still on (a hit) or had expired."""
-    if not sess.tools:
-        return
-    now = core.clock.now()
-    core.retention.observe(sess.tools, now - sess.tools_at)
-    if sess.pin_until > sess.tools_at:
-        core.counters.ttl_hits += now <= sess.pin_until
-        core.counters.ttl_expired += now > sess.pin_until
-    sess.tools, sess.pin_until = (), 0.0
+    @property
+    def chosen(self) -> dict[str, float]:
+        """Tool -> the TTL chosen last for it."""
+        return self.durations.chosen
+
+    def pin(self, sess, tools: tuple[str, ...]) -> float:
+        """Pin an idle session whose turn called `tools` (in the step thread); returns the TTL."""
+        kv = self.kv
+        if sess.busy or not kv.cfg.tool_ttl or not tools:
+            return 0.0
+        reload_s = kv.costs.recompute_s(len(sess.seq.tokens))
+        if kv.tier is not None and kv.tier.free_pages() >= len(sess.seq.pages):  # out and back by copy
+            reload_s = min(reload_s, 2 * len(sess.seq.pages) * kv.tier.copy_s_per_page)
+        ttl = self.durations.ttl(tools, reload_s)
+        sess.tools, sess.tools_at = tools, kv.clock.now()
+        sess.pin_until = sess.tools_at + ttl
+        kv.counters.ttl_pins += ttl > 0
+        return ttl
+
+    def returned(self, sess) -> None:
+        """A request arrived on a session that was waiting on tools: learn their duration; count
+        whether the pin was still on (a hit) or had expired."""
+        if not sess.tools:
+            return
+        now = self.kv.clock.now()
+        self.durations.observe(sess.tools, now - sess.tools_at)
+        if sess.pin_until > sess.tools_at:
+            self.kv.counters.ttl_hits += now <= sess.pin_until
+            self.kv.counters.ttl_expired += now > sess.pin_until
+        sess.tools, sess.pin_until = (), 0.0

@@ -85,7 +85,7 @@ def _weight_tensors(model):
 
 
 def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:
-    """Write {tokens, k, v, tag} (from branching.export_session) with the fingerprint, atomically."""
+    """Write {tokens, k, v, tag} (from Branching.export) with the fingerprint, atomically."""
     path = check_target(path)
     payload = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint,
                "tokens": [int(t) for t in data["tokens"]], "k": data["k"], "v": data["v"], "tag": data.get("tag")}

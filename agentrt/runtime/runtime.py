@@ -18,6 +18,7 @@ from collections.abc import Callable
 import anyio
 import structlog
 
+from agentrt.conversation.formats import grammars_of
 from agentrt.errors import ActorError, ActorStopped, ConfigError, SessionBusy
 from agentrt.runtime.actor import ActorContext, ActorRef, Behavior
 from agentrt.runtime.supervision import Supervision
@@ -164,7 +165,7 @@ class Runtime:
     def grammars(self):
         """The engine's grammar factory (compiled tool grammars are cached and shared by every
         agent with the same tools), created on first use."""
-        return self.engine.grammars()
+        return grammars_of(self.engine)
 
     def get(self, name: str) -> ActorRef:
         ref = self._actors.get(name)

@@ -6,12 +6,18 @@ step returns the Plan the core runs:
    without building a view; the others see a `SchedulingView` built here, and their decision
    time is recorded (`decision_us`).
 2. **Admit** in that order while each request fits the cell budget (sizing.admissible) and the
-   footprint check (MemoryManager.fits); the first that does not fit ends the admission.
+   footprint check (MemoryManager.fits); the first that does not fit ends the admission. A request
+   about to be admitted is first pointed at the KV it can reuse (prefix.attach_prefix, with the
+   demoted part of its match promoted by the memory hierarchy).
    Requests admitted together that share a block are grouped (prefix.group_new_requests).
 3. **Plan the batch**: decodes first (each needs at most a page; its draft only if memory
    allows), then prefill chunks (sizing.chunk_size) while memory allows. Memory comes from the
    memory manager: free pages, then cache and idle sessions' tails, then preempting the
-   youngest running request; requests that must fail instead are returned in `Plan.failed`.
+   youngest running request; requests that must fail instead are returned in `Plan.failed`, and
+   requests whose own planning raised (their draft) in `Plan.faults`.
+
+The scheduler works on the KV room (kv/space.py) and the queues, and calls back into nothing:
+what the core must do comes back in the Plan.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from agentrt.engine.request import Request, State
 from agentrt.kv import sizing
+from agentrt.kv.hierarchy import Hierarchy
+from agentrt.kv.space import KVSpace
 from agentrt.scheduling.policies import FCFS
 from agentrt.scheduling.policy_base import Ready, SchedulingView
-from agentrt.scheduling.prefix import common_prefix, group_new_requests
-from agentrt.engine.request import Request, State
+from agentrt.scheduling.prefix import attach_prefix, common_prefix, group_new_requests
 from agentrt.scheduling.speculation import choose_draft
 
 REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
@@ -41,6 +49,7 @@ class Queues:
 class Plan:
     items: list[tuple[Request, int]]  # (request, tokens it feeds this step)
     failed: list[tuple[Request, BaseException]]  # out of memory for good: the core finishes them
+    faults: list[tuple[Request, BaseException]] = field(default_factory=list)  # raised while planned
 
     @property
     def prefill_tokens(self) -> int:
@@ -48,12 +57,15 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, cfg, queues: Queues, mem, kvm, radix, tasks, policy, *, attach, fail,
-                 tick, reload_s, context: int, clock):
-        self.cfg, self.queues, self.mem, self.kvm, self.radix = cfg, queues, mem, kvm, radix
-        self.tasks, self.policy = tasks, policy
-        self.attach, self.fail, self.tick, self.reload_s = attach, fail, tick, reload_s
+    def __init__(self, cfg, queues: Queues, kv: KVSpace, hierarchy: Hierarchy, tasks, policy, *,
+                 ticks, context: int, clock):
+        """`ticks`: the engine's logical clock (an iterator of ints, shared with the core)."""
+        self.cfg, self.queues, self.kv, self.hierarchy = cfg, queues, kv, hierarchy
+        self.mem, self.kvm, self.radix = kv.mem, kv.kvm, kv.radix
+        self.tasks, self.policy, self.ticks = tasks, policy, ticks
         self.context, self.clock = context, clock
+        self._on_request = getattr(kv.policy, "on_request", None)
+        self.policy_name = cfg.scheduling_policy
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)
 
@@ -79,11 +91,29 @@ class Scheduler:
             if not sizing.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
                 break
             self.waiting.remove(r)
-            r.state, r.admitted_at, r.admitted_s = State.RUNNING, self.tick(), self.clock.now()
+            r.state, r.admitted_at, r.admitted_s = State.RUNNING, next(self.ticks), self.clock.now()
             self.running.append(r)
             admitted.append(r)
         if self.cfg.enable_prefix_grouping and len(admitted) > 1:
             group_new_requests(admitted, self.cfg.prefix_group_k)
+
+    def attach(self, r: Request) -> None:
+        """Point a request about to be admitted at the KV it can reuse (once per admission)."""
+        if r.attached:
+            return
+        r.attached = True
+        promoted: list[int] = []
+        salt = r.cache_salt
+        reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
+                               lambda toks: promoted.extend(self.hierarchy.promote_prefix(toks, salt)))
+        if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
+            counters = self.kv.counters
+            r.cached_tokens = reused
+            counters.prompt_cached += reused
+            if promoted:
+                counters.prompt_promoted += max(0, min(reused, promoted[1]) - promoted[0])
+            if self._on_request is not None:
+                self._on_request(r.tag)
 
     def _decide(self) -> list[Request]:
         if not self.waiting:
@@ -119,7 +149,8 @@ class Scheduler:
         prefix_len = {a: self.tasks.prefix_len(a) for a in stages}
         resident = {a: self._resident_prefix(a) for a in stages}
         budget = int(self.cfg.high_water * self.cfg.num_pages) * self.cfg.page_size
-        return SchedulingView(ready, running, prefix_len, resident, budget, self.reload_s(), now, upcoming)
+        reload_s = self.kv.costs.recompute_s(1)
+        return SchedulingView(ready, running, prefix_len, resident, budget, reload_s, now, upcoming)
 
     def _ready(self, r: Request, running: bool) -> Ready:
         tasks, tgt = self.tasks, r.target
@@ -154,12 +185,13 @@ class Scheduler:
         prefills = [r for r in self.running if r.in_prefill and r.leader is None]
         plan: dict[Request, int] = {}
         failed: list = []
+        faults: list = []
         # the pages every decode needs, reclaimed in one pass (each reserve below then finds them
         # free): one walk of the tree and idle sessions per step, not one per decode
         self.mem.reclaim(sum(self.kvm.write_cost(r.seq, r.seq.num_cached + 1) for r in decodes))
         for r in decodes:
             if r.state is State.RUNNING and r in self.running:
-                self._plan_decode(r, len(decodes), plan, failed)
+                self._plan_decode(r, len(decodes), plan, failed, faults)
         chunk = sizing.chunk_size(prefills, decodes, self.cfg)
         for r in prefills:
             if r.state is not State.RUNNING or r not in self.running:
@@ -172,13 +204,15 @@ class Scheduler:
                 self.mem.counters.deferred_chunks += 1
                 break
             plan[r] = n
-        return Plan([(r, n) for r, n in plan.items() if r.state is State.RUNNING and r in self.running], failed)
+        items = [(r, n) for r, n in plan.items() if r.state is State.RUNNING and r in self.running]
+        return Plan(items, failed, faults)
 
-    def _plan_decode(self, r: Request, n_decodes: int, plan: dict, failed: list) -> None:
+    def _plan_decode(self, r: Request, n_decodes: int, plan: dict, failed: list, faults: list) -> None:
         try:
             r.draft = choose_draft(r, n_decodes, self.cfg, self.context)
-        except Exception as e:
-            self.fail(r, e)
+        except Exception as e:  # r's own fault: the core fails r alone (EngineCore.fail)
+            r.draft = []
+            faults.append((r, e))
             return
         # a draft never preempts anyone: without room it is dropped, then the token is reserved
         if r.draft and not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, False, failed):

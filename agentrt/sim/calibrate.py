@@ -1,18 +1,30 @@
 """Calibration: this machine's step cost model, fitted to real engine steps.
 
-Real EngineCore steps (the model's forward plus everything the step does around it: planning,
-batch metadata, sampling, bookkeeping) are timed over batches of chosen shapes -- decode steps
-of 1-16 sequences at short and long contexts, prefill chunks of 32-2048 tokens, chunks after a
-cached prefix -- and StepCosts.fit finds the non-negative coefficients. The tier's copy cost is
-HostTier's own measurement. `agentrt bench calibrate` writes the result as JSON."""
+Two sources of samples, fitted together by StepCosts.fit (non-negative least squares):
+* **a grid**: real EngineCore steps (the model's forward plus everything the step does around it:
+  batch metadata, sampling, bookkeeping) timed over chosen shapes -- decode steps of 1-16
+  sequences at short and long contexts, prefill chunks of 32-2048 tokens, chunks after a cached
+  prefix -- so the model covers shapes a short workload never reaches;
+* **under load** (`loaded_samples`): every step of a multi-agent workload run through the async
+  Engine (sessions, mixed prefill and decode batches, tools sleeping, the event loop busy with
+  the clients beside the step thread), as the engine's step observers see it. Here the step
+  shares the machine with the clients, as in any real run; and the gap between one step's end
+  and the next one's start while work is queued (planning, commands, handing events to the event
+  loop) is the loop's own cost per step, `StepCosts.loop_s`.
+The tier's copy cost is HostTier's own measurement. `agentrt bench calibrate` writes the result
+as JSON."""
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
+import anyio
+
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
+from agentrt.engine.engine import Engine
 from agentrt.engine.executor import ModelExecutor
 from agentrt.sampling import SamplingParams
 from agentrt.sim.costs import StepCosts
@@ -77,13 +89,69 @@ def samples(model, quick: bool = False) -> list[tuple[list, float]]:
     return out
 
 
-def calibrate(lm, quick: bool = False, name: str | None = None) -> StepCosts:
+class _StepLog:
+    """A step observer: (shape, seconds) of every step, and the loop's gap before each step that
+    followed a step with work still queued."""
+
+    def __init__(self, core: EngineCore):
+        self.core, self.samples, self.gaps = core, [], []
+        self._end: float | None = None
+
+    def __call__(self, chunks, seconds: float) -> None:
+        now = time.perf_counter()
+        if self._end is not None:
+            self.gaps.append(max(0.0, now - seconds - self._end))
+        self.samples.append(([(c.start, len(c.tokens)) for c in chunks], seconds))
+        self._end = now if self.core.has_work() else None
+
+
+def loaded_samples(lm, seconds: float = 30.0, agents: int = 4, seed: int = 0) -> tuple[list, list[float]]:
+    """(steps, gaps) of a multi-agent workload run for `seconds` through the async Engine: agents
+    on sessions sharing a 256-token system prefix, each turn appending 32-512 new tokens and
+    decoding 4-48, then a tool sleeping 0-0.3 s."""
     model = getattr(lm, "model", lm)
-    data = samples(model, quick)
+    vocab, rng = model.cfg.vocab_size, random.Random(seed)
+    cfg = EngineConfig(response_cache_size=0, enable_speculation=False)
+    head = _prompt(seed, 256, vocab)
+
+    async def agent(eng: Engine, i: int, until: float) -> None:
+        async with await eng.open_session(tag=f"cal{i}") as s:
+            p = head + _prompt(1000 + i, rng.randrange(32, 256), vocab)
+            while time.perf_counter() < until and len(p) < 3000:
+                c = await eng.complete(p, SamplingParams(max_tokens=rng.randrange(4, 48), ignore_eos=True), session=s)
+                await anyio.sleep(rng.uniform(0.0, 0.3))
+                p = p + c.token_ids + _prompt(rng.randrange(1 << 20), rng.randrange(32, 512), vocab)
+
+    async def main() -> _StepLog:
+        async with Engine(model, cfg) as eng:
+            log = _StepLog(eng.core)
+            eng.core.step_observers.append(log)
+            until = time.perf_counter() + seconds
+            while time.perf_counter() < until:  # a fresh set of agents when every history is long
+                async with anyio.create_task_group() as tg:
+                    for i in range(agents):
+                        tg.start_soon(agent, eng, i, until)
+            return log
+    log = anyio.run(main)
+    return log.samples[1:], log.gaps
+
+
+def calibrate(lm, quick: bool = False, name: str | None = None, loaded_s: float | None = None) -> StepCosts:
+    """The grid and a loaded run (`loaded_s` seconds; default 20, 8 when quick) fitted together;
+    `loop_s` is the loaded run's median gap between steps."""
+    model = getattr(lm, "model", lm)
+    grid = samples(model, quick)
+    loaded, gaps = loaded_samples(lm, loaded_s if loaded_s is not None else (8.0 if quick else 20.0))
     copy = _tier_copy_s(model)
-    return StepCosts.fit(data, name=name or "cpu (calibrated)", tier_copy_s_per_page=copy, page_tokens=16,
-                         source="agentrt.sim.calibrate: real EngineCore steps timed on this machine, "
-                                f"{len(data)} samples; tier copy measured by HostTier")
+    costs = StepCosts.fit(grid + loaded, name=name or "cpu (calibrated)", tier_copy_s_per_page=copy, page_tokens=16,
+                          loop_s=statistics.median(gaps) if gaps else 0.0,
+                          source="agentrt.sim.calibrate: real EngineCore steps timed on this machine, "
+                                 f"{len(grid)} over a grid of shapes and {len(loaded)} of a multi-agent "
+                                 "workload through the async Engine; loop gap: that workload's median; "
+                                 "tier copy measured by HostTier")
+    costs.details.update(grid_rel_err_mean=costs.rel_err(grid), loaded_rel_err_mean=costs.rel_err(loaded),
+                         loaded_steps=len(loaded), loop_gaps=len(gaps))
+    return costs
 
 
 def _tier_copy_s(model) -> float:

@@ -6,7 +6,9 @@ B: sequences in the batch; T: tokens through the model; A: attention pairs (each
 the keys it attends to: sum_i n_i * (start_i + (n_i + 1) / 2)); K: keys read (sum_i of each
 sequence's context, start_i + n_i: what a memory-bound decode step streams once per sequence).
 base carries the weights' read, per_token the matrix work, per_pair and per_key the attention.
-Tier copies cost `tier_copy_s_per_page` per page of `page_tokens` tokens.
+Tier copies cost `tier_copy_s_per_page` per page of `page_tokens` tokens. `loop_s` is what the step
+loop spends between two steps while work is queued (planning, commands, handing events over):
+the simulated loop lets it pass after every step, outside the step's own seconds.
 
 Sources: `calibrate` (agentrt/sim/calibrate.py) fits the CPU model to forward passes measured on
 this machine; GPU models are built from published figures (bench/costs/*.json, each naming its
@@ -46,17 +48,24 @@ class StepCosts:
     per_key_s: float
     tier_copy_s_per_page: float
     page_tokens: int = 16
+    loop_s: float = 0.0
     source: str = ""
     details: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for f in (*FEATURES, "tier_copy_s_per_page"):
+        for f in (*FEATURES, "tier_copy_s_per_page", "loop_s"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or not v >= 0:
                 raise ConfigError(f"StepCosts.{f} must be a number >= 0 (seconds), got {v!r}")
 
     def seconds(self, chunks) -> float:
         return float(np.dot(self.coefficients, features(chunks)))
+
+    def rel_err(self, samples: list[tuple[list, float]]) -> float:
+        """Mean relative error of the model over (chunks, measured seconds) samples."""
+        if not samples:
+            return 0.0
+        return float(np.mean([abs(self.seconds(c) - s) / s for c, s in samples]))
 
     @property
     def coefficients(self) -> np.ndarray:
@@ -83,7 +92,7 @@ class StepCosts:
 
     @classmethod
     def fit(cls, samples: list[tuple[list, float]], *, name: str, tier_copy_s_per_page: float,
-            page_tokens: int = 16, source: str = "") -> "StepCosts":
+            page_tokens: int = 16, loop_s: float = 0.0, source: str = "") -> "StepCosts":
         """Non-negative least squares over (chunks, measured seconds) samples, each weighted by
         1 / seconds (relative error counts: a decode step's 5 ms matters as much as a prefill's
         second)."""
@@ -93,7 +102,7 @@ class StepCosts:
         pred = x @ coef
         rel = np.abs(pred - y) / y
         return cls(name, *map(float, coef), tier_copy_s_per_page=tier_copy_s_per_page,
-                   page_tokens=page_tokens, source=source,
+                   page_tokens=page_tokens, loop_s=loop_s, source=source,
                    details={"fit_samples": len(samples), "fit_rel_err_mean": float(rel.mean()),
                             "fit_rel_err_max": float(rel.max())})
 

@@ -103,7 +103,7 @@ class SimExecutor:
 
     def run(self, plan: list, chunks: list, store: KVStore, page_size: int) -> StepOutput:
         seconds = self.costs.seconds(chunks)
-        self.charge(seconds)
+        self.charge(seconds + self.costs.loop_s)  # (the loop's gap after the step passes too)
         self.steps += 1
         toks = [[self._token(r, len(r.output) + j) for j in range(ch.want_logits)] for (r, _), ch in zip(plan, chunks)]
         # rows as wide as the vocabulary where a constraint masks them, else as the largest token

@@ -26,6 +26,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError
 
+from agentrt.conversation.formats import chat_format_of
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.repeats import CallLimits
@@ -50,7 +51,7 @@ class _Shared:
         if engine.tokenizer is None:
             raise ConfigError("the engine has no tokenizer: build it from load_model(...)")
         self.host = host
-        self.fmt = engine.chat_format()  # the engine's template and tool-call format
+        self.fmt = chat_format_of(engine)  # the engine's template and tool-call format
         self.router = SessionRouter(engine, policy)
         self.tasks = GraphTasks()
 
@@ -90,7 +91,7 @@ class ChatAgentrt(BaseChatModel):
             raise ConfigError(f"ChatAgentrt: {_errors(e)}") from None
         if (engine is None) == (host is None):
             raise ConfigError("pass engine= (an Engine) or use ChatAgentrt.from_model(source)")
-        if engine is not None and not callable(getattr(engine, "chat_format", None)):
+        if engine is not None and not isinstance(getattr(engine, "shared", None), dict):
             raise ConfigError(f"engine must be an agentrt Engine, got {type(engine).__name__}")
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k, seed=self.seed)  # validates (ConfigError)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrt.conversation.formats import CHAT_FORMAT, GRAMMARS
 from agentrt.errors import ConfigError, ReplicaLost
 
 from .replica import ConstraintSpec
@@ -39,7 +40,7 @@ class _ModelView:
 
 
 class RemoteGrammars:
-    """`engine.grammars()` for a remote engine: constraint descriptions built on the replica."""
+    """`grammars_of(engine)` for a remote engine: constraint descriptions built on the replica."""
 
     def for_tools(self, tools: Any, tool_choice: Any = "auto", *, parallel_tool_calls: bool = True) -> ConstraintSpec:
         return ConstraintSpec("tools", (tools, tool_choice, parallel_tool_calls))
@@ -58,7 +59,6 @@ class RemoteEngine:
         from agentrt.config import EngineConfig
 
         self.handle, self.name, self.info = handle, name, info
-        self._chat = chat
         self.config = config or EngineConfig()
         self.model = _ModelView(info["model_config"])
         # the driver loop this engine is used from, and a portal onto it (ChatAgentrt's sync calls)
@@ -66,15 +66,10 @@ class RemoteEngine:
         self.tokenizer = chat.tokenizer
         self.max_context_tokens = info["max_context_tokens"]
         self.alive = True
-        self._grammars = RemoteGrammars()
+        # the chat format from the replica, grammars built there (conversation/formats.py reads these)
+        self.shared = {CHAT_FORMAT: chat, GRAMMARS: RemoteGrammars()}
 
     started = True
-
-    def chat_format(self) -> Any:
-        return self._chat
-
-    def grammars(self) -> RemoteGrammars:
-        return self._grammars
 
     async def call(self, method: str, *args: Any) -> Any:
         """await handle.method.remote(*args), with a dead replica as ReplicaLost."""

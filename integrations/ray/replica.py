@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrt.conversation.formats import grammars_of
 from agentrt.errors import ConfigError
 
 
@@ -52,7 +53,7 @@ class ConstraintSpec:
     args: tuple
 
     def build(self, engine) -> Any:
-        grammars = engine.grammars()
+        grammars = grammars_of(engine)
         if self.kind == "tools":
             tools, choice, parallel = self.args
             return grammars.for_tools(tools, choice, parallel_tool_calls=parallel)

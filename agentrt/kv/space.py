@@ -1,0 +1,79 @@
+"""The KV room's state, built once by the engine core and handed to the KV helpers instead of the
+core: the page allocator, the sequences' page tables over the executor's KV store, the radix tree
+(and its tier), the eviction policy, the sessions (each holds one sequence), the recompute cost
+model, and the memory manager that makes room among them.
+
+What reads it: the memory hierarchy (kv/hierarchy.py), tool-aware retention (kv/retention.py),
+branching (kv/branching.py), admission's prefix reuse (scheduling/prefix.py) and the core's
+post-processing. The request queues and the clock are the scheduler's and the engine's; the space
+keeps references to them because making room ranks the idle sessions against what is queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agentrt.config import EngineConfig
+from agentrt.engine.request import EngineSession
+from agentrt.kv.kv_manager import KVManager, Sequence
+from agentrt.kv.memory import MemoryManager
+from agentrt.kv.pages import PageAllocator
+from agentrt.kv.radix import RadixCache
+from agentrt.kv.tier import CostModel
+
+
+class KVSpace:
+    def __init__(self, cfg: EngineConfig, store, policy, counters, queues, clock,
+                 make_tier: Callable[[object], object] | None = None):
+        """`store`: the executor's KV store; `make_tier(store)`: the second tier over it (None:
+        no tier); `policy`: the eviction policy (kv/registry.py)."""
+        self.cfg, self.counters, self.queues, self.clock = cfg, counters, queues, clock
+        self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
+        self.kvm = KVManager(self.alloc, store)
+        self.policy = policy
+        tier = make_tier(store) if make_tier is not None and cfg.enable_radix_cache else None
+        self.radix = RadixCache(self.alloc, policy, tier) if cfg.enable_radix_cache else None
+        self.costs = CostModel()
+        self.sessions: dict[int, EngineSession] = {}
+        self.mem = MemoryManager(cfg, self.alloc, self.kvm, self.radix, policy, counters,
+                                 self.sessions, queues, clock)
+
+    @property
+    def tier(self):
+        """The second KV tier (None without one)."""
+        return self.radix.tier if self.radix is not None else None
+
+    def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None) -> EngineSession:
+        """A new, empty session on pool id `seq_id`."""
+        sess = EngineSession(seq_id, Sequence(seq_id), tag=tag, cache_salt=cache_salt)
+        self.sessions[seq_id] = sess
+        return sess
+
+    def forget_session(self, sess: EngineSession) -> None:
+        """Drop `sess` from the table (its pages are the caller's to release)."""
+        del self.sessions[sess.sid]
+
+    def insert_prefix(self, tokens, pages, salt, tag) -> None:
+        """Offer a sequence's KV (its tokens on `pages`) to the radix tree (no-op without one)."""
+        if self.radix is not None and tokens:
+            self.radix.insert(tokens, pages, salt, tag)
+
+    def evictable_pages(self) -> int:
+        """Pages only the radix tree holds (what making room can take first)."""
+        return self.radix.evictable_pages() if self.radix is not None else 0
+
+    def check_invariants(self, holders: list[list[int]]) -> None:
+        """Pages free xor held, refcounts equal to their holders (`holders`: the page lists of
+        what lives outside the space, e.g. transient requests); the tree's and the policy's own
+        invariants; every session's pages cover its tokens."""
+        holders = holders + [s.seq.pages for s in self.sessions.values()]
+        if self.radix is not None:
+            self.radix.check_invariants()
+            holders.append(self.radix.all_pages())
+        check = getattr(self.policy, "check_invariants", None)
+        if check is not None:
+            check()
+        self.alloc.check_invariants(holders)
+        for s in self.sessions.values():
+            if len(s.seq.pages) < self.kvm.pages_for(s.seq.num_cached):
+                raise AssertionError("session pages do not cover its tokens")
