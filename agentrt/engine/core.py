@@ -225,11 +225,11 @@ class EngineCore:
         """The executor's run of the planned chunks: (chunks, each chunk's logits rows)."""
         chunks = []
         for r, n in plan:
-            c, tgt = r.seq.num_cached, r.target
+            c = r.seq.num_cached
             if r.draft:  # the last token plus the draft: logits at every position
-                chunks.append(SeqChunk(tgt[c:c + 1] + r.draft, c, r.seq.pages, n))
+                chunks.append(SeqChunk(r.target_slice(c, 1) + r.draft, c, r.seq.pages, n))
             else:
-                chunks.append(SeqChunk(tgt[c:c + n], c, r.seq.pages, int(c + n == len(tgt))))
+                chunks.append(SeqChunk(r.target_slice(c, n), c, r.seq.pages, int(c + n == r.target_len)))
         return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
 
     def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:

@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 import anyio.from_thread
@@ -182,6 +182,16 @@ class Engine:
         engine's next step. Use `contextlib.aclosing` when breaking out of the loop.
         `task`/`workflow` (default: the caller's `agentrt.task_scope`) and `tag` (the stage)
         are what workflow-aware scheduling (EngineConfig.scheduling_policy) sees."""
+        async with aclosing(self._events(prompt, params, False, session=session, cache_salt=cache_salt, tag=tag,
+                                         constraint=constraint, timeout=timeout, task=task,
+                                         workflow=workflow)) as events:
+            async for ev in events:
+                yield ev
+
+    async def _events(self, prompt, params, collect: bool, *, session, cache_salt, tag, constraint, timeout,
+                      task, workflow) -> AsyncIterator[TokenEvent]:
+        """generate()'s stream; `collect`: the step thread gathers the tokens and hands over one
+        event at the end (complete(): no wake-up of the caller per step)."""
         self._check_open()
         # types, finite ranges, a session of this engine: ConfigError before any work
         prompt, params = check_generate_args(self, prompt, params, session=session, cache_salt=cache_salt,
@@ -195,7 +205,14 @@ class Engine:
         box: dict = {}
         post = self._steps.post
 
+        held: list[int] = []
+
         def emit(ev: TokenEvent) -> None:
+            if collect and ev.finish_reason is None and ev.error is None:
+                held.extend(ev.token_ids)  # (in the step thread)
+                return
+            if collect and held:
+                ev = replace(ev, token_ids=(*held, *ev.token_ids))
             post(send.send_nowait, ev)
 
         def submit() -> None:
@@ -237,7 +254,11 @@ class Engine:
     async def complete(self, prompt: list[int], params: SamplingParams | None = None,
                        **kw) -> Completion:
         toks: list[int] = []
-        async with aclosing(self.generate(prompt, params, **kw)) as stream:
+        args = {k: kw.pop(k, None) for k in ("session", "cache_salt", "tag", "constraint", "timeout", "task",
+                                             "workflow")}
+        if kw:
+            raise ConfigError(f"complete() got unexpected arguments {sorted(kw)}; it takes generate()'s")
+        async with aclosing(self._events(prompt, params, True, **args)) as stream:
             async for ev in stream:
                 toks.extend(ev.token_ids)
                 if ev.finish_reason is not None:

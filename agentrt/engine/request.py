@@ -111,6 +111,18 @@ class Request:
         return self.prompt + self.output
 
     @property
+    def target_len(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def target_slice(self, start: int, n: int) -> list[int]:
+        """target[start:start + n] without building the whole target (a decode step's one token
+        would otherwise copy the context)."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.output[start - p:start - p + n]
+        return self.prompt[start:start + n] + self.output[:max(0, start + n - p)]
+
+    @property
     def remaining(self) -> int:
         """Tokens still to feed before the next logits (1 while decoding)."""
         return len(self.prompt) + len(self.output) - self.seq.num_cached

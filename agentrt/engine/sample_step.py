@@ -51,6 +51,6 @@ def finish_reason(r: Request, t: int, last: bool, context: int) -> str | None:
         return "stop"
     if len(r.output) >= r.params.max_tokens:
         return "length"
-    if len(r.target) >= context:
+    if r.target_len >= context:
         return "length"
     return None

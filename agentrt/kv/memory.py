@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-
 from agentrt.engine.request import Request, State
-from agentrt.kv.sizing import over_high_water, projected_cells
+from agentrt.kv.sizing import over_high_water
 from agentrt.errors import OutOfKVMemory
 
 MAX_PREEMPTIONS = 32  # per request; beyond it the request fails instead of livelocking
@@ -43,6 +42,8 @@ class MemoryManager:
         # lose goes through _forget_pages
         self._levels: dict[int, set] | None = None
         self._fresh = False  # the index was refreshed in this pass
+        # within a pass: (pages that cannot be evicted, alloc.allocated) when last counted exactly
+        self._pinned_at: tuple[int, int] | None = None
         # idle sessions' pages: page -> [(session, index)], and id(session) -> (session, pages)
         self._index: dict[int, list] = {}
         self._held: dict[int, tuple] = {}
@@ -50,11 +51,11 @@ class MemoryManager:
     @contextmanager
     def planning(self):
         """One Scheduler.plan pass (see _levels)."""
-        self._levels, self._fresh = {}, False
+        self._levels, self._fresh, self._pinned_at = {}, False, None
         try:
             yield
         finally:
-            self._levels, self._fresh = None, False
+            self._levels, self._fresh, self._pinned_at = None, False, None
 
     def _forget_pages(self, s, i: int) -> None:
         """Session s is about to lose its pages from index i: keep the owners index exact."""
@@ -223,20 +224,6 @@ class MemoryManager:
         return sum(1 for n in self.radix.nodes() if n.lock_ref == 0
                    for p in n.pages if self.alloc.refcount(p) == 1 + len(idle.get(p, ())))
 
-    def fits(self, candidate: Request) -> bool:
-        """Admission by footprint: the KV the running requests and the candidate hold (shared
-        pages once; a busy session's history cannot be detached) plus the cells they may still
-        add stays under the high-water mark. Without it, requests that cannot run together
-        are admitted and preempt each other over and over. An idle engine always admits."""
-        running = self.queues.running
-        if not running:
-            return True
-        group, ps = [*running, candidate], self.cfg.page_size
-        held = {p for x in group for p in x.seq.pages}
-        # new pages: whole pages for the cells to come, +1 for a shared partial page's copy
-        new = sum(-(-projected_cells(x) // ps) + 1 for x in group)
-        return len(held) + new <= self.cfg.high_water * self.cfg.num_pages
-
     def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool, failed: list) -> bool:
         """Make r's positions up to `end` writable. With may_preempt, younger running requests
         (then r itself) are preempted until it fits; preempted requests leave `plan`, and those
@@ -302,10 +289,26 @@ class MemoryManager:
             f.leader = None
 
     def over_high_water(self) -> bool:
-        used = self.alloc.num_pages - self.alloc.num_free
+        """Occupancy net of evictable cache above the high-water mark (prefill chunks wait).
+        Inside a planning pass the pages that cannot be evicted grow only by what is allocated
+        (making room, copy-on-write's old page, preemption and trimming only lower them; who is
+        idle and what is locked change at admission, before the pass), so the count taken once
+        plus the pages allocated since bounds it from above: while that bound is under the mark,
+        so is the exact count, and the tree is walked again only when it is not."""
+        alloc = self.alloc
+        used = alloc.num_pages - alloc.num_free
         if not over_high_water(used, 0, self.cfg):
             return False  # the tree walk below is only needed near the mark
-        return over_high_water(used, self.evictable_pages(), self.cfg)
+        if self._pinned_at is not None and self._levels is not None:
+            pinned, at = self._pinned_at
+            if not over_high_water(pinned + alloc.allocated - at, 0, self.cfg):
+                if self.cfg.debug_invariants and over_high_water(used, self.evictable_pages(), self.cfg):
+                    raise AssertionError("the pinned-page bound fell below the exact count")
+                return False
+        pinned = used - self.evictable_pages()
+        if self._levels is not None:
+            self._pinned_at = (pinned, alloc.allocated)
+        return over_high_water(pinned, 0, self.cfg)
 
 
 class _Filtered:

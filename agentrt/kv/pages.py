@@ -17,6 +17,7 @@ class PageAllocator:
         self.num_pages, self.page_size = num_pages, page_size
         self._ref = [0] * num_pages
         self._free: deque[int] = deque(range(num_pages))
+        self.allocated = 0  # pages handed out by alloc() since the start (monotonic)
 
     @property
     def num_free(self) -> int:
@@ -32,6 +33,7 @@ class PageAllocator:
         pages = [self._free.popleft() for _ in range(n)]
         for p in pages:
             self._ref[p] = 1
+        self.allocated += n
         return pages
 
     def incref(self, pages: Iterable[int]) -> None:

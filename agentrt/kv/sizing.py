@@ -1,5 +1,5 @@
 """Sizing rules of one iteration, as pure functions: whether a waiting request fits the cell
-budget, how many prompt tokens each prefill gets (adaptive chunking), when prefill waits for
+budget (`Footprint`), how many prompt tokens each prefill gets (adaptive chunking), when prefill waits for
 memory. The scheduler (scheduling/scheduler.py) applies them."""
 
 from __future__ import annotations
@@ -14,16 +14,6 @@ def projected_cells(r: Request) -> int:
     not counted twice (the seed counts prompt + max_tokens; sessions would otherwise be
     refused work that fits)."""
     return r.remaining + r.params.max_tokens - len(r.output)
-
-
-def admissible(candidate: Request, running: list[Request], cfg: EngineConfig) -> bool:
-    """Cell-budget admission: admitted requests' projected cells stay under
-    cell_budget_fraction of the pool. An idle engine always admits (no starvation)."""
-    if not running:
-        return True
-    budget = cfg.cell_budget_fraction * cfg.num_pages * cfg.page_size
-    used = sum(projected_cells(r) for r in running)
-    return used + projected_cells(candidate) <= budget
 
 
 def is_latency_sensitive(r: Request, cfg: EngineConfig) -> bool:
@@ -44,3 +34,38 @@ def chunk_size(prefills: list[Request], decodes: list[Request], cfg: EngineConfi
 def over_high_water(used_pages: int, evictable_pages: int, cfg: EngineConfig) -> bool:
     """Occupancy net of evictable cache above the high-water mark: prefill chunks wait."""
     return (used_pages - evictable_pages) > cfg.high_water * cfg.num_pages
+
+
+class Footprint:
+    """The running requests' KV during one admission pass, kept as requests are admitted, so a
+    candidate costs its own pages rather than a walk of every running request:
+    * cells: their projected cells (the cell budget, `admissible`);
+    * held: the pages they hold, shared ones once, and new: the pages their cells to come need,
+      +1 each for a shared partial page's copy (the footprint check, `fits`: without it,
+      requests that cannot run together are admitted and preempt each other over and over).
+    An idle engine always admits (no starvation)."""
+
+    def __init__(self, running: list[Request], cfg: EngineConfig):
+        self.cfg, self.n, self.cells, self.held, self.new = cfg, 0, 0, set(), 0
+        for r in running:
+            self.add(r)
+
+    def _new_pages(self, r: Request) -> int:
+        return -(-projected_cells(r) // self.cfg.page_size) + 1
+
+    def admissible(self, r: Request) -> bool:
+        cfg = self.cfg
+        return not self.n or self.cells + projected_cells(r) <= cfg.cell_budget_fraction * cfg.num_pages * cfg.page_size
+
+    def fits(self, r: Request) -> bool:
+        if not self.n:
+            return True
+        extra = len({p for p in r.seq.pages if p not in self.held})
+        return len(self.held) + extra + self.new + self._new_pages(r) <= self.cfg.high_water * self.cfg.num_pages
+
+    def add(self, r: Request) -> None:
+        """r was admitted."""
+        self.n += 1
+        self.cells += projected_cells(r)
+        self.held.update(r.seq.pages)
+        self.new += self._new_pages(r)

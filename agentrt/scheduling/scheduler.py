@@ -5,8 +5,8 @@ step returns the Plan the core runs:
    the agents whose prefixes stay resident (`MemoryManager.keep`). FCFS takes arrival order
    without building a view; the others see a `SchedulingView` built here, and their decision
    time is recorded (`decision_us`).
-2. **Admit** in that order while each request fits the cell budget (sizing.admissible) and the
-   footprint check (MemoryManager.fits); the first that does not fit ends the admission. A request
+2. **Admit** in that order while each request fits the cell budget and the footprint check
+   (sizing.Footprint); the first that does not fit ends the admission. A request
    about to be admitted is first pointed at the KV it can reuse (prefix.attach_prefix, with the
    demoted part of its match promoted by the memory hierarchy).
    Requests admitted together that share a block are grouped (prefix.group_new_requests).
@@ -83,13 +83,16 @@ class Scheduler:
 
     # ---- admission ------------------------------------------------------------------
     def admit(self) -> None:
-        admitted = []
+        admitted: list[Request] = []
+        footprint = None  # (built on the first candidate: most steps admit nobody)
         for r in self._decide():
             if r.state is not State.WAITING:
                 continue
             self.attach(r)
-            if not sizing.admissible(r, self.running, self.cfg) or not self.mem.fits(r):
+            footprint = footprint or sizing.Footprint(self.running, self.cfg)
+            if not footprint.admissible(r) or not footprint.fits(r):
                 break
+            footprint.add(r)
             self.waiting.remove(r)
             r.state, r.admitted_at, r.admitted_s = State.RUNNING, next(self.ticks), self.clock.now()
             self.running.append(r)

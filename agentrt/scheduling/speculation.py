@@ -24,7 +24,7 @@ def choose_draft(r: Request, n_decoders: int, cfg: EngineConfig, ctx_len: int) -
         r.ngrams.extend(r.target)
     cap = draft_cap(cfg.spec_max_draft, n_decoders, cfg.spec_token_budget, r.acceptance,
                     cfg.spec_min_acceptance)
-    room = min(r.params.max_tokens - len(r.output), ctx_len - len(r.target)) - 1
+    room = min(r.params.max_tokens - len(r.output), ctx_len - r.target_len) - 1
     draft = r.ngrams.draft(min(cap, room))
     if draft and r.constraint is not None:
         draft = draft[:r.constraint.accepts_prefix(draft)]

@@ -110,12 +110,10 @@ class SimExecutor:
         # needs (a step of 256 decoders over a 128k vocabulary would allocate 128 MB for nothing)
         wide = any(r.constraint is not None for r, _ in plan)
         width = self.model.cfg.vocab_size if wide else 1 + max((t for ts in toks for t in ts), default=0)
-        rows = []
-        for ts in toks:
-            row = torch.full((len(ts), width), float("-inf"))
-            row[torch.arange(len(ts)), torch.tensor(ts, dtype=torch.long)] = 0.0
-            rows.append(row)
-        return StepOutput(tuple(rows), seconds)
+        flat = [t for ts in toks for t in ts]  # one tensor for every row, split per chunk
+        block = torch.full((len(flat), width), float("-inf"))
+        block[torch.arange(len(flat)), torch.tensor(flat, dtype=torch.long)] = 0.0
+        return StepOutput(tuple(block.split([len(ts) for ts in toks])), seconds)
 
     def _token(self, r, i: int) -> int:
         out = self._outputs.get(r)
