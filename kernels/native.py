@@ -158,3 +158,30 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(logits.shape[0], dtype=torch.int64)
     lib.agrt_argmax(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr())
     return out
+
+
+@lru_cache(maxsize=1)
+def _omp_pause():
+    """omp_pause_resource_all (OpenMP 5.0) of the libgomp torch loaded; None where torch runs on
+    another OpenMP runtime (or none)."""
+    for name in (Path(torch.__file__).parent / "lib" / "libgomp.so.1", "libgomp.so.1"):
+        try:
+            fn = ctypes.CDLL(str(name), mode=os.RTLD_NOLOAD | os.RTLD_LAZY).omp_pause_resource_all
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        return fn
+    return None
+
+
+def release_thread_pool() -> bool:
+    """Free the calling thread's OpenMP worker threads (`omp_pause_resource_all(omp_pause_soft)`;
+    its next parallel region starts them again). Why: libgomp keeps one pool of workers per
+    thread that ran a parallel region, and once the process holds more OpenMP threads than CPUs
+    it stops spin-waiting between regions (GOMP_SPINCOUNT's throttled count): every region then
+    pays a futex wake-up. A model loaded on the event loop's thread and run in the engine's step
+    thread is exactly that case: a decode step of the embedded model took 17 ms instead of 6 on
+    2 cores. The thread that hands the compute to another one calls this. Returns whether a
+    pool was released."""
+    fn = _omp_pause()
+    return fn is not None and fn(1) == 0

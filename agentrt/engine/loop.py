@@ -18,6 +18,7 @@ import structlog
 from agentrt.engine.core import EngineCore
 from agentrt.engine.request import TokenEvent
 from agentrt.errors import ConfigError, EngineClosed, EngineFailed
+from agentrt.kernels.native import release_thread_pool
 
 log = structlog.get_logger("agentrt.engine")
 _NOTHING = object()  # sentinel: the inbox had no command
@@ -45,7 +46,10 @@ class StepThread:
         return self._thread is not None
 
     def start(self, portal) -> None:
-        """Start the thread; its outbox batches are delivered through `portal`."""
+        """Start the thread; its outbox batches are delivered through `portal`. The calling
+        thread gives up its OpenMP workers first (kernels/native.py::release_thread_pool):
+        the model's parallel regions run in the step thread from now on."""
+        release_thread_pool()
         self._portal = portal
         self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
         self._thread.start()

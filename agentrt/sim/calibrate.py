@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from contextlib import aclosing
 
 import anyio
 
@@ -108,7 +109,7 @@ class _StepLog:
 def loaded_samples(lm, seconds: float = 30.0, agents: int = 4, seed: int = 0) -> tuple[list, list[float]]:
     """(steps, gaps) of a multi-agent workload run for `seconds` through the async Engine: agents
     on sessions sharing a 256-token system prefix, each turn appending 32-512 new tokens and
-    decoding 4-48, then a tool sleeping 0-0.3 s."""
+    decoding 4-48 (streamed), then a tool sleeping 0-0.3 s."""
     model = getattr(lm, "model", lm)
     vocab, rng = model.cfg.vocab_size, random.Random(seed)
     cfg = EngineConfig(response_cache_size=0, enable_speculation=False)
@@ -118,9 +119,13 @@ def loaded_samples(lm, seconds: float = 30.0, agents: int = 4, seed: int = 0) ->
         async with await eng.open_session(tag=f"cal{i}") as s:
             p = head + _prompt(1000 + i, rng.randrange(32, 256), vocab)
             while time.perf_counter() < until and len(p) < 3000:
-                c = await eng.complete(p, SamplingParams(max_tokens=rng.randrange(4, 48), ignore_eos=True), session=s)
+                out: list[int] = []  # streamed, as conversations and servers read it
+                sp = SamplingParams(max_tokens=rng.randrange(4, 48), ignore_eos=True)
+                async with aclosing(eng.generate(p, sp, session=s)) as stream:
+                    async for ev in stream:
+                        out.extend(ev.token_ids)
                 await anyio.sleep(rng.uniform(0.0, 0.3))
-                p = p + c.token_ids + _prompt(rng.randrange(1 << 20), rng.randrange(32, 512), vocab)
+                p = p + out + _prompt(rng.randrange(1 << 20), rng.randrange(32, 512), vocab)
 
     async def main() -> _StepLog:
         async with Engine(model, cfg) as eng:
