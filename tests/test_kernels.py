@@ -93,3 +93,27 @@ def test_triton_backend_runs_a_model_step_on_gpu():
     model.ops = get_backend("triton", "cuda")
     got = prompt_logits(model.cuda(), list(range(40))).cpu()
     torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-3)
+
+
+def test_the_thread_that_hands_over_the_compute_gives_up_its_openmp_workers():
+    """kernels/native.py::release_thread_pool, which StepThread.start calls: two libgomp pools
+    (the event loop's thread and the step thread) hold more threads than CPUs, and libgomp then
+    stops spin-waiting between parallel regions. The caller's workers must be gone after it."""
+    import os
+    import time
+
+    import torch
+
+    from agentrt.kernels import native
+
+    if native._omp_pause() is None or torch.get_num_threads() < 2 or not os.path.isdir("/proc/self/task"):
+        pytest.skip("torch does not run on libgomp with 2+ threads here")
+    x = torch.randn(1 << 22)
+    for _ in range(3):
+        (x * 2.0).sum()  # a parallel region on this thread: its pool of workers
+    before = len(os.listdir("/proc/self/task"))
+    assert native.release_thread_pool()
+    deadline = time.monotonic() + 5.0
+    while len(os.listdir("/proc/self/task")) >= before and time.monotonic() < deadline:
+        time.sleep(0.01)  # (the workers exit on their own)
+    assert len(os.listdir("/proc/self/task")) <= before - (torch.get_num_threads() - 1)
