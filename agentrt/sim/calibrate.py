@@ -1,15 +1,16 @@
 """Calibration: this machine's step cost model, fitted to real engine steps.
 
-Two sources of samples, fitted together by StepCosts.fit (non-negative least squares):
-* **a grid**: real EngineCore steps (the model's forward plus everything the step does around it:
-  batch metadata, sampling, bookkeeping) timed over chosen shapes -- decode steps of 1-16
-  sequences at short and long contexts, prefill chunks of 32-2048 tokens, chunks after a cached
-  prefix -- so the model covers shapes a short workload never reaches;
+Two sources of samples:
+* **a grid**, which the model is fitted to (StepCosts.fit, non-negative least squares): real
+  EngineCore steps (the model's forward plus everything the step does around it: batch metadata,
+  sampling, bookkeeping) timed over chosen shapes -- decode steps of 1-16 sequences at short and
+  long contexts, prefill chunks of 32-2048 tokens, chunks after a cached prefix -- so the model
+  covers shapes a short workload never reaches, each shape equally;
 * **under load** (`loaded_samples`): every step of a multi-agent workload run through the async
-  Engine (sessions, mixed prefill and decode batches, tools sleeping, the event loop busy with
-  the clients beside the step thread), as the engine's step observers see it. Here the step
-  shares the machine with the clients, as in any real run; and the gap between one step's end
-  and the next one's start while work is queued (planning, commands, handing events to the event
+  Engine (sessions, mixed prefill and decode batches, tools sleeping, tokens streamed to the
+  clients beside the step thread), as the engine's step observers see it. It checks the fit on
+  the batches a real run makes (`loaded_rel_err_mean`), and the gap between one step's end and
+  the next one's start while work is queued (planning, commands, handing events to the event
   loop) is the loop's own cost per step, `StepCosts.loop_s`.
 The tier's copy cost is HostTier's own measurement. `agentrt bench calibrate` writes the result
 as JSON."""
@@ -142,18 +143,18 @@ def loaded_samples(lm, seconds: float = 30.0, agents: int = 4, seed: int = 0) ->
 
 
 def calibrate(lm, quick: bool = False, name: str | None = None, loaded_s: float | None = None) -> StepCosts:
-    """The grid and a loaded run (`loaded_s` seconds; default 20, 8 when quick) fitted together;
-    `loop_s` is the loaded run's median gap between steps."""
+    """Fitted to the grid; checked on a loaded run (`loaded_s` seconds; default 20, 8 when
+    quick), whose median gap between steps is `loop_s`."""
     model = getattr(lm, "model", lm)
     grid = samples(model, quick)
     loaded, gaps = loaded_samples(lm, loaded_s if loaded_s is not None else (8.0 if quick else 20.0))
     copy = _tier_copy_s(model)
-    costs = StepCosts.fit(grid + loaded, name=name or "cpu (calibrated)", tier_copy_s_per_page=copy, page_tokens=16,
+    costs = StepCosts.fit(grid, name=name or "cpu (calibrated)", tier_copy_s_per_page=copy, page_tokens=16,
                           loop_s=statistics.median(gaps) if gaps else 0.0,
-                          source="agentrt.sim.calibrate: real EngineCore steps timed on this machine, "
-                                 f"{len(grid)} over a grid of shapes and {len(loaded)} of a multi-agent "
-                                 "workload through the async Engine; loop gap: that workload's median; "
-                                 "tier copy measured by HostTier")
+                          source="agentrt.sim.calibrate: real EngineCore steps timed on this machine "
+                                 f"over a grid of {len(grid)} shapes; checked on {len(loaded)} steps of a "
+                                 "multi-agent workload through the async Engine, whose median gap between "
+                                 "steps is loop_s; tier copy measured by HostTier")
     costs.details.update(grid_rel_err_mean=costs.rel_err(grid), loaded_rel_err_mean=costs.rel_err(loaded),
                          loaded_steps=len(loaded), loop_gaps=len(gaps))
     return costs
