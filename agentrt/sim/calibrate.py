@@ -72,17 +72,17 @@ def samples(model, quick: bool = False) -> list[tuple[list, float]]:
     out: list = []
     contexts = (128, 2048) if quick else (128, 1024, 3072)
     for ctx in (c for c in contexts if c + 64 < ctx_max):  # decode: B sequences, steps after prefill
-        for b in ((1, 4, 8) if quick else (1, 2, 4, 8, 16)):
+        for b in ((1, 2, 4, 8) if quick else (1, 2, 4, 8, 16)):
             for s in range(b):
                 _submit(core, _prompt(s + ctx, ctx, vocab), 6)
             core.step()  # (every prompt's prefill: one step, not kept)
             _steps(core, ex, out)
-    for n in ((64, 512, 2048) if quick else (32, 128, 512, 1024, 2048)):  # prefill of one prompt
+    for n in ((32, 128, 512, 1024) if quick else (32, 128, 512, 1024, 2048)):  # prefill of one prompt
         for _ in range(2):
             _submit(core, _prompt(n, n, vocab), 1)
             _steps(core, ex, out, skip=0)
     sess = core.open_session(core.pool.acquire("session", 0))  # a chunk after a long cached prefix
-    for start, n in ((2048, 256),) if quick else ((1024, 128), (3072, 256)):
+    for start, n in ((1024, 128), (2048, 256)) if quick else ((1024, 128), (3072, 256)):
         p = _prompt(3, start, vocab)
         _submit(core, p, 1, sess)
         _steps(core, ex, [], skip=0)
