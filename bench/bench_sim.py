@@ -9,7 +9,9 @@ machine cannot reach.
    capacity), each scheduling policy run for real (its outputs recorded) and simulated (the
    recorded outputs replayed, so every prompt, and every cache hit, is the real run's); report
    simulated / measured for mean JCT, per-turn latency, TTFT and hit rate, and whether the
-   policies rank the same by mean JCT.
+   policies rank the same by mean JCT: every pair of policies whose real mean JCTs differ by more
+   than the real runs' own spread (repetitions, at least 5%) must be ordered the same by the
+   simulation (`ranking_agrees`; pairs closer than that are ties the measurement cannot order).
 3. Scale: 1,000 agents x 10 turns (groups sharing a 1,000-token system prompt, tools taking
    0.1-1 s) simulated on the published-figure GPU models (bench/costs/*.json; --quick: the H100
    one): the wall time of the simulation itself, and the simulated per-turn latency and hit rate.
@@ -54,6 +56,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--load", type=float, default=1.2, help="arrival rate as a multiple of the measured capacity")
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=2, help="real runs per policy (their spread is the noise)")
     a = ap.parse_args()
     a.dags = (a.dags or ("chain,diamond" if a.quick else "chain,fanout,diamond")).split(",")
     a.policies = (a.policies or ("fcfs,lpm,topas" if a.quick else "fcfs,lpm,srpt,program_fcfs,topas")).split(",")
@@ -68,15 +71,20 @@ def engine_config(sizes: Sizes) -> EngineConfig:
                         max_transient_seqs=128, acquire_timeout=3600.0)
 
 
-def one_policy(lm, fmt, dag, tasks, sizes, cfg, costs) -> dict:
+def one_policy(lm, fmt, dag, tasks, sizes, cfg, costs, reps: int) -> dict:
     book = ScriptBook()
-    real = anyio.run(run_dag, lm, fmt, dag, tasks, sizes, cfg, 600.0, False, None, book)
+    runs = [anyio.run(run_dag, lm, fmt, dag, tasks, sizes, cfg, 600.0, False, None, book if i == 0 else None)
+            for i in range(reps)]
+    real = {k: statistics.fmean(r[k] for r in runs) if all(isinstance(r.get(k), (int, float)) for r in runs)
+            else runs[0].get(k) for k in runs[0]}
+    jcts = [r["mean_jct_s"] for r in runs if r.get("mean_jct_s")]
+    real["spread"] = (max(jcts) - min(jcts)) / statistics.fmean(jcts) if len(jcts) > 1 else 0.0
     model = SimModel(lm.model.cfg, lm.model.kv_dtype)
     t0 = time.perf_counter()
     sim = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg, 600.0, False, SimExecutor(model, costs, book))
     sim["sim_wall_s"] = time.perf_counter() - t0
     keep = ("mean_jct_s", "p99_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s", "prompt_computed", "steps",
-            "preemptions", "wall_s", "sim_wall_s", "error")
+            "preemptions", "wall_s", "sim_wall_s", "error", "spread")
     ratio = {m: sim[m] / real[m] if real.get(m) and sim.get(m) is not None else None for m in METRICS}
     return {"real": {k: real.get(k) for k in keep}, "sim": {k: sim.get(k) for k in keep}, "sim_over_real": ratio}
 
@@ -92,13 +100,32 @@ def validate(a, lm, costs) -> dict:
         tasks = make_tasks(fmt, lm.tokenizer, dag, sizes, a.tasks, rate, 4)
         case = out[name] = {"rate": rate, "policies": {}}
         for p in a.policies:
-            r = case["policies"][p] = one_policy(lm, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), costs)
+            r = case["policies"][p] = one_policy(lm, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), costs,
+                                                 a.reps)
             print(f"{name} {p:13s} real mean JCT {r['real']['mean_jct_s'] or 0:.2f} s  sim {r['sim']['mean_jct_s'] or 0:.2f} s"
                   f"  sim/real " + " ".join(f"{m} {v:.2f}" for m, v in r["sim_over_real"].items() if v), flush=True)
         case["ranking_real"] = _rank(case["policies"], "real")
         case["ranking_sim"] = _rank(case["policies"], "sim")
-        case["ranking_agrees"] = case["ranking_real"] == case["ranking_sim"]
+        case.update(_pairs(case["policies"]))
     return out
+
+
+def _pairs(policies: dict) -> dict:
+    """Pairs of policies the real runs order beyond their noise, and whether the simulation
+    orders each the same way."""
+    tol = max([0.05] + [r["real"]["spread"] or 0.0 for r in policies.values()])
+    resolved, agree = [], []
+    names = sorted(policies)
+    for i, p in enumerate(names):
+        for q in names[i + 1:]:
+            rp, rq = policies[p]["real"]["mean_jct_s"], policies[q]["real"]["mean_jct_s"]
+            sp, sq = policies[p]["sim"]["mean_jct_s"], policies[q]["sim"]["mean_jct_s"]
+            if None in (rp, rq, sp, sq) or abs(rp - rq) <= tol * min(rp, rq):
+                continue
+            resolved.append((p, q))
+            agree.append((rp < rq) == (sp < sq))
+    return {"ranking_tolerance": tol, "ranking_pairs_resolved": resolved, "ranking_pairs_agree": agree,
+            "ranking_agrees": all(agree)}
 
 
 def _rank(policies: dict, side: str) -> list[str]:
@@ -110,7 +137,9 @@ def summary(cases: dict) -> dict:
                   if r["sim_over_real"][m] is not None] for m in METRICS}
     return {f"sim_over_real_{m}_median": statistics.median(v) if v else None for m, v in ratios.items()} | {
         "cases_within_0.85_1.15": {m: sum(0.85 <= x <= 1.15 for x in v) for m, v in ratios.items()},
-        "n_cases": len(ratios["mean_jct_s"]), "ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()}}
+        "n_cases": len(ratios["mean_jct_s"]), "ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()},
+        "ranking_pairs_agreeing": {n: f"{sum(c['ranking_pairs_agree'])}/{len(c['ranking_pairs_resolved'])}"
+                                   for n, c in cases.items()}}
 
 
 def main() -> None:
