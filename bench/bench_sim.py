@@ -12,7 +12,11 @@ machine cannot reach.
    policies rank the same by mean JCT: every pair of policies whose real mean JCTs differ by more
    than the real runs' own spread (repetitions, at least 5%) must be ordered the same by the
    simulation (`ranking_agrees`; pairs closer than that are ties the measurement cannot order).
-3. Scale: 1,000 agents x 10 turns (groups sharing a 1,000-token system prompt, tools taking
+3. bench_agents' memory cases (bench/sim_memory.py; --quick: 8 agents at 60% and 40% pools), each
+   agentrt system (the KV hierarchy, without its tier, prefix cache + LRU) run for real and
+   simulated from the same scripts: simulated / measured per-call latency, TTFT, hit rate, and
+   whether the systems rank the same.
+4. Scale: 1,000 agents x 10 turns (groups sharing a 1,000-token system prompt, tools taking
    0.1-1 s) simulated on the published-figure GPU models (bench/costs/*.json; --quick: the H100
    one): the wall time of the simulation itself, and the simulated per-turn latency and hit rate.
 Writes bench/results/sim.json.
@@ -33,6 +37,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
+from bench.sim_memory import memory_validation  # noqa: E402
 from bench.sim_scale import scale_run  # noqa: E402
 from bench.workflow_run import run_dag  # noqa: E402
 from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
@@ -142,6 +147,17 @@ def summary(cases: dict) -> dict:
                                    for n, c in cases.items()}}
 
 
+def memory_summary(cases: dict) -> dict:
+    ratios = {m: [s["sim_over_real"][m] for c in cases.values() for s in c["systems"].values()
+                  if s["sim_over_real"][m] is not None] for m in ("latency_s", "ttft_s", "hit_rate")}
+    return {f"memory_sim_over_real_{m}_median": statistics.median(v) if v else None for m, v in ratios.items()} | {
+        "memory_cases_within_0.85_1.15": {m: sum(0.85 <= x <= 1.15 for x in v) for m, v in ratios.items()},
+        "memory_n_cases": len(ratios["latency_s"]),
+        "memory_ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()},
+        "memory_ranking_pairs_agreeing": {n: f"{sum(c['ranking_pairs_agree'])}/{len(c['ranking_pairs_resolved'])}"
+                                          for n, c in cases.items()}}
+
+
 def main() -> None:
     a = parse()
     res: dict = {"machine": machine(), "quick": a.quick}
@@ -155,6 +171,9 @@ def main() -> None:
     res["cost_models"] = {"cpu": costs.__dict__, **{k: v.__dict__ for k, v in gpus.items()}}
     res["cases"] = validate(a, lm, costs)
     res.update(summary(res["cases"]))
+    base = EngineConfig(response_cache_size=0, max_session_seqs=32, max_transient_seqs=32)  # (bench_agents')
+    res["memory_cases"] = memory_validation(lm, ChatFormat(lm.tokenizer), costs, base, a.quick)
+    res.update(memory_summary(res["memory_cases"]))
     rows = [[f"{n}/{p}", *(r["sim_over_real"][m] or "-" for m in METRICS), r["sim"]["sim_wall_s"]]
             for n, c in res["cases"].items() for p, r in c["policies"].items()]
     print_table("simulated / measured (CPU cost model)", ["case", *METRICS, "sim wall s"], rows)

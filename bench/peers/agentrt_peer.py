@@ -20,9 +20,9 @@ scripted token, through the engine's own constrained-decoding path.
 from __future__ import annotations
 
 import dataclasses
-import time
 from contextlib import aclosing
 
+import anyio
 import torch
 
 from agentrt import Engine, EngineConfig, SamplingParams
@@ -104,7 +104,7 @@ def engine_counters(eng: Engine) -> dict:
 
 async def forced_call(eng: Engine, c: ModelCall, session=None) -> CallRecord:
     """Submit one scripted call and force-decode its output; its record."""
-    t0 = time.perf_counter()
+    t0 = anyio.current_time()  # (the event loop's clock: virtual in a simulated run)
     first, toks, usage = None, [], None
     params = SamplingParams(max_tokens=len(c.output))
     stream = eng.generate(c.prompt, params, session=session, tag=f"agent{c.agent}",
@@ -112,10 +112,10 @@ async def forced_call(eng: Engine, c: ModelCall, session=None) -> CallRecord:
     async with aclosing(stream) as events:
         async for ev in events:
             if ev.token_ids and first is None:
-                first = time.perf_counter()
+                first = anyio.current_time()
             toks.extend(ev.token_ids)
             usage = ev.usage or usage
-    end = time.perf_counter()
+    end = anyio.current_time()
     return CallRecord(c.agent, c.turn, (first or end) - t0, end - t0, len(c.prompt),
                       usage.computed_prompt_tokens if usage else len(c.prompt), len(toks),
                       toks == c.output)
@@ -151,7 +151,8 @@ class AgentrtSystem:
         async with Engine(self.lm, self.config.replace(kv_cache_tokens=4096)) as eng:
             await eng.complete(list(range(100, 164)), SamplingParams(max_tokens=4, ignore_eos=True))
 
-    async def run(self, scripts, arrival: str) -> RunResult:
+    async def run(self, scripts, arrival: str, executor=None) -> RunResult:
+        """`executor`: a simulated one (agentrt.sim; run under agentrt.sim.run) instead of the model."""
         # full: the engine's default (agent-aware) eviction; prefix_lru: LRU, as vLLM/SGLang
         policy = LRUPolicy() if self.name == "agentrt_prefix_lru" else None
         last = {s[-1].agent: s[-1].turn for s in scripts if s}
@@ -159,7 +160,7 @@ class AgentrtSystem:
         # user message waits on no tool: no hint); hand-built ones without names hint "tool"
         named = any(c.tools for s in scripts for c in s)
         hints = 0
-        async with Engine(self.lm, self.config, policy=policy) as eng:
+        async with Engine(self.lm, self.config, policy=policy, executor=executor) as eng:
             sess = {}
             if self.sessions:
                 for s in scripts:
