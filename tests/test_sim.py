@@ -115,3 +115,23 @@ def test_bad_cost_models_are_refused(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read a cost model"):
         StepCosts.load(tmp_path / "x.json")
+
+
+def test_step_observers_see_every_step_and_one_that_raises_is_only_logged():
+    """EngineCore.step_observers (what calibration times): each gets (chunks, seconds) once per
+    step that ran the model; an observer that raises does not fail the step or the request."""
+    from agentrt.engine.core import EngineCore
+
+    core = EngineCore(tiny_native("llama"), CFG)
+    seen: list = []
+    core.step_observers += [lambda ch, dt: seen.append((sum(len(c.tokens) for c in ch), dt)),
+                            lambda ch, dt: 1 / 0]
+    events: list = []
+    core.add_request(list(range(5, 45)), SamplingParams(max_tokens=4, ignore_eos=True), events.append,
+                     seq_id=core.pool.acquire("transient", 0))
+    steps = 0
+    while core.has_work():
+        steps += core.step() > 0
+    assert len(seen) == steps and sum(n for n, _ in seen) == 40 + 3 and all(dt > 0 for _, dt in seen)
+    assert events[-1].finish_reason == "length" and events[-1].error is None
+    core.check_invariants()

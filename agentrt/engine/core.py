@@ -213,7 +213,10 @@ class EngineCore:
         self.costs.observe(dt, prefill)
         self.counters.step_seconds += dt
         for observe in self.step_observers:
-            observe(chunks, dt)
+            try:
+                observe(chunks, dt)
+            except Exception as e:  # an observer's fault is not the step's
+                log.warning("step observer failed", observer=repr(observe), error=repr(e))
         if not prefill and self.cfg.enable_prefetch:  # a decode-only step: slack for a few copies
             self.hierarchy.prefetch(PREFETCH_PAGES_PER_STEP)
         self.counters.steps += 1
