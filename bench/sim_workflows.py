@@ -17,6 +17,7 @@ Reported per DAG: mean and p99 JCT per policy, and TOPAS's reduction against the
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,16 +49,34 @@ def engine_config(sizes: Sizes, stages: int) -> EngineConfig:
                         max_transient_seqs=512, acquire_timeout=1e6)
 
 
-def one_dag(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, load: float) -> dict:
+def one_dag(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, load: float,
+            policies: tuple[str, ...] = POLICIES, reps: int = 1) -> dict:
+    """Every policy on `reps` task sets (paired: repetition k gives every policy the same tasks);
+    per policy the mean over repetitions, and TOPAS's reduction per repetition with its spread."""
+    runs = [one_set(name, costs, fmt, tok, sizes, n_tasks, load, policies, 7 + k) for k in range(reps)]
+    out: dict = {"reps": runs, "policies": {}}
+    for p in policies:
+        vals = [r["policies"][p] for r in runs]
+        out["policies"][p] = {k: statistics.fmean(v[k] for v in vals) for k in ("mean_jct_s", "p99_jct_s", "hit_rate")}
+    out.update(reductions(out["policies"]))
+    per = [r.get("mean_jct_reduction_vs_best_baseline") for r in runs]
+    per = [x for x in per if x is not None]
+    out["mean_jct_reduction_per_rep"] = per
+    out["mean_jct_reduction_spread"] = max(per) - min(per) if len(per) > 1 else 0.0
+    return out
+
+
+def one_set(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, load: float,
+            policies: tuple[str, ...], seed: int) -> dict:
     model = SimModel(ModelConfig(**{**costs.details["model"], "rope_freq_factors": None}))
     dag = make_dag(fmt, tok, name, sizes)
     cfg = engine_config(sizes, len(dag.preds))
     cal = make_tasks(fmt, tok, dag, sizes, 2, 1.0, 1000)
     alone = sim_run(run_dag, model, fmt, dag, cal, sizes, cfg, 1e6, True, SimExecutor(model, costs))
     rate = load * 2 / alone["busy_s"]
-    tasks = make_tasks(fmt, tok, dag, sizes, n_tasks, rate, 7)
+    tasks = make_tasks(fmt, tok, dag, sizes, n_tasks, rate, seed)
     out: dict = {"rate_tasks_per_s": rate, "kv_cache_tokens": cfg.kv_cache_tokens, "policies": {}}
-    for p in POLICIES:
+    for p in policies:
         t0 = time.perf_counter()
         r = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), 1e6, False,
                     SimExecutor(model, costs))
@@ -77,6 +96,8 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=3000, help="tokens of each stage's static prefix")
     ap.add_argument("--load", type=float, default=4.0,
                     help="arrival rate as a multiple of one-at-a-time capacity (a GPU batches: 1.2 leaves it idle)")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--reps", type=int, default=None, help="task sets per DAG (--quick 2; full 3)")
     ap.add_argument("--costs", default=None, help="comma-separated cost models (default: bench/costs/gpu_*.json)")
     a = ap.parse_args()
     paths = [Path(p) for p in a.costs.split(",")] if a.costs else sorted(COSTS.glob("gpu_*.json"))
@@ -89,16 +110,18 @@ def main() -> None:
     for path in paths:
         costs = StepCosts.load(path)
         res["models"][path.stem] = {"cost_model": costs.name, "dags": {
-            d: one_dag(d, costs, fmt, tok, sizes, n, a.load) for d in DAGS}}
+            d: one_dag(d, costs, fmt, tok, sizes, n, a.load, tuple(a.policies.split(",")), a.reps or (2 if a.quick else 3))
+            for d in DAGS}}
     first = res["models"][paths[0].stem]["dags"]
     res["mean_jct_reduction_vs_best_baseline_sim_gpu"] = {d: r["mean_jct_reduction_vs_best_baseline"]
                                                           for d, r in first.items()}
     res["p99_jct_reduction_vs_best_baseline_sim_gpu"] = {d: r["p99_jct_reduction_vs_best_baseline"]
                                                          for d, r in first.items()}
-    rows = [[m, d, r["mean_best_baseline"], r["mean_jct_reduction_vs_best_baseline"],
+    res["mean_jct_reduction_spread_sim_gpu"] = {d: r["mean_jct_reduction_spread"] for d, r in first.items()}
+    rows = [[m, d, r["mean_best_baseline"], r["mean_jct_reduction_vs_best_baseline"], r["mean_jct_reduction_spread"],
              r["p99_jct_reduction_vs_best_baseline"]] for m, v in res["models"].items() for d, r in v["dags"].items()]
     print_table("TOPAS vs the best baseline, simulated", ["cost model", "dag", "best baseline", "mean JCT red.",
-                                                          "p99 JCT red."], rows)
+                                                          "spread", "p99 JCT red."], rows)
     print("wrote", write_results("sim_workflows", res))
 
 

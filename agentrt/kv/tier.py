@@ -117,12 +117,19 @@ class HostTier:
 class CostModel:
     """Seconds per recomputed prompt token, learned from the step loop's prefill-heavy steps
     (an EMA; the prior is deliberately cheap, so until the first measurement a copy must beat a
-    fast recompute to be chosen)."""
+    fast recompute to be chosen); and seconds of a decode-only step (`decode_step_s`, an EMA
+    too; 0 until one is seen), what each token of a batch of decoders costs them all."""
 
     def __init__(self, prior_s_per_token: float = 5e-5, alpha: float = 0.2):
         self.s_per_token, self.alpha, self.samples = prior_s_per_token, alpha, 0
+        self.decode_step_s = 0.0
 
     def observe(self, seconds: float, tokens: int) -> None:
+        """A step of `seconds` that fed `tokens` prefill tokens (0: decodes only)."""
+        if tokens == 0:
+            d = self.decode_step_s
+            self.decode_step_s = seconds if d == 0.0 else (1 - self.alpha) * d + self.alpha * seconds
+            return
         if tokens < 32:  # decode-dominated steps say little about prefill cost
             return
         x = seconds / tokens

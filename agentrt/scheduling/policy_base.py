@@ -22,6 +22,7 @@ class Ready:
     cost: float  # expected seconds of this request's own service
     successors: tuple[str, ...] = ()  # stages its task may go to after this stage
     work: int = 0  # tokens it still has to compute past what is resident and its agent's prefix
+    new_tokens: int = 0  # ... of which it may still generate (decode steps)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class SchedulingView:
     now: float
     upcoming: dict[str, float] = field(default_factory=dict)  # agent -> expected requests soon from
     # tasks between requests (a tool running, or the next stage about to start): scheduling/tasks.py
+    decode_step_s: float = 0.0  # a decode-only step's seconds, learned (0: not known yet)
 
 
 @dataclass(frozen=True)

@@ -152,8 +152,9 @@ class Scheduler:
         prefix_len = {a: self.tasks.prefix_len(a) for a in stages}
         resident = {a: self._resident_prefix(a) for a in stages}
         budget = int(self.cfg.high_water * self.cfg.num_pages) * self.cfg.page_size
-        reload_s = self.kv.costs.recompute_s(1)
-        return SchedulingView(ready, running, prefix_len, resident, budget, reload_s, now, upcoming)
+        costs = self.kv.costs
+        return SchedulingView(ready, running, prefix_len, resident, budget, costs.recompute_s(1), now, upcoming,
+                              costs.decode_step_s)
 
     def _ready(self, r: Request, running: bool) -> Ready:
         tasks, tgt = self.tasks, r.target
@@ -169,7 +170,8 @@ class Scheduler:
         cells = max(0, held - plen) + (sizing.projected_cells(r) if running else new)
         work = r.remaining + new if running else len(tgt) - max(resident, min(plen, len(tgt))) + new
         return Ready(r, r.tag, r.task, r.submitted_s, tasks.arrival(r.task, r.submitted_s), resident, cells,
-                     tasks.remaining(r.task, r.tag), tasks.cost(r.tag), tasks.successors(r.task, r.tag), work)
+                     tasks.remaining(r.task, r.tag), tasks.cost(r.tag), tasks.successors(r.task, r.tag), work,
+                     max(0, new))
 
     def _resident_prefix(self, stage: str) -> int:
         tokens, salt = self.tasks.prefix_of(stage)

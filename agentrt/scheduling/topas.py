@@ -130,11 +130,21 @@ class _Context:
                 room -= r.cells
         if not admitted:
             return _State(agents, admitted, 0.0)
-        work = sum(r.work for r in admitted) * v.reload_s_per_token
+        work = self.batch_s(admitted)
         moves = sum(self.reload(a) for a in agents if a not in self.resident)
         evictions = self._evictions(agents, room)
         gain = sum(self.weight(r) * r.cost for r in admitted)
         return _State(agents, admitted, gain / max(moves + work + evictions, EPS))
+
+    def batch_s(self, admitted: list) -> float:
+        """Engine seconds to serve `admitted` together: their prompt tokens at the prefill rate,
+        plus, once a decode step's time is known, the longest generation's steps, which the
+        batch's decoders share (until then every token at the prefill rate)."""
+        v = self.view
+        if v.decode_step_s <= 0.0:
+            return sum(r.work for r in admitted) * v.reload_s_per_token
+        prefill = sum(r.work - r.new_tokens for r in admitted) * v.reload_s_per_token
+        return prefill + max(r.new_tokens for r in admitted) * v.decode_step_s
 
     def _evictions(self, agents: frozenset, room: int) -> float:
         """Reload time owed to resident prefixes outside `agents` that must go to make `room`
