@@ -72,6 +72,17 @@ def test_topas_batches_the_resident_prefix_instead_of_thrashing():
     assert make_scheduling_policy("srpt").decide(view(rs, resident={"A": PREFIX})).order[0] == "b1"
 
 
+def test_topas_fills_a_chosen_agent_by_resident_match_first():
+    """Inside the agent set it chose, TOPAS admits the longest resident match first (LPM's
+    locality), even before a heavier request (a task nearer its end) with nothing resident, when
+    the budget holds only some of them: filling by weight mixed stages and lost the cache hits."""
+    cold = ready("a_cold", "A", remaining=0.1, resident=0)  # the highest weight, nothing resident
+    warm = [ready(f"a_warm{i}", "A", remaining=0.9, resident=PREFIX + 50 * i) for i in range(3)]
+    d = Topas().decide(view([cold, *warm], resident={"A": PREFIX}, budget=PREFIX + 300))
+    assert d.order[:3] == ["a_warm2", "a_warm1", "a_warm0"]
+    assert "a_cold" not in d.order  # (no room left for it this round)
+
+
 def test_topas_moves_to_the_downstream_stage_when_it_pays():
     """Locality-first (LPM) would stay at the entry stage A; with six old tasks waiting at their
     last stage C, TOPAS moves the budget to C's prefix."""

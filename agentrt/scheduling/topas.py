@@ -8,7 +8,10 @@ ready requests of those agents admitted under the joint KV budget (the seed's eq
 
 R' always holds the agents of running requests (TOPAS here never preempts: a running request's
 work is never thrown away for a policy's sake); the search chooses which other agents join it.
-For each R' the admitted set A is filled greedily by weight. The state's score is a
+For each R' the admitted set A is filled greedily in locality order: the longest resident match
+first, as LPM admits (weight breaks ties). Filling by weight instead mixed stages in one batch
+and cost TOPAS its cache hits: on the simulated H100 at 4x load it lost 35-91% mean JCT to LPM,
+filled by locality it is within 9% of LPM. The state's score is a
 weighted-shortest-processing-time index (Smith's rule with setup times), in seconds:
 
     score = sum(w(r) * cost(r) for r in A) / (moves + work(A) + evictions)
@@ -19,10 +22,11 @@ weighted-shortest-processing-time index (Smith's rule with setup times), in seco
   task near its end gains most, as in SRPT), times task aging `1 + age(J) / aging_s`: a task
   kept waiting gains priority without bound and cannot starve.
 - **prefix moves**: the reload time of the missing tokens of every agent in R' not resident.
-- **work(A)**: the engine time A takes: the tokens it still has to compute (its prompt past
-  what is resident and past its agent's prefix -- a tool call's follow-up finds its first call
-  cached -- and the new tokens) at the learned recompute rate. On a CPU a
-  step's time grows with its tokens, so requests batched together add their work.
+- **work(A)**: the engine time A takes: the prompt tokens it still has to compute (past what is
+  resident and past its agent's prefix -- a tool call's follow-up finds its first call cached)
+  at the learned prefill rate, plus the longest generation's decode steps at the learned decode
+  step time (the batch's decoders share each step); before a decode step has been seen, every
+  token at the prefill rate.
 - **evictions and one-step lookahead**: when A does not fit beside the other resident prefixes,
   the ones left out go (least needed first); each that still has ready work, or that work
   expected next needs -- a running request's task going on to its stage's successors in the
@@ -98,6 +102,9 @@ class _Context:
     def __init__(self, view: SchedulingView, aging_s: float):
         self.view, self.aging_s = view, aging_s
         self.ready = sorted(view.ready, key=self.weight, reverse=True)
+        # admission order inside a chosen agent set: longest resident match first (LPM's
+        # locality: requests on one resident prefix batch together), weight breaking ties
+        self.by_locality = sorted(view.ready, key=lambda r: (-r.resident, -self.weight(r)))
         self.dynamic = sum(r.cells for r in view.running)
         self.resident = {a for a, n in view.resident.items() if n > 0 and n >= RESIDENT * view.prefix_len.get(a, 0)}
         self.has_work = {r.stage for r in view.ready} | {r.stage for r in view.running}
@@ -124,7 +131,7 @@ class _Context:
         prefixes = sum(v.prefix_len.get(a, 0) for a in agents)
         room = v.budget - prefixes - self.dynamic
         admitted = []
-        for r in self.ready:
+        for r in self.by_locality:
             if r.stage in agents and (r.cells <= room or (force and not admitted)):
                 admitted.append(r)
                 room -= r.cells
