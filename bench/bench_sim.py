@@ -37,7 +37,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
-from bench.sim_memory import memory_validation  # noqa: E402
+from bench.sim_compare import ranking, summary  # noqa: E402
+from bench.sim_memory import METRICS as MEMORY_METRICS, memory_validation  # noqa: E402
 from bench.sim_scale import scale_run  # noqa: E402
 from bench.workflow_run import run_dag  # noqa: E402
 from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
@@ -109,53 +110,9 @@ def validate(a, lm, costs) -> dict:
                                                  a.reps)
             print(f"{name} {p:13s} real mean JCT {r['real']['mean_jct_s'] or 0:.2f} s  sim {r['sim']['mean_jct_s'] or 0:.2f} s"
                   f"  sim/real " + " ".join(f"{m} {v:.2f}" for m, v in r["sim_over_real"].items() if v), flush=True)
-        case["ranking_real"] = _rank(case["policies"], "real")
-        case["ranking_sim"] = _rank(case["policies"], "sim")
-        case.update(_pairs(case["policies"]))
+        tol = max([0.05] + [r["real"]["spread"] or 0.0 for r in case["policies"].values()])
+        case.update(ranking(case["policies"], "mean_jct_s", tol))
     return out
-
-
-def _pairs(policies: dict) -> dict:
-    """Pairs of policies the real runs order beyond their noise, and whether the simulation
-    orders each the same way."""
-    tol = max([0.05] + [r["real"]["spread"] or 0.0 for r in policies.values()])
-    resolved, agree = [], []
-    names = sorted(policies)
-    for i, p in enumerate(names):
-        for q in names[i + 1:]:
-            rp, rq = policies[p]["real"]["mean_jct_s"], policies[q]["real"]["mean_jct_s"]
-            sp, sq = policies[p]["sim"]["mean_jct_s"], policies[q]["sim"]["mean_jct_s"]
-            if None in (rp, rq, sp, sq) or abs(rp - rq) <= tol * min(rp, rq):
-                continue
-            resolved.append((p, q))
-            agree.append((rp < rq) == (sp < sq))
-    return {"ranking_tolerance": tol, "ranking_pairs_resolved": resolved, "ranking_pairs_agree": agree,
-            "ranking_agrees": all(agree)}
-
-
-def _rank(policies: dict, side: str) -> list[str]:
-    return sorted(policies, key=lambda p: policies[p][side]["mean_jct_s"] or float("inf"))
-
-
-def summary(cases: dict) -> dict:
-    ratios = {m: [r["sim_over_real"][m] for c in cases.values() for r in c["policies"].values()
-                  if r["sim_over_real"][m] is not None] for m in METRICS}
-    return {f"sim_over_real_{m}_median": statistics.median(v) if v else None for m, v in ratios.items()} | {
-        "cases_within_0.85_1.15": {m: sum(0.85 <= x <= 1.15 for x in v) for m, v in ratios.items()},
-        "n_cases": len(ratios["mean_jct_s"]), "ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()},
-        "ranking_pairs_agreeing": {n: f"{sum(c['ranking_pairs_agree'])}/{len(c['ranking_pairs_resolved'])}"
-                                   for n, c in cases.items()}}
-
-
-def memory_summary(cases: dict) -> dict:
-    ratios = {m: [s["sim_over_real"][m] for c in cases.values() for s in c["systems"].values()
-                  if s["sim_over_real"][m] is not None] for m in ("latency_s", "ttft_s", "hit_rate")}
-    return {f"memory_sim_over_real_{m}_median": statistics.median(v) if v else None for m, v in ratios.items()} | {
-        "memory_cases_within_0.85_1.15": {m: sum(0.85 <= x <= 1.15 for x in v) for m, v in ratios.items()},
-        "memory_n_cases": len(ratios["latency_s"]),
-        "memory_ranking_agrees": {n: c["ranking_agrees"] for n, c in cases.items()},
-        "memory_ranking_pairs_agreeing": {n: f"{sum(c['ranking_pairs_agree'])}/{len(c['ranking_pairs_resolved'])}"
-                                          for n, c in cases.items()}}
 
 
 def main() -> None:
@@ -170,10 +127,10 @@ def main() -> None:
     gpus = {p.stem: StepCosts.load(p) for p in sorted(COSTS.glob("gpu_*.json"))}
     res["cost_models"] = {"cpu": costs.__dict__, **{k: v.__dict__ for k, v in gpus.items()}}
     res["cases"] = validate(a, lm, costs)
-    res.update(summary(res["cases"]))
+    res.update(summary(res["cases"], "policies", METRICS))
     base = EngineConfig(response_cache_size=0, max_session_seqs=32, max_transient_seqs=32)  # (bench_agents')
     res["memory_cases"] = memory_validation(lm, ChatFormat(lm.tokenizer), costs, base, a.quick)
-    res.update(memory_summary(res["memory_cases"]))
+    res.update(summary(res["memory_cases"], "systems", MEMORY_METRICS, prefix="memory_"))
     rows = [[f"{n}/{p}", *(r["sim_over_real"][m] or "-" for m in METRICS), r["sim"]["sim_wall_s"]]
             for n, c in res["cases"].items() for p, r in c["policies"].items()]
     print_table("simulated / measured (CPU cost model)", ["case", *METRICS, "sim wall s"], rows)

@@ -17,6 +17,7 @@ import anyio
 from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts
 from agentrt.sim import run as sim_run
 from bench.agents_cases import kv_tokens
+from bench.sim_compare import ranking
 from bench.memory_cases import MEM_SYSTEMS, memory_cases
 from bench.peers.agentrt_peer import AgentrtSystem
 
@@ -51,23 +52,8 @@ def one_case(case, lm, base, costs: StepCosts) -> dict:
         out["systems"][name] = {"real": real, "sim": sim, "sim_over_real": ratio}
         print(f"{case.key} {name:20s} real {real['latency_s']:.2f} s/call  sim {sim['latency_s']:.2f}  "
               + " ".join(f"{m} {v:.2f}" for m, v in ratio.items() if v), flush=True)
-    out.update(_ranking(out["systems"]))
+    out.update(ranking(out["systems"], "latency_s"))
     return out
-
-
-def _ranking(systems: dict, tol: float = 0.05) -> dict:
-    names = sorted(systems)
-    resolved, agree = [], []
-    for i, p in enumerate(names):
-        for q in names[i + 1:]:
-            rp, rq = systems[p]["real"]["latency_s"], systems[q]["real"]["latency_s"]
-            if abs(rp - rq) <= tol * min(rp, rq):
-                continue
-            resolved.append((p, q))
-            agree.append((rp < rq) == (systems[p]["sim"]["latency_s"] < systems[q]["sim"]["latency_s"]))
-    return {"ranking_real": sorted(names, key=lambda n: systems[n]["real"]["latency_s"]),
-            "ranking_sim": sorted(names, key=lambda n: systems[n]["sim"]["latency_s"]),
-            "ranking_pairs_resolved": resolved, "ranking_pairs_agree": agree, "ranking_agrees": all(agree)}
 
 
 def memory_validation(lm, fmt, costs: StepCosts, base, quick: bool) -> dict:

@@ -17,7 +17,6 @@ Reported per DAG: mean and p99 JCT per policy, and TOPAS's reduction against the
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, print_table, write_results  # noqa: E402
-from bench.workflow_run import reductions, run_dag  # noqa: E402
+from bench.workflow_run import combine_reps, reductions, run_dag  # noqa: E402
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat import ChatFormat  # noqa: E402
@@ -52,14 +51,12 @@ def engine_config(sizes: Sizes, stages: int) -> EngineConfig:
 def one_dag(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, load: float,
             policies: tuple[str, ...] = POLICIES, reps: int = 1) -> dict:
     """Every policy on `reps` task sets (paired: repetition k gives every policy the same tasks);
-    per policy the mean over repetitions, and TOPAS's reduction per repetition with its spread."""
+    per policy the median over repetitions (workflow_run.combine_reps, every repetition kept), and
+    TOPAS's reduction per repetition with its spread."""
     runs = [one_set(name, costs, fmt, tok, sizes, n_tasks, load, policies, 7 + k) for k in range(reps)]
-    out: dict = {"reps": runs, "policies": {}}
-    for p in policies:
-        vals = [r["policies"][p] for r in runs]
-        out["policies"][p] = {k: statistics.fmean(v[k] for v in vals) for k in ("mean_jct_s", "p99_jct_s", "hit_rate")}
+    out: dict = {"policies": {p: combine_reps([r["policies"][p] for r in runs]) for p in policies}}
     out.update(reductions(out["policies"]))
-    per = [r.get("mean_jct_reduction_vs_best_baseline") for r in runs]
+    per = [one.get("mean_jct_reduction_vs_best_baseline") for one in runs]
     per = [x for x in per if x is not None]
     out["mean_jct_reduction_per_rep"] = per
     out["mean_jct_reduction_spread"] = max(per) - min(per) if len(per) > 1 else 0.0

@@ -98,7 +98,7 @@ class EngineStats:
             promoted_pages=c.promoted_pages, prefetched_pages=c.prefetched_pages,
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
             ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen),
-            scheduling_policy=scheduler.policy_name, decisions=len(times),
+            scheduling_policy=scheduler.cfg.scheduling_policy, decisions=len(times),
             decision_us_p50=_quantile(times, 0.5), decision_us_p99=_quantile(times, 0.99),
             tasks=tasks)
 

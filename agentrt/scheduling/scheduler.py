@@ -65,7 +65,6 @@ class Scheduler:
         self.tasks, self.policy, self.ticks = tasks, policy, ticks
         self.context, self.clock = context, clock
         self._on_request = getattr(kv.policy, "on_request", None)
-        self.policy_name = cfg.scheduling_policy
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)
 
