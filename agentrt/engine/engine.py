@@ -251,13 +251,15 @@ class Engine:
             # known there even when this consumer is cancelled before it was created
             self._steps.submit_cleanup(lambda: "req" in box and self.core.cancel(box["req"].rid))
 
-    async def complete(self, prompt: list[int], params: SamplingParams | None = None,
-                       **kw) -> Completion:
+    async def complete(self, prompt: list[int], params: SamplingParams | None = None, *,
+                       session: Session | None = None, cache_salt: str | None = None, tag: str | None = None,
+                       constraint=None, timeout: float | None = None, task: str | None = None,
+                       workflow: str | None = None) -> Completion:
+        """generate() to the end, as one Completion. The step thread gathers the tokens and hands
+        them over once (no wake-up of the caller per step)."""
         toks: list[int] = []
-        args = {k: kw.pop(k, None) for k in ("session", "cache_salt", "tag", "constraint", "timeout", "task",
-                                             "workflow")}
-        if kw:
-            raise ConfigError(f"complete() got unexpected arguments {sorted(kw)}; it takes generate()'s")
+        args = dict(session=session, cache_salt=cache_salt, tag=tag, constraint=constraint, timeout=timeout,
+                    task=task, workflow=workflow)
         async with aclosing(self._events(prompt, params, True, **args)) as stream:
             async for ev in stream:
                 toks.extend(ev.token_ids)
