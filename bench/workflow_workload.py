@@ -4,7 +4,7 @@ Three DAGs: `chain` A->B->C, `fanout` A->{B1,B2,B3}->D (the B stages run concurr
 `diamond` A->{B,C}->D. Every stage is an agent with its own long static prefix (system prompt +
 tool schemas, ~`prefix_tokens`); a stage makes 1-2 tool-calling model calls: the first prompt is
 the prefix + a task-specific user message (50-120 tokens), the second extends the first with its
-output and a tool result (30-60 tokens); a simulated tool (sleep 0.1-0.3 s) runs after each call.
+output and a tool result (30-60 tokens); a simulated tool (sleep 0.1-0.3 s, or heavy-tailed: `Sizes.tool_dist`) runs after each call.
 Outputs are forced to `out_tokens` (ignore_eos), so every policy does the same work. Tasks
 arrive as a Poisson process. Seeded: the same tasks, token ids and arrival times for every policy.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from agentrt import Workflow
 from bench.workloads.agentic import text_of_tokens, tool_schemas
+from bench.workloads.latency import LatencyDist, tool_scale
 
 DAG_EDGES = {
     "chain": [("A", "B"), ("B", "C")],
@@ -35,6 +36,14 @@ class Sizes:
     out_tokens: int = 16  # forced output per call
     calls: tuple[int, int] = (1, 2)  # model calls per stage, uniform in [lo, hi]
     tool_s: tuple[float, float] = (0.1, 0.3)  # simulated tool latency, uniform
+    # a heavy-tailed alternative: a bench/workloads/latency.py spec ("lognormal:MEDIAN:SIGMA"),
+    # scaled per stage (each stage's tools have their own typical time); "" = uniform tool_s
+    tool_dist: str = ""
+
+    def tool_latency(self, rng: random.Random, stage: str) -> float:
+        if not self.tool_dist:
+            return rng.uniform(*self.tool_s)
+        return LatencyDist.parse(self.tool_dist).draw(rng, tool_scale(stage))
 
 
 @dataclass
@@ -109,12 +118,12 @@ def make_tasks(fmt, tok, dag: Dag, sizes: Sizes, n: int, rate: float, seed: int)
         for s in dag.workflow.stages:
             rng = random.Random(_seed("task", dag.name, seed, i, s))
             user = {"role": "user", "content": f"Task {i}: " + text_of_tokens(tok, rng.randrange(*sizes.user_tokens), rng)}
-            calls = [Call(fmt.encode_delta(sys_msg, [user]), rng.uniform(*sizes.tool_s))]
+            calls = [Call(fmt.encode_delta(sys_msg, [user]), sizes.tool_latency(rng, s))]
             prev = sys_msg + [user, {"role": "assistant", "content": "ok"}]
             for k in range(1, rng.randint(*sizes.calls)):
                 body = text_of_tokens(tok, rng.randrange(*sizes.result_tokens), rng)
                 msg = {"role": "tool", "content": json.dumps({"result": body}), "tool_call_id": f"call_{k}"}
-                calls.append(Call(fmt.encode_delta(prev, [msg]), rng.uniform(*sizes.tool_s)))
+                calls.append(Call(fmt.encode_delta(prev, [msg]), sizes.tool_latency(rng, s)))
                 prev = prev + [msg, {"role": "assistant", "content": "ok"}]
             stages[s] = StagePlan(s, calls)
         tasks.append(TaskPlan(f"{dag.name}-{seed}-{i}", t, stages))

@@ -304,3 +304,50 @@ def test_expect_tools_validates_its_argument_and_returns_the_ttl():
                 assert eng.stats().ttl_pins == (ttl > 0)
 
     anyio.run(main)
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_return_prefetch_brings_a_cut_session_back_before_its_tool_returns():
+    """A session waiting on a tool is cut under pressure (its pin expired) and demoted to the
+    tier. Before the tool can return nothing moves (idle() names the wait); once it is due its
+    history comes back, the next turn finds it held (counted as used, the copy saved) and the
+    output equals the oracle."""
+    model, clock = tiny_model("qwen2"), _Clock()
+    cfg = EngineConfig(kv_cache_tokens=16 * 16, page_size=16, response_cache_size=0, enable_speculation=False,
+                       debug_invariants=True, kv_tier_bytes=1 << 30)
+    core = EngineCore(model, cfg, policy=LRUPolicy(), clock=clock)
+    rng, sp = random.Random(3), SamplingParams(max_tokens=4)
+    a = core.open_session(core.pool.acquire("session", 0), tag="a")
+    hist = [rng.randrange(V) for _ in range(120)]
+    r = submit(core, hist, sp, session=a)
+    drain(core)
+    hist += r.output
+    core.retention.durations.prior_s = 10.0  # no observation yet: due after half the prior
+    core.expect_tools(a, ("search",))
+    a.pin_until = a.tools_at  # (expired at once: pressure may cut it)
+    submit(core, [rng.randrange(V) for _ in range(180)], sp)
+    drain(core)
+    held = len(a.seq.tokens)
+    assert held < len(hist) - 16 and core.stats().demoted_pages > 0
+    clock.t = 1.0
+    wait = core.idle()
+    assert wait is not None and 3.0 < wait <= 4.0 and len(a.seq.tokens) == held
+    clock.t += wait
+    assert core.idle() is None  # prefetched (tried once per wait)
+    st = core.stats()
+    assert st.prefetched_pages > 0 and len(a.seq.tokens) > held
+    clock.t = 6.0
+    hist += [rng.randrange(V) for _ in range(8)]
+    r = submit(core, hist, sp, session=a)
+    drain(core)
+    assert r.output == generate(model, hist, sp)
+    st = core.stats()
+    assert st.prefetch_used_pages == st.prefetched_pages and st.prefetch_used_fraction == 1.0
+    assert st.prefetch_saved_s > 0

@@ -127,11 +127,12 @@ class StepThread:
 
     def _serve(self) -> None:
         while True:
+            wake = None
             if not self.core.has_work() and self._inbox.empty():
-                with self.lock:  # idle: time for prefetch before blocking
-                    self.core.idle()
+                with self.lock:  # idle: time for prefetch before blocking (until the next is due)
+                    wake = self.core.idle()
             try:
-                cmd = self._inbox.get(block=not self.core.has_work())
+                cmd = self._inbox.get(block=not self.core.has_work(), timeout=wake)
             except queue.Empty:
                 cmd = _NOTHING
             while cmd is not _NOTHING:

@@ -67,6 +67,10 @@ class EngineSession:
     tools: tuple[str, ...] = ()
     tools_at: float = 0.0
     pin_until: float = 0.0
+    # return prefetch (kv/hierarchy.py::prefetch_returning): pages held before it (-1: none
+    # in this wait) and pages it promoted back
+    prefetch_from: int = -1
+    prefetch_pages: int = 0
 
 
 @dataclass(eq=False)

@@ -25,6 +25,8 @@ class Counters:
     response_cache_hits: int = 0
     promoted_pages: int = 0  # pages copied back from the KV tier (admission and prefetch)
     prefetched_pages: int = 0  # of those, promoted ahead of a request by prefetch
+    prefetch_used_pages: int = 0  # ... and used by a request before they left the pool again
+    prefetch_saved_s: float = 0.0  # the copies those used pages saved the admissions (seconds)
     prompt_promoted: int = 0  # prompt tokens served by pages promoted at their admission
     ttl_pins: int = 0  # sessions pinned while their tools ran
     ttl_hits: int = 0  # ... whose next request came before the pin expired
@@ -62,6 +64,9 @@ class EngineStats:
     dropped_pages: int  # pages that left the pool (or the tier) without a copy kept
     promoted_pages: int
     prefetched_pages: int
+    prefetch_used_pages: int  # prefetched pages a request used before they left the pool
+    prefetch_used_fraction: float  # prefetch_used_pages / prefetched_pages
+    prefetch_saved_s: float  # admission copies the used prefetches saved (seconds, estimated)
     prompt_promoted: int
     ttl_pins: int
     ttl_hits: int
@@ -80,6 +85,7 @@ class EngineStats:
         chosen), `tasks` the tasks remembered."""
         a, radix, tier = kv.alloc, kv.radix, kv.tier
         times = sorted(scheduler.decision_us)
+        used = c.prefetch_used_pages + (radix.prefetch_used_pages if radix else 0)
         return cls(
             waiting=len(queues.waiting), running=len(queues.running), sessions=len(kv.sessions),
             pages_total=a.num_pages, pages_free=a.num_free, pages_cached_only=kv.evictable_pages(),
@@ -96,6 +102,8 @@ class EngineStats:
             tier_pages=tier.used // tier.page_bytes if tier else 0, tier_bytes=tier.used if tier else 0,
             demoted_pages=radix.demoted_pages if radix else 0, dropped_pages=radix.dropped_pages if radix else 0,
             promoted_pages=c.promoted_pages, prefetched_pages=c.prefetched_pages,
+            prefetch_used_pages=used, prefetch_used_fraction=used / c.prefetched_pages if c.prefetched_pages else 0.0,
+            prefetch_saved_s=c.prefetch_saved_s + (radix.prefetch_used_pages * tier.copy_s_per_page if tier else 0.0),
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
             ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen),
             scheduling_policy=scheduler.cfg.scheduling_policy, decisions=len(times),

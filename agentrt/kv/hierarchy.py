@@ -6,10 +6,20 @@ slack, and bringing back a session tail given up under pressure.
   when the copy is cheaper than recomputing their tokens (`HostTier.copy_s_per_page`, measured
   at start, against `CostModel`, learned from the step loop). The path is locked meanwhile, so
   making room never takes the nodes being promoted or their ancestors.
-* **Prefetch** (`Hierarchy.prefetch`): between steps, the demoted pages of the agents the policy predicts
-  next (`AgentAwarePolicy.distances`, closest first) are promoted, into free pages above the
-  high-water reserve and into pages of leaves predicted to be needed later than them -- never
-  at the expense of a running request, so a wrong prediction costs copies, not correctness.
+* **Return prefetch** (`Hierarchy.prefetch_returning`): a session waiting on tools whose KV
+  pressure cut gets its history promoted back in the loop's slack once its tools could return
+  (kv/retention.py::Retention.due_at: the tools' learned early quantile, less a lead), soonest
+  first, at most once per wait, into free pages and unpinned candidates only -- the runtime
+  knows who comes back when, so this is the first prefetch; what it restored and a request
+  then used is counted (`prefetch_used_pages`, `prefetch_saved_s`).
+* **Prefetch** (`Hierarchy.prefetch`): between steps, the demoted pages of the agents predicted
+  next -- the scheduler's hints (a declared or learned workflow's next stages,
+  scheduling/tasks.py::upcoming) at distance 0, then the policy's learned chain
+  (`AgentAwarePolicy.distances`, closest first), the fallback for traffic without those facts
+  -- are promoted, into free pages above the high-water reserve and into pages of leaves
+  predicted to be needed later than them -- never at the expense of a running request, so a
+  wrong prediction costs copies, not correctness. Promoted nodes are marked until a match
+  reaches them (radix.prefetch_used_pages).
 * **Tail restore** (`Hierarchy.restore_tail`): a cut session points its page table at its history again
   (tree pages, promoted from the tier where needed), e.g. before a snapshot.
 All of it runs in the engine's step thread, over the KV room's state (kv/space.py).
@@ -28,9 +38,10 @@ class Hierarchy:
     def __init__(self, kv: KVSpace):
         self.kv = kv
 
-    def promote_prefix(self, tokens: list[int], salt: str | None) -> tuple[int, int]:
+    def promote_prefix(self, tokens: list[int], salt: str | None, pinned: bool = True) -> tuple[int, int]:
         """Promote the demoted continuation of `tokens`' resident match; returns the token range
-        [start, end) now resident again ((0, 0): nothing promoted)."""
+        [start, end) now resident again ((0, 0): nothing promoted). Without `pinned` room comes
+        from unpinned candidates only (a prefetch)."""
         radix = self.kv.radix
         if radix is None or radix.tier is None:
             return 0, 0
@@ -42,9 +53,9 @@ class Hierarchy:
         n_pages = sum(len(x.key) for x in path) // self.kv.cfg.page_size
         if n_pages * radix.tier.copy_s_per_page >= self.kv.costs.recompute_s(end - start):
             return 0, 0
-        return start, self._promote_path(path, n_pages, allow=None, pinned=True) or start
+        return start, self._promote_path(path, n_pages, allow=None, pinned=pinned) or start
 
-    def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False) -> int:
+    def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False, mark: bool = False) -> int:
         """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
         Room comes from the candidates reclaim() may take (pinned ones too for a request being
         admitted: recomputing instead would take them anyway), never from dropping whole sessions."""
@@ -61,19 +72,45 @@ class Hierarchy:
                 if self.kv.alloc.num_free < n or node.host is None or not (parent.resident or parent.parent is None):
                     break  # (room ran out, or making room took an ancestor out of the pool)
                 radix.promote(node, self.kv.alloc.alloc(n))
+                node.prefetched = mark
                 self.kv.counters.promoted_pages += n
                 end = node.start + len(node.key)
         finally:
             radix.unlock(path[-1])
         return end
 
-    def prefetch(self, max_pages: int) -> int:
-        """Promote demoted pages of the agents predicted to run next; returns pages promoted."""
+    def prefetch_returning(self, due: list, max_pages: int) -> int:
+        """Promote back the cut histories of the sessions in `due` (waiting on tools that may
+        return now; soonest first), each at most once per wait; returns pages promoted."""
+        radix, done = self.kv.radix, 0
+        if radix is None or radix.tier is None or not radix.tier.used:
+            return 0
+        for es in due:
+            es.prefetch_from, es.prefetch_pages = len(es.seq.pages), 0  # (tried in this wait)
+            n = sum(len(x.key) for x in radix.host_path(es.history, es.cache_salt)) // self.kv.cfg.page_size
+            if not n or done + n > max_pages or n > self._spare_pages() + self.kv.mem.evictable_pages():
+                continue
+            self.restore_tail(es, pinned=False)
+            got = max(0, len(es.seq.pages) - es.prefetch_from)
+            es.prefetch_pages = got
+            self.kv.counters.prefetched_pages += got
+            done += got
+        return done
+
+    def prefetch(self, max_pages: int, hints=None) -> int:
+        """Promote demoted pages of the agents predicted to run next; returns pages promoted.
+        `hints()`: {tag: static prefix tokens} of the stages the scheduler expects next (its
+        workflow knowledge), first and only their prefixes; then the policy's chain."""
         radix, policy = self.kv.radix, self.kv.policy
         distances = getattr(policy, "distances", None)
-        if radix is None or radix.tier is None or not radix.tier.used or distances is None or max_pages <= 0:
+        if radix is None or radix.tier is None or not radix.tier.used or max_pages <= 0:
             return 0
-        dist = distances()
+        limit = hints() if hints is not None else {}
+        dist = dict.fromkeys(limit, 0)
+        for t, d in (distances() if distances is not None else {}).items():
+            dist.setdefault(t, d)
+        if not dist:
+            return 0
         frontier = _frontier(radix, dist) if dist else {}
         if not frontier:
             return 0
@@ -81,12 +118,16 @@ class Hierarchy:
         leaves = self.kv.mem.candidates(0, None)  # (one scan: what making room could take)
         for tag, d in sorted(dist.items(), key=lambda kv: kv[1]):
             for path in frontier.get(tag, ()):
+                if tag in limit:
+                    path = [x for x in path if x.start < limit[tag]]
+                if not path:
+                    continue
                 n = sum(len(x.key) for x in path) // ps
                 if done + n > max_pages:
                     continue
                 if n > self._spare_pages() and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
                     continue
-                end = self._promote_path(path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d)
+                end = self._promote_path(path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d, mark=True)
                 got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
                 self.kv.counters.prefetched_pages += got
                 done += got
@@ -101,14 +142,14 @@ class Hierarchy:
         reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in self.kv.queues.running)
         return max(0, self.kv.alloc.num_free - reserve)
 
-    def restore_tail(self, es) -> None:
+    def restore_tail(self, es, pinned: bool = True) -> None:
         """Point an idle session's page table at its whole history again when pressure cut it:
         the tree's pages (promoted from the tier first) replace the shorter table. What neither
         holds any more stays cut (the next turn recomputes it)."""
         hist, seq = es.history, es.seq
         if self.kv.radix is None or es.busy or len(hist) <= len(seq.tokens) or hist[:len(seq.tokens)] != seq.tokens:
             return
-        self.promote_prefix(hist, es.cache_salt)
+        self.promote_prefix(hist, es.cache_salt, pinned)
         m = self.kv.radix.match_prefix(hist, es.cache_salt)
         if m.length <= len(seq.tokens):
             return

@@ -41,6 +41,7 @@ class Node:
     tag: str | None = None
     start: int = 0  # token offset of key[0] in the sequence (the node's depth)
     host: TierEntry | None = field(default=None, repr=False)  # the tier copy (demoted, or promoted and kept)
+    prefetched: bool = False  # promoted by prefetch and not matched by a request since
 
     @property
     def num_pages(self) -> int:
@@ -66,6 +67,7 @@ class RadixCache(TierMoves):
         self._roots: dict[str | None, Node] = {}
         self._clock = 0
         self.demoted_pages = self.dropped_pages = 0  # counters (pages moved out / lost)
+        self.prefetch_used_pages = 0  # prefetched pages a match reached (counted once)
 
     def _root(self, salt: str | None) -> Node:
         return self._roots.setdefault(salt, Node())
@@ -93,6 +95,9 @@ class RadixCache(TierMoves):
             child = node.children.get(tuple(tokens[pos:pos + self.ps]))
             if child is None or not child.resident:
                 return self._finish_partial(tokens, pos, pages, node)
+            if child.prefetched:
+                child.prefetched = False
+                self.prefetch_used_pages += child.num_pages
             i = 0
             while i < child.num_pages:
                 m = self._page_match(tokens, pos, child.key, i * self.ps)
@@ -177,7 +182,8 @@ class RadixCache(TierMoves):
         """Split `node` after its i-th page; returns the new upper half."""
         cut = i * self.ps
         upper = Node(key=node.key[:cut], pages=node.pages[:i], parent=node.parent,
-                     lock_ref=node.lock_ref, last_access=node.last_access, tag=node.tag, start=node.start)
+                     lock_ref=node.lock_ref, last_access=node.last_access, tag=node.tag, start=node.start,
+                     prefetched=node.prefetched)
         if node.host is not None:
             self.tier.release(node.host)
             upper.host, node.host = node.host.split(i)

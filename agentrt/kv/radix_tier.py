@@ -26,7 +26,7 @@ class TierMoves:
                 return False
             leaf.host = self.tier.save(leaf.pages)
         self.alloc.decref(leaf.pages)
-        leaf.pages = []
+        leaf.pages, leaf.prefetched = [], False
         return True
 
     def make_room(self, n_pages: int, keep=None) -> bool:

@@ -15,6 +15,11 @@ The TTL weighs the two costs Continuum weighs:
   times that cost -- a cheap reload (the tier) earns a short pin, an expensive one a long one.
 A turn calling several tools waits for the slowest: the TTL is the largest of theirs. Before a
 tool has `min_samples` observations its duration is taken as `prior_s`.
+
+The same durations time the **return prefetch** (kv/hierarchy.py::prefetch_returning): a
+pinned session whose KV pressure cut anyway is *due* from the moment its tools could first
+return (their `early_quantile`, less a lead for the copies) -- its pages are promoted back in
+the loop's slack, before the result arrives, instead of on the critical path at admission.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from agentrt.kv.space import KVSpace
 
 class ToolRetention:
     def __init__(self, *, max_ttl_s: float = 30.0, window: int = 32, quantile: float = 0.9,
-                 margin: float = 1.25, hold_factor: float = 50.0, prior_s: float = 1.0, min_samples: int = 3):
+                 margin: float = 1.25, hold_factor: float = 50.0, prior_s: float = 1.0, min_samples: int = 3,
+                 early_quantile: float = 0.25):
         self.max_ttl_s, self.window, self.quantile, self.margin = max_ttl_s, window, quantile, margin
+        self.early_quantile = early_quantile
         self.hold_factor, self.prior_s, self.min_samples = hold_factor, prior_s, min_samples
         self._durations: dict[str, deque[float]] = {}
         self.chosen: dict[str, float] = {}  # tool -> the TTL chosen last (reported in stats)
@@ -40,6 +47,15 @@ class ToolRetention:
             return self.prior_s
         qs = statistics.quantiles(sorted(d), n=100, method="inclusive")
         return qs[min(98, max(0, round(self.quantile * 100) - 1))]
+
+    def early(self, tool: str) -> float:
+        """The shortest duration `tool` is likely to take (its early_quantile; half the prior
+        before min_samples observations): the earliest a return prefetch pays."""
+        d = self._durations.get(tool)
+        if d is None or len(d) < self.min_samples:
+            return 0.5 * self.prior_s
+        xs = sorted(d)
+        return xs[min(len(xs) - 1, int(self.early_quantile * len(xs)))]
 
     def ttl(self, tools: tuple[str, ...], reload_s: float) -> float:
         """Seconds to pin a session whose turn called `tools` and whose KV costs reload_s to
@@ -83,9 +99,27 @@ class Retention:
         kv.counters.ttl_pins += ttl > 0
         return ttl
 
+    def due_at(self, sess, lead_s: float) -> float:
+        """When a return prefetch of `sess` (waiting on tools) pays: its tools' earliest likely
+        return, `lead_s` ahead for the copies."""
+        return sess.tools_at + max(self.durations.early(t) for t in sess.tools) - lead_s
+
+    def waiting(self) -> list:
+        """Idle sessions waiting on tools whose KV pressure cut (history longer than what they
+        hold) and not prefetched yet in this wait."""
+        return [s for s in self.kv.sessions.values() if s.tools and not s.busy and s.prefetch_from < 0
+                and len(s.history) > len(s.seq.tokens)]
+
     def returned(self, sess) -> None:
         """A request arrived on a session that was waiting on tools: learn their duration; count
-        whether the pin was still on (a hit) or had expired."""
+        whether the pin was still on (a hit) or had expired, and how much of a return prefetch
+        is still held (used) -- the copy it saved the admission."""
+        if sess.prefetch_from >= 0:
+            used = min(sess.prefetch_pages, max(0, len(sess.seq.pages) - sess.prefetch_from))
+            self.kv.counters.prefetch_used_pages += used
+            tier = self.kv.tier
+            self.kv.counters.prefetch_saved_s += used * (tier.copy_s_per_page if tier is not None else 0.0)
+            sess.prefetch_from, sess.prefetch_pages = -1, 0
         if not sess.tools:
             return
         now = self.kv.clock.now()

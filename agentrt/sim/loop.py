@@ -9,6 +9,8 @@ Python bookkeeping allows."""
 
 from __future__ import annotations
 
+import math
+
 import anyio
 
 from agentrt.engine.loop import StepThread, deliver_now
@@ -58,10 +60,11 @@ class SimSteps(StepThread):
         executor = self.core.executor
         while True:
             if not self.core.has_work() and self._inbox.empty():
-                self.core.idle()
+                wake = self.core.idle()
                 await self._pass(executor.take_pending())
                 if not self.core.has_work() and self._inbox.empty():
-                    await self._wake.wait()
+                    with anyio.move_on_after(wake if wake is not None else math.inf):
+                        await self._wake.wait()
             self._wake = anyio.Event()
             while not self._inbox.empty():
                 cmd = self._inbox.get_nowait()
