@@ -25,7 +25,12 @@ REQUIRED = {
     "hit_rate_gain_pp_vs_lru": (("mem8_p60",), "agentrt_prefix_lru", "hit_rate_gain_pp"),
     "ttft_reduction_vs_lru": (("mem8_p60",), "agentrt_prefix_lru", "ttft_reduction"),
     "e2e_speedup_bfcl_vs_llamacpp_per_agent": (("bfcl",), "llamacpp_per_agent", "e2e_speedup"),
+    # issue 29: the long-context agents (bench/memory_cases.py: long8_p60)
+    "long_hit_rate_gain_pp_vs_lru": (("long8_p60",), "agentrt_prefix_lru", "hit_rate_gain_pp"),
+    "long_ttft_reduction_vs_lru": (("long8_p60",), "agentrt_prefix_lru", "ttft_reduction"),
+    "long_per_turn_speedup_vs_prefix_lru": (("long8_p60",), "agentrt_prefix_lru", "per_turn_speedup"),
 }
+PREFETCH_CASE = "long8_p60"  # prefetch_used_fraction: the hierarchy's prefetches there that were used
 SNAPSHOT_KEY = "snapshot_restore_speedup_vs_prefill"
 
 
@@ -39,10 +44,21 @@ def headline(cases: dict, snapshot: dict | None = None) -> tuple[dict, dict]:
         keys[key] = value
         if value is None:
             reasons[key] = _why_missing(c, case, peer)
+    keys["prefetch_used_fraction"] = prefetch_used(cases.get(PREFETCH_CASE))
+    if keys["prefetch_used_fraction"] is None:
+        reasons["prefetch_used_fraction"] = f"{PREFETCH_CASE}: not run, or agentrt prefetched nothing"
     keys[SNAPSHOT_KEY] = (snapshot or {}).get("speedup")
     if keys[SNAPSHOT_KEY] is None:
         reasons[SNAPSHOT_KEY] = (snapshot or {}).get("reason", "snapshot measurement not run (--cases)")
     return keys, reasons
+
+
+def prefetch_used(case: dict | None) -> float | None:
+    """Prefetched pages used before they left the pool / prefetched, agentrt over every
+    repetition of `case` (None: not run, or nothing prefetched)."""
+    reps = [r["counters"] for r in ((case or {}).get("systems", {}).get("agentrt", {}).get("per_rep") or [])]
+    done = sum(r.get("prefetched_pages", 0) for r in reps)
+    return sum(r.get("prefetch_used_pages", 0) for r in reps) / done if done else None
 
 
 def headline_sources(cases: dict) -> dict:

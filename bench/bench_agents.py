@@ -36,7 +36,7 @@ from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tok
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401
 from bench.common import RESULTS, machine  # noqa: E402
-from bench.memory_cases import (DEFAULT_DIST, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
+from bench.memory_cases import (DEFAULT_DIST, LONG_KEYS, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
                                 memory_cases, plot_memory, print_memory)
 from bench.peers.base import NotRun  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp  # noqa: E402
@@ -164,7 +164,7 @@ def select_cases(args, fmt, tok) -> tuple[list[Case], bool]:
     keys, snapshot = expand(wanted)
     unknown = keys - {c.key for c in cases}
     if unknown:
-        sys.exit(f"unknown case(s) {sorted(unknown)}; known: {[c.key for c in cases]} + mem, snapshot")
+        sys.exit(f"unknown case(s) {sorted(unknown)}; known: {[c.key for c in cases]} + mem, long, snapshot")
     return [c for c in cases if c.key in keys], snapshot
 
 
@@ -177,7 +177,7 @@ def run_cases(cases, factory, chosen, reps, timeout, quick) -> dict:
     with tqdm(total=sum(len(s) for _, s in plan) * reps, desc="bench_agents", unit="run") as bar:
         for case, systems in plan:
             out[case.key] = {**run_case(case, factory, systems, reps, bar, timeout), "quick": quick}
-            if case.key in MEMORY_KEYS:
+            if case.key in MEMORY_KEYS + LONG_KEYS:
                 out[case.key].update(case_extras(out[case.key]))
     return out
 
@@ -200,7 +200,7 @@ def report(out: dict, snapshot: dict | None) -> None:
     """Tables of this run's cases and the snapshot measurement."""
     for key, case in out.items():
         print_case(key, case)
-        if key in MEMORY_KEYS:
+        if key in MEMORY_KEYS + LONG_KEYS:
             print_memory(key, case)
     if snapshot is not None and snapshot.get("status") == "ok":
         print(f"snapshot/restore ({snapshot['prompt_tokens']} tokens, median of {snapshot['reps']}): prefill "

@@ -8,6 +8,11 @@ Keys `mem<A>_p<F>`: A agents (8, 16) x 6 turns at the issue's sizes (1000-token 
 (bench/workloads/latency.py, seeded per repetition). Systems: agentrt (full hierarchy),
 agentrt_no_tier, agentrt_prefix_lru (radix + LRU: the vLLM/SGLang-like baseline). The 8-agent
 cases at 80% and 100% are the plot's extra points (agents_memory.png).
+
+Long-context cases `long<A>_p<F>` (issue 29): each agent its own long anchor (instructions and
+tool schemas; --quick 1,500 tokens, full 4,000), tool results of 300-700 (full 500-2,000) tokens,
+histories growing toward the model's 8k context over 8 (full 10) turns, heavy-tailed tool
+latencies. Where losing KV costs most: recomputing a 6k history takes seconds on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,17 +34,25 @@ QUICK = SyntheticSpec(agents=8, turns=3, anchor_tokens=200, user_tokens=30, resu
                       n_tools=2, max_args=0)
 # (agents, pool fraction): the headline pairs, then the plot's extra points (8 agents)
 POINTS = ((8, 0.6), (8, 0.4), (16, 0.6), (16, 0.4), (8, 0.8), (8, 1.0))
+LONG_FULL = SyntheticSpec(agents=8, turns=10, anchor_tokens=4000, user_tokens=150, result_tokens=(500, 2000),
+                          n_tools=12, shared_system=False, max_context=16384)
+LONG_QUICK = SyntheticSpec(agents=8, turns=8, anchor_tokens=1500, user_tokens=150, result_tokens=(300, 700),
+                           n_tools=8, shared_system=False)
+LONG_POINTS_QUICK = ((8, 0.6),)
+LONG_POINTS = ((8, 0.6), (8, 0.4), (8, 0.8), (16, 0.6))
 ALIAS = "mem"  # --cases mem: every memory case + the snapshot measurement
+LONG_ALIAS = "long"  # --cases long: the long-context memory cases
 SNAPSHOT = "snapshot"  # --cases snapshot: the snapshot/restore measurement alone
 LATENCY_SEED = 1_000  # repetition r draws its tool latencies with seed LATENCY_SEED + r
-_KEY = re.compile(r"^mem(\d+)_p(\d+)$")
+_KEY = re.compile(r"^mem(\d+)_p(\d+)$")  # (the plot: short cases only)
 
 
-def memory_key(agents: int, fraction: float) -> str:
-    return f"mem{agents}_p{round(fraction * 100)}"
+def memory_key(agents: int, fraction: float, prefix: str = "mem") -> str:
+    return f"{prefix}{agents}_p{round(fraction * 100)}"
 
 
 MEMORY_KEYS = tuple(memory_key(a, f) for a, f in POINTS)
+LONG_KEYS = tuple(memory_key(a, f, "long") for a, f in LONG_POINTS)
 PLOT_ONLY_KEYS = MEMORY_KEYS[4:]  # left out of a plain --quick run (minutes); --quick --memory runs them
 
 
@@ -56,6 +69,13 @@ def memory_cases(fmt, tok, *, quick: bool, dist: str = DEFAULT_DIST, distinct: b
                  f"tool latency {latency}")
         cases.append(Case(memory_key(agents, fraction), title, MEM_SYSTEMS, arrival or "concurrent",
                           _make(fmt, tok, spec, latency), fraction))
+    long = LONG_QUICK if quick else LONG_FULL
+    for agents, fraction in LONG_POINTS_QUICK if quick else LONG_POINTS:
+        spec = dataclasses.replace(long, agents=agents)
+        title = (f"{agents} agents x {spec.turns} turns, long contexts ({spec.anchor_tokens}-token anchors, results "
+                 f"{spec.result_tokens[0]}-{spec.result_tokens[1]}), KV pool {fraction:.0%}, tool latency {latency}")
+        cases.append(Case(memory_key(agents, fraction, "long"), title, MEM_SYSTEMS, arrival or "concurrent",
+                          _make(fmt, tok, spec, latency), fraction))
     return cases
 
 
@@ -70,9 +90,11 @@ def _make(fmt, tok, spec: SyntheticSpec, latency: LatencyDist):
 def expand(wanted: list[str]) -> tuple[set[str], bool]:
     """--cases names -> (case keys, whether the snapshot measurement runs); "mem" means every
     memory case and the snapshot measurement."""
-    keys = set(wanted) - {ALIAS, SNAPSHOT}
+    keys = set(wanted) - {ALIAS, SNAPSHOT, LONG_ALIAS}
     if ALIAS in wanted:
-        keys |= set(MEMORY_KEYS)
+        keys |= set(MEMORY_KEYS) | set(LONG_KEYS)
+    if LONG_ALIAS in wanted:
+        keys |= set(LONG_KEYS)
     return keys, ALIAS in wanted or SNAPSHOT in wanted
 
 

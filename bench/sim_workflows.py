@@ -2,16 +2,19 @@
 
 The seed's three DAGs (bench/workflow_workload.py: chain, fan-out, diamond) with long stage
 prefixes (`--prefix`, default 3,000 tokens), stages of several tool rounds with heavy-tailed tool
-latencies, 100+ tasks arriving as a Poisson process at `--load` x the simulated capacity; every
-scheduling policy on the same tasks. The engine is the real core on `agentrt.sim`: the GPU cost
-model (bench/costs/, an 8B model from published figures) prices each step, outputs are synthetic
-tokens of fixed length. The KV pool holds about two stage prefixes and the working set, the
-regime where the seed reports its gains (heterogeneous prefixes compete for the pool).
+latencies (`--tool-dist`, lognormal, per stage scale), 100+ tasks arriving as a Poisson process
+at each of `--loads` x the one-at-a-time capacity; every scheduling policy on the same tasks
+(paired repetitions). The engine is the real core on `agentrt.sim`: the GPU cost model
+(bench/costs/, an 8B model from published figures) prices each step, outputs are synthetic
+tokens of fixed length. The KV pool holds `--room` stage prefixes (default 1.25: about one, the
+seed's regime, where heterogeneous prefixes compete for the pool) beside the working set.
 
-Reported per DAG: mean and p99 JCT per policy, and TOPAS's reduction against the best baseline
-(`mean_jct_reduction_vs_best_baseline_sim_gpu`, p99 beside it), on each cost model given.
+Reported per load and DAG: mean and p99 JCT per policy, and TOPAS's reduction against the best
+baseline with its spread over repetitions; the headline keys
+(`mean_jct_reduction_vs_best_baseline_sim_gpu`, p99 beside it) are at the first of `--loads`
+(8x: the loaded regime of the seed's diagnosis, chosen before measuring), the first cost model.
 
-    python bench/sim_workflows.py [--quick] [--tasks 120] [--prefix 3000] [--costs a.json,b.json]
+    python bench/sim_workflows.py [--quick] [--tasks 120] [--prefix 3000] [--loads 8,4] [--room 1.25]
 """
 
 from __future__ import annotations
@@ -36,24 +39,28 @@ COSTS = Path(__file__).resolve().parent / "costs"
 POLICIES = ("fcfs", "lpm", "srpt", "program_fcfs", "topas")
 
 
-def sizes_for(prefix: int) -> Sizes:
+TOOL_DIST = "lognormal:0.3:1.0"  # median 0.3 s x the stage's scale (0.5-2x); p99 ~3 s
+
+
+def sizes_for(prefix: int, tool_dist: str = TOOL_DIST) -> Sizes:
     return Sizes(prefix_tokens=prefix, user_tokens=(100, 301), result_tokens=(200, 801), out_tokens=48,
-                 calls=(2, 4), tool_s=(0.2, 2.0))
+                 calls=(2, 4), tool_s=(0.2, 2.0), tool_dist=tool_dist)
 
 
-def engine_config(sizes: Sizes, stages: int) -> EngineConfig:
+def engine_config(sizes: Sizes, stages: int, room: float = 1.25) -> EngineConfig:
+    """A KV pool of `room` stage prefixes plus one task's whole working set."""
     work = stages * (sizes.user_tokens[1] + sizes.calls[1] * (sizes.result_tokens[1] + sizes.out_tokens))
-    kv = (2 * sizes.prefix_tokens + work + 15) // 16 * 16
+    kv = (int(room * sizes.prefix_tokens) + work + 15) // 16 * 16
     return EngineConfig(kv_cache_tokens=kv, kv_tier_bytes=0, response_cache_size=0, enable_speculation=False,
                         max_transient_seqs=512, acquire_timeout=1e6)
 
 
 def one_dag(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, load: float,
-            policies: tuple[str, ...] = POLICIES, reps: int = 1) -> dict:
+            policies: tuple[str, ...] = POLICIES, reps: int = 1, room: float = 1.25) -> dict:
     """Every policy on `reps` task sets (paired: repetition k gives every policy the same tasks);
     per policy the median over repetitions (workflow_run.combine_reps, every repetition kept), and
     TOPAS's reduction per repetition with its spread."""
-    runs = [one_set(name, costs, fmt, tok, sizes, n_tasks, load, policies, 7 + k) for k in range(reps)]
+    runs = [one_set(name, costs, fmt, tok, sizes, n_tasks, load, policies, 7 + k, room) for k in range(reps)]
     out: dict = {"policies": {p: combine_reps([r["policies"][p] for r in runs]) for p in policies}}
     out.update(reductions(out["policies"]))
     per = [one.get("mean_jct_reduction_vs_best_baseline") for one in runs]
@@ -64,10 +71,10 @@ def one_dag(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, l
 
 
 def one_set(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, load: float,
-            policies: tuple[str, ...], seed: int) -> dict:
+            policies: tuple[str, ...], seed: int, room: float = 1.25) -> dict:
     model = SimModel(ModelConfig(**{**costs.details["model"], "rope_freq_factors": None}))
     dag = make_dag(fmt, tok, name, sizes)
-    cfg = engine_config(sizes, len(dag.preds))
+    cfg = engine_config(sizes, len(dag.preds), room)
     cal = make_tasks(fmt, tok, dag, sizes, 2, 1.0, 1000)
     alone = sim_run(run_dag, model, fmt, dag, cal, sizes, cfg, 1e6, True, SimExecutor(model, costs))
     rate = load * 2 / alone["busy_s"]
@@ -91,8 +98,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="100 tasks per DAG, the H100 model only")
     ap.add_argument("--tasks", type=int, default=None, help="tasks per DAG (--quick 100; full 200)")
     ap.add_argument("--prefix", type=int, default=3000, help="tokens of each stage's static prefix")
-    ap.add_argument("--load", type=float, default=4.0,
-                    help="arrival rate as a multiple of one-at-a-time capacity (a GPU batches: 1.2 leaves it idle)")
+    ap.add_argument("--loads", default="8,4", help="arrival rates as multiples of one-at-a-time capacity (a GPU "
+                    "batches: 1.2 leaves it idle); the headline keys are at the first")
+    ap.add_argument("--room", type=float, default=1.25, help="stage prefixes the KV pool holds beside the working set")
+    ap.add_argument("--tool-dist", default=TOOL_DIST, help="tool latency: lognormal:MEDIAN:SIGMA | uniform:LO:HI | const:S")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--reps", type=int, default=None, help="task sets per DAG (--quick 2; full 3)")
     ap.add_argument("--costs", default=None, help="comma-separated cost models (default: bench/costs/gpu_*.json)")
@@ -101,24 +110,29 @@ def main() -> None:
     if a.quick and not a.costs:
         paths = [p for p in paths if "h100" in p.name]
     tok = load_model(DEFAULT_MODEL).tokenizer  # (ids for the prompts; the weights are not run)
-    fmt, sizes, n = ChatFormat(tok), sizes_for(a.prefix), a.tasks or (100 if a.quick else 200)
-    res: dict = {"machine": machine(), "quick": a.quick, "tasks": n, "prefix_tokens": a.prefix, "load": a.load,
-                 "sizes": sizes.__dict__, "models": {}}
-    for path in paths:
-        costs = StepCosts.load(path)
-        res["models"][path.stem] = {"cost_model": costs.name, "dags": {
-            d: one_dag(d, costs, fmt, tok, sizes, n, a.load, tuple(a.policies.split(",")), a.reps or (2 if a.quick else 3))
-            for d in DAGS}}
+    fmt, sizes, n = ChatFormat(tok), sizes_for(a.prefix, a.tool_dist), a.tasks or (100 if a.quick else 200)
+    loads = [float(x) for x in a.loads.split(",")]
+    res: dict = {"machine": machine(), "quick": a.quick, "tasks": n, "prefix_tokens": a.prefix, "loads": loads,
+                 "room_prefixes": a.room, "sizes": sizes.__dict__, "by_load": {}}
+    for load in loads:
+        models = res["by_load"][str(load)] = {}
+        for path in paths:
+            costs = StepCosts.load(path)
+            models[path.stem] = {"cost_model": costs.name, "dags": {
+                d: one_dag(d, costs, fmt, tok, sizes, n, load, tuple(a.policies.split(",")),
+                           a.reps or (2 if a.quick else 3), a.room) for d in DAGS}}
+    res["models"] = res["by_load"][str(loads[0])]
     first = res["models"][paths[0].stem]["dags"]
     res["mean_jct_reduction_vs_best_baseline_sim_gpu"] = {d: r["mean_jct_reduction_vs_best_baseline"]
                                                           for d, r in first.items()}
     res["p99_jct_reduction_vs_best_baseline_sim_gpu"] = {d: r["p99_jct_reduction_vs_best_baseline"]
                                                          for d, r in first.items()}
     res["mean_jct_reduction_spread_sim_gpu"] = {d: r["mean_jct_reduction_spread"] for d, r in first.items()}
-    rows = [[m, d, r["mean_best_baseline"], r["mean_jct_reduction_vs_best_baseline"], r["mean_jct_reduction_spread"],
-             r["p99_jct_reduction_vs_best_baseline"]] for m, v in res["models"].items() for d, r in v["dags"].items()]
-    print_table("TOPAS vs the best baseline, simulated", ["cost model", "dag", "best baseline", "mean JCT red.",
-                                                          "spread", "p99 JCT red."], rows)
+    rows = [[load, m, d, r["mean_best_baseline"], r["mean_jct_reduction_vs_best_baseline"],
+             r["mean_jct_reduction_spread"], r["p99_jct_reduction_vs_best_baseline"]]
+            for load, models in res["by_load"].items() for m, v in models.items() for d, r in v["dags"].items()]
+    print_table("TOPAS vs the best baseline, simulated", ["load", "cost model", "dag", "best baseline",
+                                                          "mean JCT red.", "spread", "p99 JCT red."], rows)
     print("wrote", write_results("sim_workflows", res))
 
 

@@ -81,15 +81,22 @@ class Hierarchy:
 
     def prefetch_returning(self, due: list, max_pages: int) -> int:
         """Promote back the cut histories of the sessions in `due` (waiting on tools that may
-        return now; soonest first), each at most once per wait; returns pages promoted."""
-        radix, done = self.kv.radix, 0
+        return now; soonest first), each at most once per wait, about `max_pages` per call
+        (one session at least); returns pages promoted."""
+        radix, done, evictable = self.kv.radix, 0, None
         if radix is None or radix.tier is None or not radix.tier.used:
             return 0
         for es in due:
-            es.prefetch_from, es.prefetch_pages = len(es.seq.pages), 0  # (tried in this wait)
             n = sum(len(x.key) for x in radix.host_path(es.history, es.cache_salt)) // self.kv.cfg.page_size
-            if not n or done + n > max_pages or n > self._spare_pages() + self.kv.mem.evictable_pages():
+            if done and done + n > max_pages:
+                break  # (the next call goes on: one session per call at least, whatever its size)
+            es.prefetch_from, es.prefetch_pages = len(es.seq.pages), 0  # (tried in this wait)
+            if not n:
                 continue
+            if n > self._spare_pages():  # room must come from candidates: are there enough?
+                evictable = self.kv.mem.evictable_pages() if evictable is None else evictable
+                if n > self._spare_pages() + evictable:
+                    continue
             self.restore_tail(es, pinned=False)
             got = max(0, len(es.seq.pages) - es.prefetch_from)
             es.prefetch_pages = got

@@ -70,7 +70,8 @@ HIERARCHY = {
     "agentrt_prefix_lru": {"kv_tier_bytes": 0, "enable_prefetch": False, "tool_ttl": False},
 }
 # EngineStats fields of the memory hierarchy, recorded where the engine has them
-TIER_COUNTERS = ("prompt_promoted", "demoted_pages", "promoted_pages", "prefetched_pages", "tier_pages",
+TIER_COUNTERS = ("prompt_promoted", "demoted_pages", "promoted_pages", "prefetched_pages", "prefetch_used_pages",
+                 "prefetch_used_fraction", "prefetch_saved_s", "tier_pages",
                  "tier_bytes", "ttl_pins", "ttl_hits", "ttl_expired", "tool_ttls")
 
 
