@@ -174,3 +174,21 @@ def test_task_scope_nesting_and_validation():
     with pytest.raises(ConfigError):
         with task_scope(""):
             pass
+
+
+def test_cost_model_learns_a_decode_step_line_in_the_batch_size():
+    """Decode-only steps of 1..8 sequences priced base + per_seq * n are fitted to that line
+    (a CPU's rows each add work); steps of one size only give a flat line at their mean."""
+    from agentrt.kv.tier import CostModel
+
+    cm = CostModel(alpha=0.2)
+    assert cm.decode_s(4) == 0.0  # nothing seen yet
+    for _ in range(40):
+        for n in (1, 2, 4, 8):
+            cm.observe(0.005 + 0.001 * n, 0, n)
+    assert cm.decode_per_seq_s == pytest.approx(0.001, rel=0.05)
+    assert cm.decode_s(8) == pytest.approx(0.013, rel=0.05)
+    flat = CostModel()
+    for _ in range(5):
+        flat.observe(0.02, 0, 4)
+    assert flat.decode_per_seq_s == 0.0 and flat.decode_s(1) == flat.decode_s(16) == pytest.approx(0.02)

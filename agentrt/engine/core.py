@@ -230,7 +230,7 @@ class EngineCore:
         chunks, out = self._run(plan.items)
         self._postprocess(plan.items, chunks, out.rows)
         dt = out.seconds if out.seconds is not None else time.perf_counter() - t0
-        self.costs.observe(dt, prefill)
+        self.costs.observe(dt, prefill, len(plan.items))
         self.counters.step_seconds += dt
         for observe in self.step_observers:
             try:

@@ -117,24 +117,43 @@ class HostTier:
 class CostModel:
     """Seconds per recomputed prompt token, learned from the step loop's prefill-heavy steps
     (an EMA; the prior is deliberately cheap, so until the first measurement a copy must beat a
-    fast recompute to be chosen); and seconds of a decode-only step (`decode_step_s`, an EMA
-    too; 0 until one is seen), what each token of a batch of decoders costs them all."""
+    fast recompute to be chosen); and the seconds of a decode-only step as a line in the
+    number of sequences it decodes, `decode_s(n) = base + per_seq * n` (EMA-weighted least
+    squares over the steps seen; one batch size seen: its mean, flat). On a GPU the line is
+    nearly flat (a step reads the weights once for every row); on a CPU each row adds work."""
 
     def __init__(self, prior_s_per_token: float = 5e-5, alpha: float = 0.2):
         self.s_per_token, self.alpha, self.samples = prior_s_per_token, alpha, 0
-        self.decode_step_s = 0.0
+        self.decode_step_s = 0.0  # the latest decode-only steps' EMA (0: none seen yet)
+        self._m = [0.0, 0.0, 0.0, 0.0]  # EMAs of n, seconds, n*n, n*seconds
+        self.decode_base_s = self.decode_per_seq_s = 0.0
 
-    def observe(self, seconds: float, tokens: int) -> None:
-        """A step of `seconds` that fed `tokens` prefill tokens (0: decodes only)."""
+    def observe(self, seconds: float, tokens: int, seqs: int = 1) -> None:
+        """A step of `seconds` that fed `tokens` prefill tokens (0: decodes only) for `seqs`
+        sequences."""
         if tokens == 0:
-            d = self.decode_step_s
-            self.decode_step_s = seconds if d == 0.0 else (1 - self.alpha) * d + self.alpha * seconds
+            self._observe_decode(seconds, max(1, seqs))
             return
         if tokens < 32:  # decode-dominated steps say little about prefill cost
             return
         x = seconds / tokens
         self.s_per_token = x if self.samples == 0 else (1 - self.alpha) * self.s_per_token + self.alpha * x
         self.samples += 1
+
+    def _observe_decode(self, seconds: float, n: int) -> None:
+        d, m, a = self.decode_step_s, self._m, self.alpha
+        self.decode_step_s = seconds if d == 0.0 else (1 - a) * d + a * seconds
+        x = (n, seconds, n * n, n * seconds)
+        self._m = list(x) if d == 0.0 else [(1 - a) * mi + a * xi for mi, xi in zip(m, x)]
+        mn, ms, mnn, mns = self._m
+        var = mnn - mn * mn
+        slope = (mns - mn * ms) / var if var > 1e-6 else 0.0
+        self.decode_per_seq_s = max(0.0, slope)
+        self.decode_base_s = max(0.0, ms - self.decode_per_seq_s * mn)
+
+    def decode_s(self, n: int) -> float:
+        """Seconds of one decode-only step over n sequences (0: none seen yet)."""
+        return self.decode_base_s + self.decode_per_seq_s * n if self.decode_step_s else 0.0
 
     def recompute_s(self, tokens: int) -> float:
         return tokens * self.s_per_token

@@ -36,7 +36,8 @@ class SchedulingView:
     now: float
     upcoming: dict[str, float] = field(default_factory=dict)  # agent -> expected requests soon from
     # tasks between requests (a tool running, or the next stage about to start): scheduling/tasks.py
-    decode_step_s: float = 0.0  # a decode-only step's seconds, learned (0: not known yet)
+    decode_step_s: float = 0.0  # a decode-only step's seconds, learned (0: not known yet) ...
+    decode_per_seq_s: float = 0.0  # ... of which each sequence's share: step(n) = decode_step_s + per_seq * (n - 1)
 
 
 @dataclass(frozen=True)

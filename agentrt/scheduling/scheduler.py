@@ -153,7 +153,7 @@ class Scheduler:
         budget = int(self.cfg.high_water * self.cfg.num_pages) * self.cfg.page_size
         costs = self.kv.costs
         return SchedulingView(ready, running, prefix_len, resident, budget, costs.recompute_s(1), now, upcoming,
-                              costs.decode_step_s)
+                              costs.decode_s(1), costs.decode_per_seq_s)
 
     def _ready(self, r: Request, running: bool) -> Ready:
         tasks, tgt = self.tasks, r.target

@@ -25,8 +25,8 @@ weighted-shortest-processing-time index (Smith's rule with setup times), in seco
 - **work(A)**: the engine time A takes: the prompt tokens it still has to compute (past what is
   resident and past its agent's prefix -- a tool call's follow-up finds its first call cached)
   at the learned prefill rate, plus the longest generation's decode steps at the learned decode
-  step time (the batch's decoders share each step); before a decode step has been seen, every
-  token at the prefill rate.
+  step line, base + per sequence (kv/tier.py::CostModel: a GPU's decoders share each step, a
+  CPU's each pay their row); before a decode step has been seen, every token at the prefill rate.
 - **evictions and one-step lookahead**: when A does not fit beside the other resident prefixes,
   the ones left out go (least needed first); each that still has ready work, or that work
   expected next needs -- a running request's task going on to its stage's successors in the
@@ -145,13 +145,15 @@ class _Context:
 
     def batch_s(self, admitted: list) -> float:
         """Engine seconds to serve `admitted` together: their prompt tokens at the prefill rate,
-        plus, once a decode step's time is known, the longest generation's steps, which the
-        batch's decoders share (until then every token at the prefill rate)."""
+        plus, once a decode step's time is known, the longest generation's steps at the
+        calibrated line (base + per sequence, for the batch beside the running requests:
+        shared on a GPU, each row paid on a CPU); until then every token at the prefill rate."""
         v = self.view
         if v.decode_step_s <= 0.0:
             return sum(r.work for r in admitted) * v.reload_s_per_token
         prefill = sum(r.work - r.new_tokens for r in admitted) * v.reload_s_per_token
-        return prefill + max(r.new_tokens for r in admitted) * v.decode_step_s
+        step = v.decode_step_s + v.decode_per_seq_s * (len(admitted) + len(v.running) - 1)
+        return prefill + max(r.new_tokens for r in admitted) * step
 
     def _evictions(self, agents: frozenset, room: int) -> float:
         """Reload time owed to resident prefixes outside `agents` that must go to make `room`
