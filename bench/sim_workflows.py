@@ -12,7 +12,8 @@ seed's regime, where heterogeneous prefixes compete for the pool) beside the wor
 Reported per load and DAG: mean and p99 JCT per policy, and TOPAS's reduction against the best
 baseline with its spread over repetitions; the headline keys
 (`mean_jct_reduction_vs_best_baseline_sim_gpu`, p99 beside it) are at the first of `--loads`
-(8x: the loaded regime of the seed's diagnosis, chosen before measuring), the first cost model.
+(8x: the loaded regime of the seed's diagnosis, chosen before measuring; --quick runs it
+alone), the first cost model.
 
     python bench/sim_workflows.py [--quick] [--tasks 120] [--prefix 3000] [--loads 8,4] [--room 1.25]
 """
@@ -98,8 +99,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="100 tasks per DAG, the H100 model only")
     ap.add_argument("--tasks", type=int, default=None, help="tasks per DAG (--quick 100; full 200)")
     ap.add_argument("--prefix", type=int, default=3000, help="tokens of each stage's static prefix")
-    ap.add_argument("--loads", default="8,4", help="arrival rates as multiples of one-at-a-time capacity (a GPU "
-                    "batches: 1.2 leaves it idle); the headline keys are at the first")
+    ap.add_argument("--loads", default=None, help="arrival rates as multiples of one-at-a-time capacity (a GPU "
+                    "batches: 1.2 leaves it idle); the headline keys are at the first (--quick 8; full 8,4)")
     ap.add_argument("--room", type=float, default=1.25, help="stage prefixes the KV pool holds beside the working set")
     ap.add_argument("--tool-dist", default=TOOL_DIST, help="tool latency: lognormal:MEDIAN:SIGMA | uniform:LO:HI | const:S")
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -111,7 +112,7 @@ def main() -> None:
         paths = [p for p in paths if "h100" in p.name]
     tok = load_model(DEFAULT_MODEL).tokenizer  # (ids for the prompts; the weights are not run)
     fmt, sizes, n = ChatFormat(tok), sizes_for(a.prefix, a.tool_dist), a.tasks or (100 if a.quick else 200)
-    loads = [float(x) for x in a.loads.split(",")]
+    loads = [float(x) for x in (a.loads or ("8" if a.quick else "8,4")).split(",")]
     res: dict = {"machine": machine(), "quick": a.quick, "tasks": n, "prefix_tokens": a.prefix, "loads": loads,
                  "room_prefixes": a.room, "sizes": sizes.__dict__, "by_load": {}}
     for load in loads:
