@@ -218,7 +218,12 @@ def test_retention_ttl_covers_the_tool_quantile_capped_by_reload_cost():
         ret.observe(("t",), d)
     assert 0.1 < ret.ttl(("t",), reload_s=10.0) <= 2.0  # the 90th percentile
     assert ret.ttl(("t",), reload_s=0.01) == pytest.approx(0.1)  # a cheap reload: a short pin
-    assert ret.ttl(("t", "slow"), reload_s=10.0) >= 1.0  # the slowest tool decides
+    # a tool not seen min_samples times takes every tool's durations (here t's), not the prior
+    assert ret.ttl(("new",), reload_s=10.0) == ret.ttl(("t",), reload_s=10.0) < 1.0
+    for _ in range(3):
+        ret.observe(("slow",), 5.0)
+    assert ret.ttl(("t", "slow"), reload_s=10.0) >= 5.0  # the slowest tool decides
+    assert 0.1 <= ret.early("t") < ret.early("slow") == 5.0  # a return prefetch's earliest time
     assert ret.ttl((), reload_s=10.0) == 0.0
 
 

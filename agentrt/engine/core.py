@@ -121,7 +121,8 @@ class EngineCore:
         now = self.clock.now()
         lead = PREFETCH_LEAD_STEPS * self.counters.step_seconds / max(1, self.counters.steps)
         waits = sorted(((self.retention.due_at(s, lead), s) for s in self.retention.waiting()), key=lambda x: x[0])
-        done = self.hierarchy.prefetch_returning([s for t, s in waits if t <= now], return_pages) if waits else 0
+        done = self.hierarchy.prefetch_returning([s for t, s in waits if t <= now], return_pages,
+                                                 hold=lambda es: self.retention.hold(es, now, lead)) if waits else 0
         if max_pages > done:
             tasks = self.tasks
             self.hierarchy.prefetch(max_pages - done, hints=lambda: {

@@ -27,6 +27,8 @@ class Counters:
     prefetched_pages: int = 0  # of those, promoted ahead of a request by prefetch
     prefetch_used_pages: int = 0  # ... and used by a request before they left the pool again
     prefetch_saved_s: float = 0.0  # the copies those used pages saved the admissions (seconds)
+    return_prefetched_pages: int = 0  # prefetched_pages that were return prefetches (sessions due) ...
+    return_prefetch_used_pages: int = 0  # ... and of those, used
     prompt_promoted: int = 0  # prompt tokens served by pages promoted at their admission
     ttl_pins: int = 0  # sessions pinned while their tools ran
     ttl_hits: int = 0  # ... whose next request came before the pin expired
@@ -67,6 +69,8 @@ class EngineStats:
     prefetch_used_pages: int  # prefetched pages a request used before they left the pool
     prefetch_used_fraction: float  # prefetch_used_pages / prefetched_pages
     prefetch_saved_s: float  # admission copies the used prefetches saved (seconds, estimated)
+    return_prefetched_pages: int  # of prefetched_pages, return prefetches of sessions whose tools were due
+    return_prefetch_used_pages: int  # ... and of those, used
     prompt_promoted: int
     ttl_pins: int
     ttl_hits: int
@@ -103,6 +107,8 @@ class EngineStats:
             demoted_pages=radix.demoted_pages if radix else 0, dropped_pages=radix.dropped_pages if radix else 0,
             promoted_pages=c.promoted_pages, prefetched_pages=c.prefetched_pages,
             prefetch_used_pages=used, prefetch_used_fraction=used / c.prefetched_pages if c.prefetched_pages else 0.0,
+            return_prefetched_pages=c.return_prefetched_pages,
+            return_prefetch_used_pages=c.return_prefetch_used_pages,
             prefetch_saved_s=c.prefetch_saved_s + (radix.prefetch_used_pages * tier.copy_s_per_page if tier else 0.0),
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
             ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen),

@@ -79,10 +79,10 @@ class Hierarchy:
             radix.unlock(path[-1])
         return end
 
-    def prefetch_returning(self, due: list, max_pages: int) -> int:
+    def prefetch_returning(self, due: list, max_pages: int, hold=None) -> int:
         """Promote back the cut histories of the sessions in `due` (waiting on tools that may
         return now; soonest first), each at most once per wait, about `max_pages` per call
-        (one session at least); returns pages promoted."""
+        (one session at least); `hold(es)` re-pins a session brought back; returns pages promoted."""
         radix, done, evictable = self.kv.radix, 0, None
         if radix is None or radix.tier is None or not radix.tier.used:
             return 0
@@ -101,6 +101,9 @@ class Hierarchy:
             got = max(0, len(es.seq.pages) - es.prefetch_from)
             es.prefetch_pages = got
             self.kv.counters.prefetched_pages += got
+            self.kv.counters.return_prefetched_pages += got
+            if got and hold is not None:
+                hold(es)
             done += got
         return done
 

@@ -14,7 +14,8 @@ The TTL weighs the two costs Continuum weighs:
   recompute; both measured on this machine): holding pages is worth it only up to `hold_factor`
   times that cost -- a cheap reload (the tier) earns a short pin, an expensive one a long one.
 A turn calling several tools waits for the slowest: the TTL is the largest of theirs. Before a
-tool has `min_samples` observations its duration is taken as `prior_s`.
+tool has `min_samples` observations, every tool's recent durations stand in for its own (agents
+with many tools call each one rarely), and before any tool has them, `prior_s`.
 
 The same durations time the **return prefetch** (kv/hierarchy.py::prefetch_returning): a
 pinned session whose KV pressure cut anyway is *due* from the moment its tools could first
@@ -38,21 +39,30 @@ class ToolRetention:
         self.early_quantile = early_quantile
         self.hold_factor, self.prior_s, self.min_samples = hold_factor, prior_s, min_samples
         self._durations: dict[str, deque[float]] = {}
+        self._all: deque[float] = deque(maxlen=4 * window)  # every tool's, the fallback of a tool seen little
         self.chosen: dict[str, float] = {}  # tool -> the TTL chosen last (reported in stats)
+
+    def _samples(self, tool: str):
+        """The tool's own durations, or, before it has min_samples, every tool's (what tools take
+        in this deployment); None before that too (the prior)."""
+        d = self._durations.get(tool)
+        if d is not None and len(d) >= self.min_samples:
+            return d
+        return self._all if len(self._all) >= self.min_samples else None
 
     def expected(self, tool: str) -> float:
         """The duration the TTL must cover for `tool` (its q-quantile, or the prior)."""
-        d = self._durations.get(tool)
-        if d is None or len(d) < self.min_samples:
+        d = self._samples(tool)
+        if d is None:
             return self.prior_s
         qs = statistics.quantiles(sorted(d), n=100, method="inclusive")
         return qs[min(98, max(0, round(self.quantile * 100) - 1))]
 
     def early(self, tool: str) -> float:
         """The shortest duration `tool` is likely to take (its early_quantile; half the prior
-        before min_samples observations): the earliest a return prefetch pays."""
-        d = self._durations.get(tool)
-        if d is None or len(d) < self.min_samples:
+        before any observations): the earliest a return prefetch pays."""
+        d = self._samples(tool)
+        if d is None:
             return 0.5 * self.prior_s
         xs = sorted(d)
         return xs[min(len(xs) - 1, int(self.early_quantile * len(xs)))]
@@ -71,6 +81,7 @@ class ToolRetention:
         at most; the slowest exactly: each is recorded, an overestimate for the faster ones)."""
         for t in tools:
             self._durations.setdefault(t, deque(maxlen=self.window)).append(max(0.0, seconds))
+        self._all.append(max(0.0, seconds))
 
 
 class Retention:
@@ -104,6 +115,14 @@ class Retention:
         return, `lead_s` ahead for the copies."""
         return sess.tools_at + max(self.durations.early(t) for t in sess.tools) - lead_s
 
+    def hold(self, sess, now: float, lead_s: float) -> None:
+        """A return prefetch just brought `sess` back: pin it afresh, for its tools' covered
+        duration from now (at least `lead_s`) -- the copy is paid and the tools are past their
+        early return, so they are in their tail: cutting it again now would waste the copy."""
+        d = self.durations
+        covered = max(d.expected(t) for t in sess.tools) * d.margin if sess.tools else 0.0
+        sess.pin_until = max(sess.pin_until, now + max(covered, lead_s))
+
     def waiting(self) -> list:
         """Idle sessions waiting on tools whose KV pressure cut (history longer than what they
         hold) and not prefetched yet in this wait."""
@@ -117,6 +136,7 @@ class Retention:
         if sess.prefetch_from >= 0:
             used = min(sess.prefetch_pages, max(0, len(sess.seq.pages) - sess.prefetch_from))
             self.kv.counters.prefetch_used_pages += used
+            self.kv.counters.return_prefetch_used_pages += used
             tier = self.kv.tier
             self.kv.counters.prefetch_saved_s += used * (tier.copy_s_per_page if tier is not None else 0.0)
             sess.prefetch_from, sess.prefetch_pages = -1, 0

@@ -71,7 +71,8 @@ HIERARCHY = {
 }
 # EngineStats fields of the memory hierarchy, recorded where the engine has them
 TIER_COUNTERS = ("prompt_promoted", "demoted_pages", "promoted_pages", "prefetched_pages", "prefetch_used_pages",
-                 "prefetch_used_fraction", "prefetch_saved_s", "tier_pages",
+                 "prefetch_used_fraction", "prefetch_saved_s", "return_prefetched_pages",
+                 "return_prefetch_used_pages", "tier_pages",
                  "tier_bytes", "ttl_pins", "ttl_hits", "ttl_expired", "tool_ttls")
 
 
