@@ -311,13 +311,15 @@ class Stop(BaseException):
     pass
 
 
-def test_base_exceptions_propagate():
+def test_other_base_exceptions_are_contained():
+    """Any BaseException a tool raises (but Ctrl-C, GeneratorExit and cancellation) is the tool's
+    failure, not the process's (issue 30: a careless tool must not end the event loop)."""
     @tool
     async def interrupt() -> str:
         raise Stop
 
-    with pytest.raises(Stop):
-        call(interrupt, {})
+    result = call(interrupt, {})
+    assert result.is_error and "raised Stop" in result.content
 
 
 def test_cancelling_run_tool_calls_propagates_and_frees_threads():
@@ -452,3 +454,39 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text()
 def test_format_result_round_trips_json_values(value):
     text = format_result(value)
     assert text == value if isinstance(value, str) else json.loads(text) == value
+
+
+def test_a_tool_calling_sys_exit_is_contained_and_ctrl_c_is_not():
+    """A careless tool (argparse exits on bad arguments) becomes an error result the model can
+    read -- sync (in a worker thread) or async -- and the event loop goes on; KeyboardInterrupt
+    still propagates as the user's Ctrl-C."""
+    import sys
+
+    @tool
+    def cli(args: str) -> str:
+        """Run a command line."""
+        sys.exit(2)
+
+    @tool
+    async def acli(args: str) -> str:
+        """Run a command line, async."""
+        raise SystemExit("usage: acli ARGS")
+
+    for t in (cli, acli):
+        res = run(lambda: run_tool_call(t, {"args": "--bad"}, call_id="c1"))
+        assert res.is_error and "SystemExit" in res.content and t.name in res.content
+    @tool
+    def inc(x: int) -> int:
+        """Add one."""
+        return x + 1
+
+    ok = run(lambda: run_tool_call(inc, {"x": 1}, call_id="c2"))
+    assert not ok.is_error and ok.content == "2"  # (the loop is alive)
+
+    @tool
+    def interrupted(x: int) -> int:
+        """Interrupted."""
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(lambda: run_tool_call(interrupted, {"x": 1}, call_id="c3"))

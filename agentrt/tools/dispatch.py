@@ -43,7 +43,10 @@ async def run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, *, call_
     """Validate `arguments` (a dict or its JSON text), run `tool` and return its result.
 
     Exceptions and timeouts are retried up to `tool.retries` times; invalid arguments and a
-    ToolCallError raised by the tool itself (a message meant for the model) are not.
+    ToolCallError raised by the tool itself (a message meant for the model) are not. A tool is
+    contained: any BaseException it raises -- SystemExit from a `sys.exit` or argparse, too --
+    becomes an error result the model reads, and the agent goes on; only KeyboardInterrupt (the
+    user's Ctrl-C), GeneratorExit and cancellation propagate.
     `max_chars` truncates the content (see `format_result`).
     """
     started = time.perf_counter()
@@ -68,6 +71,10 @@ async def run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, *, call_
             failure = f"tool {tool.name!r} timed out after {tool.timeout:g}s"
         except Exception as exc:  # noqa: BLE001 - any tool failure becomes a result for the model
             failure = f"tool {tool.name!r} raised {type(exc).__name__}: {exc}"
+        except (KeyboardInterrupt, GeneratorExit, anyio.get_cancelled_exc_class()):
+            raise  # the user's Ctrl-C, a closing generator and cancellation stay what they are
+        except BaseException as exc:  # noqa: BLE001 - SystemExit (argparse on bad arguments) and kin
+            failure = f"tool {tool.name!r} raised {type(exc).__name__}: {exc} (the process goes on)"
         else:
             return _success(tool.name, call_id, value, attempt, started, max_chars)
     attempts = tool.retries + 1
