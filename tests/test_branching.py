@@ -263,3 +263,27 @@ def test_bad_arguments_and_an_oversized_restore_raise_typed_errors(tmp_path):
             await eng.restore(path)
         await check_clean(eng)
     run(too_small, kv_cache_tokens=32)
+
+
+def test_a_snapshot_with_any_byte_changed_is_refused(tmp_path):
+    """One byte flipped at 64 offsets spread over the file (header, pickle, KV data, zip
+    trailer): every one is refused with SnapshotMismatch, never restored silently; the intact
+    file still restores."""
+    path = tmp_path / "a.snap"
+
+    async def write(eng):
+        s, *_ = await first_turn(eng)
+        await s.snapshot(path)
+        await s.close()
+    run(write)
+    data = path.read_bytes()
+    fp = snapshot.model_fingerprint(model())
+    assert snapshot.read_snapshot(path, fp)["tokens"]
+    bad = tmp_path / "bad.snap"
+    for i in range(64):
+        off = (i * (len(data) - 1)) // 63
+        flipped = bytearray(data)
+        flipped[off] ^= 0x5A
+        bad.write_bytes(bytes(flipped))
+        with pytest.raises(SnapshotMismatch):
+            snapshot.read_snapshot(bad, fp)

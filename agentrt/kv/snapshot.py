@@ -1,6 +1,6 @@
 """The on-disk form of a session snapshot (`Session.snapshot`, `Engine.restore`).
 
-A snapshot is one `torch.save` file of plain values only (a dict of str/int/float/list and
+A snapshot holds one `torch.save` body of plain values only (a dict of str/int/float/list and
 tensors), so it loads with `torch.load(weights_only=True)`: reading a file never runs code from
 it. It holds the token ids a session's KV covers, that KV per token ([layers, tokens, Hkv, D],
 independent of the page size of the engine that wrote it) and the *fingerprint* of the model
@@ -9,7 +9,10 @@ on another one, generation would go on silently wrong. So reading compares finge
 refuses any difference with SnapshotMismatch, naming what differs.
 
 Writing is atomic (a temporary file in the same directory, then os.replace): a crash or a full
-disk never leaves a half-written snapshot under the final name.
+disk never leaves a half-written snapshot under the final name. The file is a magic line, a
+BLAKE2b checksum of every byte that follows, then the `torch.save` bytes; reading verifies the
+checksum before loading and refuses any difference (SnapshotMismatch): one flipped byte in the
+KV would otherwise restore silently and the next turn would run on corrupted KV.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -27,7 +31,8 @@ import torch
 from agentrt.errors import ConfigError, SnapshotMismatch
 
 FORMAT = "agentrt-session-snapshot"
-VERSION = 1
+VERSION = 2  # 2: framed with a checksum
+MAGIC = b"agentrt-session-snapshot/2 blake2b-128 "  # then the body's hex digest, a newline, the body
 _SLICE = 32  # elements hashed at the start, middle and end of every weight tensor
 
 
@@ -89,10 +94,14 @@ def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:
     path = check_target(path)
     payload = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint,
                "tokens": [int(t) for t in data["tokens"]], "k": data["k"], "v": data["v"], "tag": data.get("tag")}
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            f.write(MAGIC + _digest(body) + b"\n")
+            f.write(body)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -110,8 +119,17 @@ def read_snapshot(path: Any, fingerprint: dict) -> dict:
     if not path.is_file():
         raise SnapshotMismatch(f"no session snapshot at {path}: the file does not exist; check the path "
                                "(Session.snapshot(path) writes one)")
+    raw = path.read_bytes()
+    framed = raw.startswith(MAGIC)
+    body = raw
+    if framed:
+        digest, _, body = raw[len(MAGIC):].partition(b"\n")
+        if digest != _digest(body):
+            raise SnapshotMismatch(f"{path} is corrupt: its checksum does not match its contents (a changed, "
+                                   "damaged or missing byte); restoring it would run on wrong KV. Write a new "
+                                   "snapshot")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
     except Exception as e:
         raise SnapshotMismatch(f"{path} is not a readable agentrt session snapshot ({type(e).__name__}: "
                                f"{str(e)[:120]}); it is corrupt or another kind of file: write a new one "
@@ -119,11 +137,16 @@ def read_snapshot(path: Any, fingerprint: dict) -> dict:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise SnapshotMismatch(f"{path} is not an agentrt session snapshot (no {FORMAT!r} marker); "
                                "restore only files written by Session.snapshot")
-    if obj.get("version") != VERSION:
+    if obj.get("version") != VERSION or not framed:
         raise SnapshotMismatch(f"{path} has snapshot format version {obj.get('version')!r}; this agentrt reads "
                                f"version {VERSION}: write it again with this version")
     _check_fingerprint(path, obj.get("fingerprint"), fingerprint)
     return _check_payload(path, obj, fingerprint)
+
+
+def _digest(body: bytes) -> bytes:
+    """The hex BLAKE2b-128 of a snapshot's body."""
+    return hashlib.blake2b(body, digest_size=16).hexdigest().encode()
 
 
 def _check_fingerprint(path: Path, got: Any, want: dict) -> None:
