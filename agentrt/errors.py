@@ -26,7 +26,8 @@
     └── ActorError                  actor runtime problems
         ├── MailboxFull             tell_nowait on a full mailbox
         ├── ActorStopped            message sent to a stopped actor
-        └── AskTimeout              ask() did not get an answer in time
+        ├── AskTimeout              ask() did not get an answer in time
+        └── AskCycle                ask() of an actor already waiting up the caller's chain of asks
 """
 
 from __future__ import annotations
@@ -146,6 +147,11 @@ class ActorStopped(ActorError):
 
 class AskTimeout(ActorError, TimeoutError):
     """ask() got no answer within its timeout."""
+
+
+class AskCycle(ActorError):
+    """ask() would wait on an actor that is itself waiting, up the chain of asks, for the caller
+    (an agent asking itself from a tool, or A -> B -> A): it could never be answered."""
 
 
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, AgentrtError)]

@@ -122,3 +122,31 @@ def test_lazy_activation_by_kind_and_key():
         b = await rt.actor("echo", "k2", factory)
         assert a1 is a2 and a1 is not b and made == ["k1", "k2"]
     run(fn)
+
+
+class Asker:
+    """Asks the actors named in the message, in turn (the rest of the list goes along)."""
+
+    async def handle(self, msg, ctx):
+        if not msg:
+            return "done"
+        return await ctx.runtime.get(msg[0]).ask(msg[1:], timeout=5)
+
+
+def test_reentrant_asks_are_refused_at_once_not_deadlocked():
+    """An actor asking itself, or A -> B -> A, raises AskCycle immediately (named path); a chain
+    without a cycle (A -> B -> C) and a later ask of A still work."""
+    from agentrt.errors import AskCycle
+
+    async def body(rt):
+        for name in "abc":
+            await rt.spawn(Asker(), name=name)
+        a = rt.get("a")
+        with anyio.fail_after(3):  # (a deadlock would wait for the 5 s timeouts)
+            with pytest.raises(AskCycle, match="a -> a"):
+                await a.ask(["a"])
+            with pytest.raises(AskCycle, match="a -> b -> a"):
+                await a.ask(["b", "a"])
+            assert await a.ask(["b", "c"]) == "done"
+            assert await a.ask([]) == "done"
+    run(body)

@@ -9,10 +9,16 @@ sent), or a fresh task when sent from outside any `task_scope` (one user request
 the actor handles it inside that task's scope, so the model requests of the turn, and the
 messages it sends to other actors (say, from a tool), belong to the same task. `workflow=`
 names the workflow of a fresh task (inside a task, its workflow is the task's).
+
+Asks that could never be answered are refused: a message carries its chain of asks (the actors
+whose handlers are waiting on it, in the same context as the task, so it follows tools and
+LangGraph nodes), and ask() of an actor already in the caller's chain -- an agent asking itself
+from a tool, A -> B -> A -- raises AskCycle at once instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
@@ -22,11 +28,13 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from agentrt.errors import ActorStopped, AskTimeout, ConfigError, MailboxFull, RequestCancelled
+from agentrt.errors import ActorStopped, AskCycle, AskTimeout, ConfigError, MailboxFull, RequestCancelled
 from agentrt.runtime.supervision import RestartTracker, Supervision
 from agentrt.workflow import TaskContext, current_task, new_task_id, task_scope
 
 log = structlog.get_logger("agentrt.runtime")
+# the actors whose handlers wait, through asks, on the code running now (outermost first)
+_ASKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("agentrt_ask_chain", default=())
 
 
 class Behavior(Protocol):
@@ -69,6 +77,7 @@ class Envelope:
     streaming: bool = False
     settled: bool = field(default=False)
     task: TaskContext | None = None  # the task the message belongs to (None: no task)
+    chain: tuple = ()  # the actors waiting, through asks, on this message's answer
 
     def answer(self, value: Any) -> None:
         self._send(("ok", value))
@@ -132,9 +141,9 @@ class ActorRef:
     async def ask(self, message: Any, timeout: float | None = None, *, workflow: str | None = None) -> Any:
         """Send and wait for the answer; AskTimeout after `timeout` s (the message is cancelled).
         `workflow`: the workflow of the fresh task a message from outside any task starts."""
-        task = message_task(workflow)
+        task, chain = message_task(workflow), self._chain()
         send, recv = anyio.create_memory_object_stream(1)
-        env = Envelope(message, send, task=task)
+        env = Envelope(message, send, task=task, chain=chain)
         await self._put(env)
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
             async with recv:
@@ -149,9 +158,9 @@ class ActorRef:
 
     async def ask_stream(self, message: Any, *, workflow: str | None = None) -> AsyncIterator[Any]:
         """Send and yield the behaviour's events as they come; ends with the final answer."""
-        task = message_task(workflow)
+        task, chain = message_task(workflow), self._chain()
         send, recv = anyio.create_memory_object_stream(math.inf)
-        env = Envelope(message, send, streaming=True, task=task)
+        env = Envelope(message, send, streaming=True, task=task, chain=chain)
         await self._put(env)
         async with recv:
             async for kind, value in recv:
@@ -160,6 +169,16 @@ class ActorRef:
                 if kind == "end":
                     return
                 yield value
+
+    def _chain(self) -> tuple:
+        """The caller's chain of asks; AskCycle if this actor is already in it."""
+        chain = _ASKS.get()
+        if self in chain:
+            path = " -> ".join(a.name for a in (*chain, self))
+            raise AskCycle(f"actor {self.name!r} is waiting, up this chain of asks ({path}), for the caller: the "
+                           "ask could never be answered. Use tell() for a message that needs no answer, or let "
+                           "the caller do the work itself")
+        return chain
 
     def cancel(self) -> None:
         """Cancel the message being handled now (the actor goes on with the next one)."""
@@ -225,6 +244,7 @@ class ActorRef:
 
     async def _handle(self, env: Envelope, ctx: ActorContext) -> bool:
         task = task_scope(env.task.task_id, env.task.workflow) if env.task is not None else nullcontext()
+        asks = _ASKS.set((*env.chain, self))
         with anyio.CancelScope() as scope, task:
             self._scope = scope
             try:
@@ -248,6 +268,7 @@ class ActorRef:
                 raise
             finally:
                 self._scope = None
+                _ASKS.reset(asks)
         if scope.cancelled_caught:
             env.fail(RequestCancelled(f"the message to actor {self.name!r} was cancelled"))
         return True
