@@ -10,9 +10,8 @@ agentrt_no_tier, agentrt_prefix_lru (radix + LRU: the vLLM/SGLang-like baseline)
 cases at 80% and 100% are the plot's extra points (agents_memory.png).
 
 Long-context cases `long<A>_p<F>` (issue 29): each agent its own long anchor (instructions and
-tool schemas; --quick 1,500 tokens, full 4,000), tool results of 300-700 (full 500-2,000) tokens,
-histories growing toward the model's 8k context over 8 (full 10) turns, heavy-tailed tool
-latencies. Where losing KV costs most: recomputing a 6k history takes seconds on 2 cores.
+tool schemas; --quick 1,500 tokens, full 2,500), tool results of 300-700 (full 450-700) tokens,
+histories growing toward the model's 8k context over 8 turns, heavy-tailed tool latencies. Where losing KV costs most: recomputing a 6k history takes seconds on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ QUICK = SyntheticSpec(agents=8, turns=3, anchor_tokens=200, user_tokens=30, resu
                       n_tools=2, max_args=0)
 # (agents, pool fraction): the headline pairs, then the plot's extra points (8 agents)
 POINTS = ((8, 0.6), (8, 0.4), (16, 0.6), (16, 0.4), (8, 0.8), (8, 1.0))
-LONG_FULL = SyntheticSpec(agents=8, turns=10, anchor_tokens=4000, user_tokens=150, result_tokens=(500, 2000),
-                          n_tools=12, shared_system=False, max_context=16384)
+# (the embedded model's context is 8k: a 2.5k anchor and 7 results of up to 700 tokens fill it)
+LONG_FULL = SyntheticSpec(agents=8, turns=8, anchor_tokens=2500, user_tokens=150, result_tokens=(450, 700),
+                          n_tools=12, shared_system=False)
 LONG_QUICK = SyntheticSpec(agents=8, turns=8, anchor_tokens=1500, user_tokens=150, result_tokens=(300, 700),
                            n_tools=8, shared_system=False)
 LONG_POINTS_QUICK = ((8, 0.6),)

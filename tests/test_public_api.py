@@ -85,6 +85,7 @@ ERROR_TREE = {
     "MailboxFull": ("ActorError",),
     "ActorStopped": ("ActorError",),
     "AskTimeout": ("ActorError", "TimeoutError"),
+    "AskCycle": ("ActorError",),
 }
 
 
