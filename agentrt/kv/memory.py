@@ -131,11 +131,13 @@ class MemoryManager:
         """Sessions holding KV that no admitted request uses: idle, or busy with a request still
         queued unattached (it holds nothing it needs yet; admission finds its KV again). By
         `level`, what may give up pages: 0 neither pinned by a TTL nor about to run (a queued
-        request); 1 also the pinned; 2 also those about to run."""
+        request, or brought back by a return prefetch: its tools are due); 1 also the pinned; 2
+        also those about to run."""
         queued = {id(r.session) for r in self.queues.waiting if r.session is not None and not r.attached}
         now = self.clock.now()
         return [s for s in self.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
-                and (level >= 2 or id(s) not in queued) and (level >= 1 or s.pin_until <= now)]
+                and (level >= 2 or (id(s) not in queued and not s.prefetch_pages))
+                and (level >= 1 or s.pin_until <= now)]
 
     def candidates(self, level: int, allow) -> dict:
         """Resident leaves whose pages would all be freed by cutting idle sessions (of
