@@ -9,8 +9,8 @@ the session back to the leaf's start (its tail first, newest turn first) while i
 system prompt and tools other agents share, an interior node -- stays resident. The eviction
 policy (kv/eviction.py) orders all candidates together; a session pinned by tool-aware retention
 (kv/retention.py) is taken only in a second pass, after every other candidate, and one with
-a request queued (about to run: cutting it now would only move its pages out and back) only in
-a third -- never instead of preempting a running request. Running requests' and busy sessions' pages are never
+a request queued or brought back by a return prefetch (about to run: cutting it now would only
+move its pages out and back) only in a third -- never instead of preempting a running request. Running requests' and busy sessions' pages are never
 candidates. The next turn of a cut session gets its tail back from the tree, the tier (a copy)
 or, last, by recompute."""
 
