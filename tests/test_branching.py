@@ -93,14 +93,18 @@ def test_snapshot_then_restore_in_a_fresh_engine_prefills_only_the_delta(tmp_pat
     run(resume, page_size=8)
 
 
-def test_restore_refuses_another_model_dtype_garbage_foreign_or_missing_file(tmp_path):
-    path = tmp_path / "a.snap"
-
+def write_first_turn(path) -> None:
+    """A snapshot at `path` of a session after one turn (first_turn)."""
     async def write(eng):
         s, *_ = await first_turn(eng)
         await s.snapshot(path)
         await s.close()
     run(write)
+
+
+def test_restore_refuses_another_model_dtype_garbage_foreign_or_missing_file(tmp_path):
+    path = tmp_path / "a.snap"
+    write_first_turn(path)
     hf = make_hf_model("qwen2", 0)
     bf16 = LlamaModel(config_of(hf), dtype=torch.bfloat16)
     bf16.load_hf_weights(hf.state_dict())
@@ -270,12 +274,7 @@ def test_a_snapshot_with_any_byte_changed_is_refused(tmp_path):
     trailer): every one is refused with SnapshotMismatch, never restored silently; the intact
     file still restores."""
     path = tmp_path / "a.snap"
-
-    async def write(eng):
-        s, *_ = await first_turn(eng)
-        await s.snapshot(path)
-        await s.close()
-    run(write)
+    write_first_turn(path)
     data = path.read_bytes()
     fp = snapshot.model_fingerprint(model())
     assert snapshot.read_snapshot(path, fp)["tokens"]

@@ -13,6 +13,7 @@ import torch
 from agentrt.config import EngineConfig
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
+from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.response_cache import CachedResponse, ResponseCache
 from agentrt.engine.sample_step import finish_reason, sample_rows
@@ -29,16 +30,11 @@ from agentrt.kv.space import KVSpace
 from agentrt.model.batch import SeqChunk
 from agentrt.model.llama import LlamaModel
 from agentrt.scheduling.policies import make_scheduling_policy
-from agentrt.scheduling.scheduler import UPCOMING_S, Queues, Scheduler
+from agentrt.scheduling.scheduler import Queues, Scheduler
 from agentrt.scheduling.speculation import verify
 from agentrt.scheduling.tasks import TaskTracker
 
 log = structlog.get_logger("agentrt.engine")
-PREFETCH_PAGES_PER_STEP = 8  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
-PREFETCH_PAGES_IDLE = 1024  # ... and an idle engine
-RETURN_PAGES_PER_STEP = 64  # return prefetch per step, any step (a session due is about to run: ~5 ms of copies)
-HINT_P = 0.25  # a stage expected next with this probability gets its prefix prefetched
-PREFETCH_LEAD_STEPS = 2  # a return prefetch starts this many (mean) steps before its tools' early return
 
 
 class EngineCore:
@@ -108,27 +104,10 @@ class EngineCore:
         return self.retention.pin(sess, tuple(tools))
 
     def idle(self) -> float | None:
-        """Work for an idle step loop: prefetch (see _prefetch). Returns the seconds until a
+        """Work for an idle step loop: prefetch (engine/prefetch.py). Returns the seconds until a
         session waiting on tools is due for its return prefetch (None: none is): the loop
         wakes then, in case its result has not arrived."""
-        return self._prefetch(PREFETCH_PAGES_IDLE, PREFETCH_PAGES_IDLE) if self.cfg.enable_prefetch else None
-
-    def _prefetch(self, max_pages: int, return_pages: int) -> float | None:
-        """KV wanted next, brought back (kv/hierarchy.py): first, up to `return_pages`, the cut
-        histories of sessions whose tools may return now (soonest first); then, up to
-        `max_pages` in all, the stages the scheduler expects next and the policy's predicted
-        agents. Returns seconds until the next session is due (None: none waits)."""
-        now = self.clock.now()
-        lead = PREFETCH_LEAD_STEPS * self.counters.step_seconds / max(1, self.counters.steps)
-        waits = sorted(((self.retention.due_at(s, lead), s) for s in self.retention.waiting()), key=lambda x: x[0])
-        done = self.hierarchy.prefetch_returning([s for t, s in waits if t <= now], return_pages,
-                                                 hold=lambda es: self.retention.hold(es, now, lead)) if waits else 0
-        if max_pages > done:
-            tasks = self.tasks
-            self.hierarchy.prefetch(max_pages - done, hints=lambda: {
-                a: tasks.prefix_len(a) for a, p in tasks.upcoming(now, UPCOMING_S).items() if p >= HINT_P})
-        later = [t for t, _ in waits if t > now]
-        return min(later) - now if later else None
+        return prefetch(self, PAGES_IDLE, PAGES_IDLE) if self.cfg.enable_prefetch else None
 
     # ---- branching (kv/branching.py), between two steps ---------------------------------
     def fork_session(self, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
@@ -239,7 +218,7 @@ class EngineCore:
             except Exception as e:  # an observer's fault is not the step's
                 log.warning("step observer failed", observer=repr(observe), error=repr(e))
         if self.cfg.enable_prefetch:  # a few copies per step (a decode-only step's slack for more)
-            self._prefetch(0 if prefill else PREFETCH_PAGES_PER_STEP, RETURN_PAGES_PER_STEP)
+            prefetch(self, 0 if prefill else PAGES_PER_STEP, RETURN_PAGES_PER_STEP)
         self.counters.steps += 1
         if self.cfg.debug_invariants:
             self.check_invariants()

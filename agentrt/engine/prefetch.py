@@ -1,0 +1,37 @@
+"""The engine's prefetch between steps (kv/hierarchy.py does the copies): which KV to bring back
+from the tier, in what order, and when the idle loop should wake for it.
+
+First the **return prefetch** -- the cut histories of sessions whose tools may return now
+(kv/retention.py::Retention.due_at), soonest first; then, in a decode-only step or an idle
+loop, the prefixes of the workflow stages the scheduler expects next
+(scheduling/tasks.py::upcoming), then the agents the eviction policy's chain predicts. Nothing
+is done while the tier holds nothing: the step loop pays no scan of the sessions then."""
+
+from __future__ import annotations
+
+from agentrt.scheduling.scheduler import UPCOMING_S
+
+PAGES_PER_STEP = 8  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
+PAGES_IDLE = 1024  # ... and an idle engine
+RETURN_PAGES_PER_STEP = 64  # return prefetch per step, any step (a session due is about to run: ~5 ms of copies)
+HINT_P = 0.25  # a stage expected next with this probability gets its prefix prefetched
+LEAD_STEPS = 2  # a return prefetch starts this many (mean) steps before its tools' early return
+
+
+def prefetch(core, max_pages: int, return_pages: int) -> float | None:
+    """Up to `return_pages` of return prefetch, then up to `max_pages` in all of predicted
+    prefixes. Returns seconds until the next waiting session is due (None: none waits)."""
+    tier = core.kv.tier
+    if tier is None or not tier.used:
+        return None
+    now, retention = core.clock.now(), core.retention
+    lead = LEAD_STEPS * core.counters.step_seconds / max(1, core.counters.steps)
+    waits = sorted(((retention.due_at(s, lead), s) for s in retention.waiting()), key=lambda x: x[0])
+    done = core.hierarchy.prefetch_returning([s for t, s in waits if t <= now], return_pages,
+                                             hold=lambda es: retention.hold(es, now, lead)) if waits else 0
+    if max_pages > done:
+        tasks = core.tasks
+        core.hierarchy.prefetch(max_pages - done, hints=lambda: {
+            a: tasks.prefix_len(a) for a, p in tasks.upcoming(now, UPCOMING_S).items() if p >= HINT_P})
+    later = [t for t, _ in waits if t > now]
+    return min(later) - now if later else None
