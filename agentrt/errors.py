@@ -23,6 +23,7 @@
     │   ├── ToolDefinitionError     a function that cannot become a tool
     │   └── ToolCallError           a call that failed validation or execution
     ├── GrammarError                constrained decoding could not be set up
+    │   └── SchemaUnsupported       a tool's parameters or a response schema the backend cannot compile
     └── ActorError                  actor runtime problems
         ├── MailboxFull             tell_nowait on a full mailbox
         ├── ActorStopped            message sent to a stopped actor
@@ -131,6 +132,16 @@ class ToolCallError(ToolError):
 
 class GrammarError(AgentrtError):
     """Constrained decoding could not be set up for the given tools or schema."""
+
+
+class SchemaUnsupported(GrammarError):
+    """A schema the grammar backend cannot compile: `tool` names the tool whose parameters hold
+    it (None: the response format's schema), `feature` the keyword at fault and where, when the
+    backend's message points at one ("$ref at /properties/city/$ref")."""
+
+    def __init__(self, message: str, *, tool: str | None = None, feature: str | None = None) -> None:
+        super().__init__(message)
+        self.tool, self.feature = tool, feature
 
 
 class ActorError(AgentrtError):

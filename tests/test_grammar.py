@@ -16,7 +16,7 @@ import torch
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from agentrt.errors import ConfigError, GrammarError
+from agentrt.errors import ConfigError, GrammarError, SchemaUnsupported
 from agentrt.model.generate import generate
 from agentrt.model.tokenizer import Tokenizer, byte_to_unicode
 from agentrt.sampling import SamplingParams
@@ -235,16 +235,26 @@ def test_bad_arguments(factory, tok):
         GrammarFactory(tok, backend="outlines")
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "string", "minLength": 5, "maxLength": 2},
-    {"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}},
-    {"type": "string", "pattern": "(?<=a)b"},
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength"),
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}, "$ref"),
+    ({"type": "string", "pattern": "(?<=a)b"}, "pattern"),
 ])
-def test_schemas_the_backend_cannot_handle_are_grammar_errors(factory, schema):
-    with pytest.raises(GrammarError, match="cannot compile"):
+def test_schemas_the_backend_cannot_handle_name_the_tool_and_the_feature(factory, schema, keyword):
+    """A typed SchemaUnsupported (a GrammarError): the tool whose parameters fail, and the keyword
+    at fault with its JSON pointer, so a client with many tools knows what to fix."""
+    with pytest.raises(SchemaUnsupported, match="cannot compile the response schema") as info:
         factory.for_json_schema(schema)
-    with pytest.raises(GrammarError, match="cannot compile"):
-        factory.for_tools({"bad_tool": {"type": "object", "properties": {"p": schema}, "required": ["p"]}}, "required")
+    assert info.value.tool is None and info.value.feature.startswith(keyword), info.value
+    tools = {"fine": {"type": "object", "properties": {"q": {"type": "string"}}},
+             "bad_tool": {"type": "object", "properties": {"p": schema}, "required": ["p"]}}
+    with pytest.raises(SchemaUnsupported, match="cannot compile the parameters of tool 'bad_tool'") as info:
+        factory.for_tools(tools, "required")
+    # llguidance reports an unsatisfiable property as its `required` entry: that keyword is named then
+    feat = info.value.feature
+    assert info.value.tool == "bad_tool" and (feat.startswith(f"{keyword} at /properties/p/")
+                                              or feat == "required at /required"), info.value
+    assert isinstance(info.value, GrammarError)
 
 
 def test_non_byte_level_tokenizer_is_refused():

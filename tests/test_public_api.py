@@ -81,6 +81,7 @@ ERROR_TREE = {
     "ToolDefinitionError": ("ToolError", "TypeError"),
     "ToolCallError": ("ToolError",),
     "GrammarError": ("AgentrtError",),
+    "SchemaUnsupported": ("GrammarError",),
     "ActorError": ("AgentrtError",),
     "MailboxFull": ("ActorError",),
     "ActorStopped": ("ActorError",),

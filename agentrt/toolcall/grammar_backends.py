@@ -41,6 +41,7 @@ import torch
 from agentrt.errors import ConfigError, GrammarError
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import HERMES, ITEM_SEP, KEY_SEP, ToolFormat
+from agentrt.toolcall.schema_errors import unsupported
 
 CALL_SEP = HERMES.separator
 
@@ -131,7 +132,9 @@ class XGrammarBackend:
         except GrammarError:
             raise
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError/its own types
-            raise GrammarError(f"xgrammar cannot compile this schema: {_message(exc)}") from exc
+            if spec.kind == "json":
+                raise unsupported("xgrammar", _message(exc), tool=None, schema_text=spec.schema_json) from exc
+            raise GrammarError(f"xgrammar cannot compile this tool grammar: {_message(exc)}") from exc
 
     def _structural_tag(self, spec: GrammarSpec) -> dict[str, Any]:
         f = spec.format
@@ -158,8 +161,7 @@ class XGrammarBackend:
             grammar = self._xgr.Grammar.from_json_schema(
                 call.parameters_json, any_whitespace=False, separators=(ITEM_SEP, KEY_SEP))
         except Exception as exc:
-            raise GrammarError(f"xgrammar cannot compile the parameters of tool {call.name!r}: "
-                               f"{_message(exc)}") from exc
+            raise unsupported("xgrammar", _message(exc), tool=call.name, schema_text=call.parameters_json) from exc
         return {"type": "grammar", "grammar": str(grammar)}
 
     def matcher(self, compiled: Any) -> Matcher:
@@ -229,8 +231,19 @@ class LLGuidanceBackend:
             grammar = llg.LLMatcher.grammar_from_lark(self._lark(spec))
         error = llg.LLMatcher.validate_grammar(grammar, self._tok)
         if error:
-            raise GrammarError(f"llguidance cannot compile this schema: {error}")
+            raise self._culprit(spec, error)
         return llg.LLMatcher(self._tok, grammar, log_level=0)
+
+    def _culprit(self, spec: GrammarSpec, error: str) -> GrammarError:
+        """The typed error naming the schema that fails: the response schema, or the first tool
+        whose parameters fail alone (none: the grammar around them, a GrammarError)."""
+        if spec.kind == "json":
+            return unsupported("llguidance", error, tool=None, schema_text=spec.schema_json)
+        for call in spec.calls:
+            alone = self._llg.LLMatcher.grammar_from_json_schema(call.parameters_json, overrides=_JSON_OPTIONS)
+            if own := self._llg.LLMatcher.validate_grammar(alone, self._tok):
+                return unsupported("llguidance", own, tool=call.name, schema_text=call.parameters_json)
+        return GrammarError(f"llguidance cannot compile this tool grammar: {error}")
 
     @staticmethod
     def _lark(spec: GrammarSpec) -> str:
