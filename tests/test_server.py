@@ -186,7 +186,7 @@ def test_completions_plain_and_streamed(client):
     ({"n": 2}, "n"), ({"temperature": 5.0}, "temperature"), ({"max_tokens": 100000}, "max_tokens"),
     ({"messages": []}, "messages"), ({"tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ({"response_format": {"type": "xml"}}, "response_format"), ({"logprobs": True}, "logprobs")])
+    ({"response_format": {"type": "xml"}}, "response_format.type"), ({"logprobs": True}, "logprobs")])
 def test_bad_requests_are_openai_400s(client, kw, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**{"model": "smol", "messages": ASK, "max_tokens": 8, **kw})

@@ -83,10 +83,12 @@ class Conversation:
     """Messages + the tokens the session's KV holds + the engine session (None: transient)."""
 
     def __init__(self, engine: Any, *, tools: Sequence[Mapping[str, Any]] | None = None, session: Any = None,
-                 chat: Any = None, policy: ContextPolicy | None = None) -> None:
+                 chat: Any = None, policy: ContextPolicy | None = None, cache_salt: str | None = None) -> None:
         if policy is not None and not isinstance(policy, ContextPolicy):
             raise ConfigError(f"policy must be a ContextPolicy, got {type(policy).__name__}")
-        self.engine, self.session = engine, session
+        if cache_salt is not None and (not isinstance(cache_salt, str) or session is not None):
+            raise ConfigError("cache_salt is a str, for a transient conversation (a session has its own salt)")
+        self.engine, self.session, self.cache_salt = engine, session, cache_salt
         self.policy = policy or ContextPolicy()
         self.originals: list[dict] = []  # messages as given (before tool results were cut)
         self.dropped = 0  # messages dropped to fit the context so far
@@ -193,7 +195,8 @@ class Conversation:
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = _Round(parser, tuple(stop), reasoning, limits.stop_on_repeat)
         state.constrained = constraint is not None
-        request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow)) if v is not None}
+        request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
+                                     ("cache_salt", self.cache_salt)) if v is not None}
         async with aclosing(engine.generate(self.tokens, params, session=self.session, constraint=constraint,
                                             **request)) as events:
             async for ev in events:

@@ -104,14 +104,17 @@ class SessionRouter:
         self.engine, self.policy = engine, policy
         self.sessions: dict[str, RoutedSession] = {}
 
-    async def acquire(self, key: str, tag: str | None = None) -> RoutedSession | None:
+    async def acquire(self, key: str, tag: str | None = None, cache_salt: str | None = None) -> RoutedSession | None:
         """The key's session, locked by the caller (None: use a transient request, e.g. when a
         parallel call holds the key's session or no session can be opened). A new session is
-        tagged `tag` (the node it serves: its agent, for the cache and the scheduler) or the key."""
+        tagged `tag` (the node it serves: its agent, for the cache and the scheduler) or the key,
+        and salted with `cache_salt` (its prefixes are shared only with requests of that salt)."""
         await self.release_idle()
         rs = self.sessions.get(key)
+        if rs is not None and getattr(rs.session, "cache_salt", None) != cache_salt:
+            raise ConfigError(f"session {key!r} was opened with another cache_salt; a key keeps one salt")
         if rs is None:
-            session = await self._open(key, tag)
+            session = await self._open(key, tag, cache_salt)
             if session is None:
                 return None
             rs = self.sessions[key] = RoutedSession(key, session, Conversation(self.engine, session=session), tag=tag)
@@ -120,12 +123,12 @@ class SessionRouter:
         rs.last_used = time.monotonic()
         return rs
 
-    async def _open(self, key: str, tag: str | None = None):
+    async def _open(self, key: str, tag: str | None = None, cache_salt: str | None = None):
         for _ in range(2):
             if len(self.sessions) >= self.policy.max_sessions and not await self._release_lru():
                 return None
             try:
-                return await self.engine.open_session(tag=tag or key, timeout=0.0)
+                return await self.engine.open_session(tag=tag or key, cache_salt=cache_salt, timeout=0.0)
             except PoolExhausted:
                 if not await self._release_lru():
                     return None
@@ -197,13 +200,13 @@ class SessionRouter:
 @asynccontextmanager
 async def routed_conversation(router: "SessionRouter", key: str | None, messages: Sequence[Mapping[str, Any]],
                               tools: Sequence[Mapping[str, Any]] | None, *, tag: str | None = None,
-                              chat: Any = None) -> AsyncIterator[tuple[Conversation, int]]:
+                              chat: Any = None, cache_salt: str | None = None) -> AsyncIterator[tuple[Conversation, int]]:
     """(conversation holding `messages`, messages reused from its ledger); the key's session is
     locked for the block. Without a key, or when its session is busy or cannot be opened, a
-    transient conversation (0 reused)."""
-    rs = await router.acquire(key, tag) if key is not None else None
+    transient conversation (0 reused). `cache_salt` namespaces the prefix cache (a tenant)."""
+    rs = await router.acquire(key, tag, cache_salt) if key is not None else None
     if rs is None:
-        conv = Conversation(router.engine, tools=tools, chat=chat)
+        conv = Conversation(router.engine, tools=tools, chat=chat, cache_salt=cache_salt)
         await conv.add(messages)
         yield conv, 0
         return

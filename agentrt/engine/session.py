@@ -43,6 +43,11 @@ class Session:
     def closed(self) -> bool:
         return self._es.closed
 
+    @property
+    def cache_salt(self) -> str | None:
+        """The salt its prefixes are cached under (shared only with requests of the same salt)."""
+        return self._es.cache_salt
+
     async def close(self) -> None:
         await self._engine.close_session(self._es)
 

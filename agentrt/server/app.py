@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentrt.errors import AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted
+from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
+                            SchemaUnsupported)
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.router import SessionPolicy, SessionRouter
 
@@ -122,11 +124,14 @@ def _handlers(app: FastAPI, state: ServerState) -> None:
 
     @app.exception_handler(Exception)
     async def any_error(request: Request, exc: Exception):
-        log.exception("request %s %s failed", request.method, request.url.path)
-        return _error(_as_api_error(exc))
+        rid = request_id(request)
+        log.exception("request %s %s %s failed", rid, request.method, request.url.path)
+        response = _error(_as_api_error(exc, rid))
+        response.headers["x-request-id"] = rid
+        return response
 
 
-def _as_api_error(exc: BaseException) -> ApiError:
+def _as_api_error(exc: BaseException, rid: str | None = None) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ContextLengthExceeded):
@@ -137,9 +142,12 @@ def _as_api_error(exc: BaseException) -> ApiError:
         return ApiError("the engine is not running; see the server log", 503, type="server_error")
     if isinstance(exc, PoolExhausted):
         return ApiError(f"the server is at capacity: {exc}", 503, type="server_error")
+    if isinstance(exc, SchemaUnsupported):
+        return ApiError(str(exc), code="unsupported_schema")
+    where = f" (request id {rid})" if rid else ""
     if isinstance(exc, AgentrtError):
-        return ApiError(f"{type(exc).__name__}: {exc}", 500, type="server_error")
-    return ApiError("internal server error; see the server log", 500, type="server_error")
+        return ApiError(f"{type(exc).__name__}{where}: {exc}", 500, type="server_error")
+    return ApiError(f"internal server error{where}; see the server log", 500, type="server_error")
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -155,8 +163,20 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def tenant_salt(caller: str, cache_salt: str | None) -> str | None:
+    """The radix/response-cache salt of a request: its API key's id (tenants never share cached
+    prefixes) and its own `cache_salt` (finer isolation inside a key). None: no keys, no salt."""
+    if caller == "anon" and cache_salt is None:
+        return None
+    return f"{caller}/{cache_salt or ''}"
+
+
 def _session_key(request: Request, req: ChatRequest, caller: str) -> str | None:
+    """`<tenant>:<client's key>`; the tenant is the API key's id, with a hash of the request's
+    cache_salt when it has one (a session lives under one salt)."""
     key = req.prompt_cache_key or request.headers.get("x-session-id") or req.user
+    if req.cache_salt is not None:
+        caller += "+" + hashlib.sha256(req.cache_salt.encode()).hexdigest()[:12]
     return f"{caller}:{key}" if key else None
 
 
@@ -191,22 +211,34 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 async def _serve(request: Request, state: ServerState, endpoint: str,
                  handler: Callable[[Request, ServerState, bytes, str, float], Awaitable[Response]]) -> Response:
     t0 = time.perf_counter()
+    rid = request_id(request)
     try:
         caller = state.caller(request)
         body = await _body(request, state.config.max_request_bytes)
         response = await handler(request, state, body, caller, t0)
     except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
-        err = _as_api_error(e)
+        err = _as_api_error(e, rid)
         if err.status >= 500:
-            log.exception("%s request failed", endpoint)
+            log.exception("%s request %s failed", endpoint, rid)
         response = _error(err)
+    response.headers["x-request-id"] = rid
     state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
     return response
 
 
+def request_id(request: Request) -> str:
+    """The client's X-Request-Id when it is a short token, else a new one: it names the request
+    in the log and in a 500's message, so a report can be matched to its traceback."""
+    given = request.headers.get("x-request-id", "")
+    if 0 < len(given) <= 64 and all(c.isalnum() or c in "-_.:" for c in given):
+        return given
+    return f"req-{uuid.uuid4().hex[:20]}"
+
+
 async def _chat(request: Request, state: ServerState, body: bytes, caller: str, t0: float) -> Response:
     req = parse(ChatRequest, body)
-    call = chat.prepare(req, _session_key(request, req, caller), state.config.model_name)
+    call = chat.prepare(req, _session_key(request, req, caller), state.config.model_name,
+                        tenant_salt(caller, req.cache_salt))
     if req.stream:
         return await EventStream.start(_chat_chunks(call, state, caller, t0))
 
@@ -243,7 +275,7 @@ async def _chat_chunks(call, state: ServerState, caller: str, t0: float) -> Asyn
 
 async def _text(request: Request, state: ServerState, body: bytes, caller: str, t0: float) -> Response:
     req = parse(CompletionRequest, body)
-    run = TextRun(req, state, state.config.model_name)
+    run = TextRun(req, state, state.config.model_name, tenant_salt(caller, req.cache_salt))
     if req.stream:
         return await EventStream.start(_text_chunks(run, state, caller, t0))
 

@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from agentrt.engine.context import context_overflow
-from agentrt.errors import ContextLengthExceeded
+from agentrt.errors import ContextLengthExceeded, SchemaUnsupported
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.reply import call_id, call_prefix, finish_reason
@@ -49,20 +49,22 @@ class ChatCall:
     model: str
     id: str
     created: int
+    salt: str | None = None  # the tenant's cache salt (API key id, and the request's cache_salt)
     call_prefix: str = "call"  # call ids: <prefix>_<index>, from the prompt (streamed = not streamed)
 
 
-def prepare(req: ChatRequest, key: str | None, model: str) -> ChatCall:
+def prepare(req: ChatRequest, key: str | None, model: str, salt: str | None = None) -> ChatCall:
     tools = tools_of(req)
     return ChatCall(req, to_messages(req.messages), tools, tool_choice_of(req, tools), json_schema_of(req.response_format),
-                    key, model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+                    key, model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), salt)
 
 
 async def run(call: ChatCall, state) -> AsyncIterator[Any]:
     """The round's parser events, then its RoundEnd (ApiError before any event when the request
     cannot be served: over the limits, or no room in the context)."""
     engine, req = state.engine, call.req
-    async with routed_conversation(state.router, call.key, call.messages, call.tools, tag=call.key) as (conv, _):
+    async with routed_conversation(state.router, call.key, call.messages, call.tools, tag=call.key,
+                                   cache_salt=call.salt) as (conv, _):
         call.call_prefix = prefix = call_prefix(conv.tokens)
         limit = engine.max_context_tokens
         max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit,
@@ -84,6 +86,18 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
                     yield ev
         except ContextLengthExceeded as e:
             raise _too_long(e) from None
+        except SchemaUnsupported as e:
+            raise _schema_error(call, e) from None
+
+
+def _schema_error(call: ChatCall, e: SchemaUnsupported) -> ApiError:
+    """A schema the grammar backend cannot compile is the client's to fix: 400 at its field."""
+    names = [t["function"]["name"] for t in call.tools or ()]
+    if e.tool is not None and e.tool in names:
+        param = f"tools.{names.index(e.tool)}.function.parameters"
+    else:
+        param = "response_format.json_schema.schema"
+    return ApiError(str(e), param=param, code="unsupported_schema")
 
 
 def _too_long(e: ContextLengthExceeded) -> ApiError:

@@ -24,7 +24,7 @@ from .protocol import ApiError, CompletionRequest
 class TextRun:
     """One completion: its prompt ids, params and the text produced so far."""
 
-    def __init__(self, req: CompletionRequest, state, model: str) -> None:
+    def __init__(self, req: CompletionRequest, state, model: str, salt: str | None = None) -> None:
         tok, engine = state.engine.tokenizer, state.engine
         prompt = tok.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         try:
@@ -38,7 +38,7 @@ class TextRun:
                            param="max_tokens")
         if (overflow := context_overflow(len(prompt), max_tokens, limit)) is not None:
             raise ApiError(str(overflow), code="context_length_exceeded", param="prompt")
-        self.req, self.engine, self.prompt, self.model = req, engine, prompt, model
+        self.req, self.engine, self.prompt, self.model, self.salt = req, engine, prompt, model, salt
         self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                      ignore_eos=req.ignore_eos)
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -48,7 +48,7 @@ class TextRun:
         """New text as it decodes (cut before a stop string); sets finish and usage at the end."""
         dec = IncrementalDecoder(self.engine.tokenizer)
         stopped = False
-        async with aclosing(self.engine.generate(self.prompt, self.params)) as events:
+        async with aclosing(self.engine.generate(self.prompt, self.params, cache_salt=self.salt)) as events:
             async for ev in events:
                 piece = "" if stopped else "".join(dec.push(t) for t in ev.token_ids)
                 self.ids += [] if stopped else list(ev.token_ids)
