@@ -31,7 +31,7 @@ class ScriptedEngine:
         self.max_context_tokens = 1 << 20
         self.started = True
 
-    async def open_session(self, tag=None):
+    async def open_session(self, tag=None, cache_salt=None, timeout=None):
         return _Session()
 
     def stop(self, request_id: int) -> None:
@@ -46,8 +46,10 @@ class ScriptedEngine:
 
 
 class _Session:
+    closed = False
+
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def test_pure_calls_start_before_the_round_ends():

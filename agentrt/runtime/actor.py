@@ -136,7 +136,10 @@ class ActorRef:
         except anyio.WouldBlock:
             raise MailboxFull(f"actor {self.name!r} has a full mailbox; use `await tell()` to wait") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise ActorStopped(f"actor {self.name!r} has stopped") from None
+            raise ActorStopped(f"actor {self.name!r} has stopped{self._why()}") from None
+
+    def _why(self) -> str:
+        return f" after {type(self.error).__name__}: {self.error}" if self.error is not None else ""
 
     async def ask(self, message: Any, timeout: float | None = None, *, workflow: str | None = None) -> Any:
         """Send and wait for the answer; AskTimeout after `timeout` s (the message is cancelled).
@@ -201,7 +204,10 @@ class ActorRef:
         try:
             await self._send.send(env)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise ActorStopped(f"actor {self.name!r} has stopped") from None
+            raise ActorStopped(f"actor {self.name!r} has stopped{self._why()}") from None
+
+    def _why(self) -> str:
+        return f" after {type(self.error).__name__}: {self.error}" if self.error is not None else ""
 
     # ---- the actor task ---------------------------------------------------------------
     async def run(self, ctx: ActorContext) -> None:
@@ -218,14 +224,20 @@ class ActorRef:
             self._send.close()
             with anyio.CancelScope(shield=True):
                 async for env in self._recv:  # nobody will answer these any more
-                    env.fail(ActorStopped(f"actor {self.name!r} has stopped"))
+                    env.fail(ActorStopped(f"actor {self.name!r} has stopped{self._why()}"))
                 self._recv.close()
             self._stopped.set()
 
     async def _run_once(self, ctx: ActorContext) -> bool:
-        """Run until the mailbox closes (False) or a handler crashes (True: maybe restart)."""
+        """Run until the mailbox closes (False) or a handler crashes (True: maybe restart). A start
+        that fails is a crash too (the runtime and the other actors go on)."""
         if hasattr(self.behavior, "start"):
-            await self.behavior.start(ctx)
+            try:
+                await self.behavior.start(ctx)
+            except Exception as e:
+                self.error = e
+                log.exception("actor start failed", actor=self.name)
+                return True
         crashed = False
         try:
             async for env in self._recv:

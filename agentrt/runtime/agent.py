@@ -1,5 +1,7 @@
-"""Agent: an actor behaviour that holds a KV session for its whole life and runs the
-model -> tool-call -> tool -> model loop with direct Python calls.
+"""Agent: an actor behaviour that holds a KV session and runs the model -> tool-call -> tool ->
+model loop with direct Python calls. While idle it keeps its session unless the engine runs out
+of session ids: then the runtime passivates it (runtime/leases.py) and its next turn activates
+it on a new session, its history served from the prefix cache or the tier, or prefilled again.
 
 One turn (`handle` / `stream`), on the conversation core (`agentrt/conversation/conversation.py`):
   1. the new messages are appended to the Conversation as a token delta;
@@ -129,24 +131,38 @@ class Agent:
         if self.engine is None:
             raise ConfigError(f"agent {self.spec.name!r} has no engine: pass engine= or give the Runtime one")
         self._limiter = ctx.runtime.tool_limiter
-        if self.session is None or ctx.reset_state:
+        self._leases = ctx.runtime.sessions
+        if self.conversation is None or ctx.reset_state:
             await self._reset()
+        await self._leases.acquire(self)  # a session now (passivating an idle agent if ids ran out)
+        self._leases.release(self)
 
     async def stop(self, ctx, restarting: bool) -> None:
         """The session is released when the agent stops, and on a restart that resets it."""
-        if self.session is not None and not (restarting and self._keeps_session(ctx)):
-            await self.session.close()
-            self.session = None
+        if not (restarting and self._keeps_session(ctx)):
+            self._leases.forget(self)
+            if self.session is not None:
+                await self.passivate()
+
+    def attach(self, session) -> None:
+        """Run on `session` from now on (a new one after passivation, or a moved one)."""
+        self.session = self.conversation.session = session
+
+    async def passivate(self) -> None:
+        """Close the session between turns; the conversation keeps the history for the next one.
+        (The closed session's KV goes to the prefix cache, keyed by its tokens.)"""
+        session, self.session = self.session, None
+        if self.conversation is not None:
+            self.conversation.session = None
+        if session is not None:
+            await session.close()
 
     def _keeps_session(self, ctx) -> bool:
         return ctx.runtime.actors[ctx.name].supervision.session == "keep"
 
     async def _reset(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-        self.session = await self.engine.open_session(tag=self.spec.name)
-        self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), session=self.session,
-                                         policy=self.spec.context_policy)
+        await self.passivate()  # (a new conversation: nothing of the old session is reused)
+        self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), policy=self.spec.context_policy)
         if self.spec.instructions:
             self.conversation.append([{"role": "system", "content": self.spec.instructions}])
 
@@ -167,7 +183,16 @@ class Agent:
         return result
 
     async def stream(self, message: Any, ctx) -> AsyncIterator[Any]:
-        await self.conversation.add(as_messages(message))
+        messages = as_messages(message)
+        await self._leases.acquire(self)
+        try:
+            async for ev in self._turn(messages):
+                yield ev
+        finally:
+            self._leases.release(self)
+
+    async def _turn(self, messages: list[dict]) -> AsyncIterator[Any]:
+        await self.conversation.add(messages)
         turn: list[dict] = []
         results: list[ToolResult] = []
         usage, text = [], ""

@@ -21,6 +21,7 @@ import structlog
 from agentrt.conversation.formats import grammars_of
 from agentrt.errors import ActorError, ActorStopped, ConfigError, SessionBusy
 from agentrt.runtime.actor import ActorContext, ActorRef, Behavior
+from agentrt.runtime.leases import SessionLeases
 from agentrt.runtime.supervision import Supervision
 
 log = structlog.get_logger("agentrt.runtime")
@@ -55,6 +56,7 @@ class Runtime:
         self.shutdown_timeout = _timeout("shutdown_timeout", shutdown_timeout)
         # sync tools' worker threads
         self.tool_limiter = anyio.CapacityLimiter(_positive_int("tool_threads", tool_threads))
+        self.sessions = SessionLeases()  # agents' session ids; idle agents passivated when they run out
         self._actors: dict[str, ActorRef] = {}
         self._tg = None
         self._owns_engine = False
@@ -150,7 +152,7 @@ class Runtime:
                                     supervision=supervision or ref.supervision)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await child.session.close()
+                await child.passivate()
             raise
 
     async def actor(self, kind: str, key: str, factory: Callable[[str], Behavior], **kw) -> ActorRef:

@@ -24,7 +24,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
-from pydantic import ConfigDict, Field, PrivateAttr, ValidationError
+from langchain_core.utils import secret_from_env
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from agentrt.conversation.formats import chat_format_of
 from agentrt.errors import ConfigError
@@ -82,6 +83,10 @@ class ChatAgentrt(BaseChatModel):
     stop_on_repeated_call: bool = Field(default=True, strict=True,
                                         description="a reply ends when the model repeats one of its calls")
     session_policy: SessionPolicy = Field(default_factory=SessionPolicy)
+    api_key: SecretStr | None = Field(
+        default_factory=secret_from_env("AGENTRT_API_KEY", default=None),
+        description="the bearer key of a remote `agentrt serve` (env AGENTRT_API_KEY); an in-process "
+                    "engine has no credentials and does not use it")
     _shared: _Shared = PrivateAttr()
 
     def __init__(self, engine=None, *, host: EngineHost | None = None, **kwargs: Any):

@@ -90,13 +90,11 @@ class _Flags:
 
 
 class TestChatAgentrtUnit(_Flags, ChatModelUnitTests):
+    """The unit suite with its standard parameters unchanged (`api_key="test"` included)."""
+
     @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        """The suite's standard parameters less `api_key`: an in-process engine has no credentials,
-        and ChatAgentrt refuses arguments it does not use (test_langchain_standard_api.py)."""
-        params = dict(super().standard_chat_model_params)
-        params.pop("api_key")
-        return params
+    def init_from_env_params(self) -> tuple[dict, dict, dict]:
+        return {"AGENTRT_API_KEY": "key-from-env"}, {"host": self.host}, {"api_key": "key-from-env"}
 
 
 class TestChatAgentrtIntegration(_Flags, ChatModelIntegrationTests):

@@ -149,8 +149,12 @@ def test_truncated_call_finishes_with_length(host):
 
 
 def test_constructor_arguments_are_honoured_or_refused(host):
+    keyed = ChatAgentrt(host=host, api_key="sk-unused")  # as partner models take it (a remote's key)
+    assert keyed.api_key.get_secret_value() == "sk-unused" and "sk-unused" not in repr(keyed)
     with pytest.raises(ConfigError, match="api_key"):
-        ChatAgentrt(host=host, api_key="sk-unused")  # an in-process engine has no credentials
+        ChatAgentrt(host=host, api_key=5)
+    with pytest.raises(ConfigError, match="no_such_argument"):
+        ChatAgentrt(host=host, no_such_argument=1)  # unknown arguments are still refused
     with pytest.raises(ConfigError, match="max_retries"):
         ChatAgentrt(host=host, max_retries=-1)
     with pytest.raises(ConfigError, match="timeout"):

@@ -1,0 +1,92 @@
+"""Session leases: more agents than the engine has session ids, by passivating idle ones.
+
+An agent holds a session id while it runs a turn and keeps it while idle, so its next turn
+prefills only the new messages. When an agent needs an id and the engine has none free, the
+least recently used idle agent of the same engine is *passivated*: its session is closed, which
+hands its KV to the radix prefix cache (from where memory pressure demotes it to the tier, or
+drops it). Its conversation keeps the messages and token ids, so the next turn *activates* it on
+a fresh session: the prompt is the whole history, served from the radix cache or promoted from
+the tier when still there, else prefilled again -- the same tokens either way (greedy output is
+batch- and cache-invariant on the default path). With ids for every agent nothing is passivated.
+
+An agent waiting for an id while every holder is busy waits for the next turn to end, up to the
+engine's `acquire_timeout` (PoolExhausted after it: ids held outside the runtime, say).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+import anyio
+
+from agentrt.errors import ConfigError, PoolExhausted
+
+_POLL_S = 0.25  # a session closed outside the runtime (not an agent's) frees an id without telling
+
+
+class SessionLeases:
+    """The runtime's agents and the sessions they hold (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._idle: OrderedDict[Any, Any] = OrderedDict()  # agent -> the session it held going idle
+        self._freed = anyio.Event()
+        self.passivations = 0
+        self.activations = 0  # sessions opened for an agent that had been passivated
+
+    async def acquire(self, agent: Any) -> None:
+        """Give `agent` a session for a turn (its own, or a new one, passivating others for it)."""
+        self._idle.pop(agent, None)
+        if agent.session is not None and not agent.session.closed:
+            return
+        passivated = agent.conversation is not None and agent.conversation.session is None \
+            and bool(agent.conversation.tokens)
+        config = getattr(agent.engine, "config", None)
+        if getattr(config, "max_session_seqs", None) == 0:
+            raise ConfigError(f"agent {agent.spec.name!r} needs a KV session, and the engine has none "
+                              "(EngineConfig.max_session_seqs=0)")
+        wait = getattr(config, "acquire_timeout", None)
+        deadline = anyio.current_time() + (math.inf if wait is None else wait)
+        while True:
+            try:
+                session = await agent.engine.open_session(tag=agent.spec.name, timeout=0.0)
+                break
+            except PoolExhausted:
+                if await self._passivate_one(agent.engine):
+                    continue
+                if anyio.current_time() >= deadline:
+                    raise
+                with anyio.move_on_after(_POLL_S):
+                    await self._freed.wait()
+        agent.attach(session)
+        self.activations += passivated
+
+    def release(self, agent: Any) -> None:
+        """`agent` finished a turn: it keeps its session, idle (first to go when ids run out)."""
+        if agent.session is not None and not agent.session.closed:
+            self._idle[agent] = agent.session
+            self._idle.move_to_end(agent)
+        self._freed.set()
+        self._freed = anyio.Event()
+
+    def forget(self, agent: Any) -> None:
+        """`agent` stopped (its session is closed by its own stop)."""
+        self._idle.pop(agent, None)
+        self._freed.set()
+        self._freed = anyio.Event()
+
+    async def _passivate_one(self, engine: Any) -> bool:
+        for agent, session in list(self._idle.items()):
+            if agent.engine is not engine:
+                continue
+            del self._idle[agent]
+            if agent.session is session:  # (a cluster may have moved it since)
+                await agent.passivate()
+                self.passivations += 1
+                return True
+        return False
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
