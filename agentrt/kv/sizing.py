@@ -43,7 +43,9 @@ class Footprint:
     * held: the pages they hold, shared ones once, and new: the pages their cells to come need,
       +1 each for a shared partial page's copy (the footprint check, `fits`: without it,
       requests that cannot run together are admitted and preempt each other over and over).
-    An idle engine always admits (no starvation)."""
+    An idle engine always admits (no starvation). A request preempted before is admitted again
+    only alone: every request admitted after it is younger, so it is never the victim again and
+    preemption cannot loop (one that cannot fit alone fails at once: OutOfKVMemory)."""
 
     def __init__(self, running: list[Request], cfg: EngineConfig):
         self.cfg, self.n, self.cells, self.held, self.new = cfg, 0, 0, set(), 0
@@ -60,6 +62,8 @@ class Footprint:
     def fits(self, r: Request) -> bool:
         if not self.n:
             return True
+        if r.preemptions:
+            return False
         extra = len({p for p in r.seq.pages if p not in self.held})
         return len(self.held) + extra + self.new + self._new_pages(r) <= self.cfg.high_water * self.cfg.num_pages
 

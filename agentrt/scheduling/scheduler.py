@@ -90,6 +90,10 @@ class Scheduler:
             self.attach(r)
             footprint = footprint or sizing.Footprint(self.running, self.cfg)
             if not footprint.admissible(r) or not footprint.fits(r):
+                # held back: it lets go of its match, so what it would hold (its locked prefix, its
+                # session's pages) stays reclaimable for the running requests (else they preempt
+                # themselves for it, are admitted again and preempted again: a loop)
+                self._detach(r)
                 break
             footprint.add(r)
             self.waiting.remove(r)
