@@ -72,8 +72,12 @@ class Engine:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+        await self._leave()
 
     async def aclose(self) -> None:
+        """Stop the engine: the step thread ends, every request and waiter gets EngineClosed.
+        Callable anywhere (inside other cancel scopes, mid-run); leaving `async with` also
+        leaves the scopes that entering it opened."""
         if self._steps.closed or not self._steps.started:
             return
         self._steps.close()
@@ -81,9 +85,14 @@ class Engine:
         self.core.pool.close(lambda: EngineClosed("the engine closed while waiting for a sequence slot"))
         with anyio.CancelScope(shield=True):
             await self._steps.wait_closed()
+
+    async def _leave(self) -> None:
+        """Exit what __aenter__ entered, in its own scope nesting (so only from __aexit__)."""
+        cm, self._portal_cm = self._portal_cm, None
+        if cm is None:
+            return
         await self._steps.end()  # (outside the shield: what begin() entered is left in its scope)
-        # outside the shield: the portal's task group must exit from its own cancel scope
-        await self._portal_cm.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
 
     @property
     def started(self) -> bool:

@@ -81,7 +81,7 @@ class Runtime:
                 await self._tg.__aexit__(*exc)
             finally:
                 if self._owns_engine:
-                    await self.engine.aclose()
+                    await self.engine.__aexit__(None, None, None)
 
     async def _wait_for_actors(self) -> None:
         with anyio.move_on_after(self.shutdown_timeout):
