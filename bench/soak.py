@@ -1,16 +1,18 @@
-"""Soak (issue 13): many agents over a small KV pool with tool faults, timeouts and cancellations.
+"""Soak (issues 13, 30): many agents over few session ids and a small KV pool, with tool
+faults, timeouts and cancellations.
 
-64 agents x 20 turns (`--quick`: 64 x 4) on a tiny random model with SmolLM2's tokenizer. Every
-agent keeps its session (the session region holds one id per agent), while the KV pool holds
-about 16 agents' histories, so idle sessions are detached and recomputed under pressure. Tools
-fail at random (exceptions, timeouts), and asks are cancelled at random. Afterwards:
+64 agents x 20 turns (`--quick`: 64 x 4) on a tiny random model with SmolLM2's tokenizer, over
+16 session ids (`--session-ids`): idle agents are passivated (session closed, KV to the prefix
+cache / tier) and activated on their next turn (runtime/leases.py), while the KV pool holds
+about 16 agents' histories, so idle sessions are also detached and recomputed under pressure.
+Tools fail at random (exceptions, timeouts, sys.exit), and asks are cancelled at random. Afterwards:
   * 0 leaked pages or sequence ids (pool, radix and page invariants checked);
-  * every surviving agent's next greedy output equals naive decoding of its history (the oracle
-    `agentrt.model.generate.generate`);
+  * every agent's next greedy output, on its re-activated session, equals naive decoding of its
+    history (the oracle `agentrt.model.generate.generate`);
   * RSS growth over the run is reported.
 Writes bench/results/soak.json.
 
-    python bench/soak.py [--quick] [--agents N] [--turns N]
+    python bench/soak.py [--quick] [--agents N] [--turns N] [--session-ids N]
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ async def lookup(key: Literal["alpha", "beta", "gamma"]) -> str:
 
 @tool
 def flaky(fail: bool) -> str:
-    """Succeed or raise."""
+    """Succeed or raise (or exit, as argparse does: contained as a tool error)."""
     if fail:
+        if random.random() < 0.3:
+            sys.exit(2)
         raise RuntimeError("asked to fail")
     return "fine"
 
@@ -80,12 +84,12 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int) -> dict:
+async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int, session_ids: int) -> dict:
     rng = random.Random(seed)
     counts = {"ok": 0, "cancelled": 0, "typed_errors": 0, "tool_ok": 0, "tool_errors": 0}
     agents: dict[str, Agent] = {}
     per_agent_tokens = 700  # about what one agent's history reaches
-    cfg = EngineConfig(kv_cache_tokens=16 * per_agent_tokens, max_session_seqs=n_agents, debug_invariants=True)
+    cfg = EngineConfig(kv_cache_tokens=16 * per_agent_tokens, max_session_seqs=session_ids, debug_invariants=True)
 
     async def loop(rt, i):
         agent = agents[f"a{i}"] = Agent(f"a{i}", "You call tools.", [lookup, flaky], tool_choice="required",
@@ -108,42 +112,50 @@ async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int) -> dict:
             async with anyio.create_task_group() as tg:
                 for i in range(n_agents):
                     tg.start_soon(loop, rt, i)
-            mismatches = await _check_next_outputs(eng, lm, agents)
-            stats = eng.stats()
+            mismatches = await _check_next_outputs(rt, eng, lm, agents)
+            stats, leases = eng.stats(), rt.sessions
             await rt.stop_all()
         with anyio.fail_after(30):
             while eng.stats().running or eng.stats().waiting:
                 await anyio.sleep(0.01)
         await eng.run_in_step_thread(eng.core.check_invariants)
-        leaked_ids, leaked_pages = await eng.run_in_step_thread(lambda: _leaks(eng.core, n_agents))
-    return {**counts, "agents": n_agents, "turns": turns, "next_output_mismatches": mismatches,
+        leaked_ids, leaked_pages = await eng.run_in_step_thread(lambda: _leaks(eng.core))
+    return {**counts, "agents": n_agents, "turns": turns, "session_ids": session_ids,
+            "passivations": leases.passivations, "activations": leases.activations,
+            "next_output_mismatches": mismatches,
             "detached_sessions": stats.detached_sessions, "evicted_pages": stats.evicted_pages,
             "preemptions": stats.preemptions, "kv_pool_tokens": cfg.kv_cache_tokens,
             "leaked_session_ids": leaked_ids, "leaked_pages": leaked_pages}
 
 
-async def _check_next_outputs(eng, lm, agents: dict[str, Agent]) -> int:
-    """Each agent's next greedy reply (in its session) equals naive decoding of its history."""
+async def _check_next_outputs(rt, eng, lm, agents: dict[str, Agent]) -> int:
+    """Each agent's next greedy reply, in its session (activated again if it was passivated),
+    equals naive decoding of its history."""
     bad = 0
     params = SamplingParams(max_tokens=8)
     for agent in agents.values():
-        if agent.session is None or agent.session.closed:
+        if agent.conversation is None:
             continue
-        prompt = agent.tokens + chat_format_of(eng).generation_prompt_tokens()
-        out = await eng.complete(prompt, params, session=agent.session)
+        await rt.sessions.acquire(agent)
+        try:
+            prompt = agent.tokens + chat_format_of(eng).generation_prompt_tokens()
+            out = await eng.complete(prompt, params, session=agent.session)
+        finally:
+            rt.sessions.release(agent)
         ref = generate(lm.model, prompt, params, eos_token_ids=lm.tokenizer.eos_token_ids)
         bad += out.token_ids != ref
     return bad
 
 
-def _leaks(core, n_agents: int) -> tuple[int, int]:
+def _leaks(core) -> tuple[int, int]:
     """(session ids not back in the pool, pages in use held by no session and no radix node);
     every agent has stopped, so both must be 0."""
     held = {p for s in core.sessions.values() for p in s.seq.pages}
     if core.radix is not None:
         held |= set(core.radix.all_pages())
     used = core.alloc.num_pages - core.alloc.num_free
-    ids = n_agents - core.pool.num_free("session") + (core.cfg.max_transient_seqs - core.pool.num_free("transient"))
+    ids = core.cfg.max_session_seqs - core.pool.num_free("session") \
+        + (core.cfg.max_transient_seqs - core.pool.num_free("transient"))
     return ids, used - len(held)
 
 
@@ -152,13 +164,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="64 agents x 4 turns")
     ap.add_argument("--agents", type=int, default=64)
     ap.add_argument("--turns", type=int, default=None)
+    ap.add_argument("--session-ids", type=int, default=16, help="engine session ids (agents beyond: passivated)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = ap.parse_args()
     turns = args.turns or (4 if args.quick else 20)
     lm = tiny_model()
     rss0, t0 = rss_mb(), time.perf_counter()
-    res = anyio.run(soak, lm, args.agents, turns, args.seed)
+    res = anyio.run(soak, lm, args.agents, turns, args.seed, args.session_ids)
     res.update(rss_mb_start=rss0, rss_mb_end=rss_mb(), rss_growth_mb=rss_mb() - rss0,
                wall_s=time.perf_counter() - t0, machine=machine(), quick=args.quick)
     print(json.dumps(res, indent=1))

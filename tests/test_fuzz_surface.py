@@ -75,7 +75,8 @@ _OPS = {
     "fork": st.tuples(st.just("fork"), _name, st.sampled_from(["d", "e", "a"])),
     "snapshot": st.tuples(st.just("snapshot"), _name),
     "chat": st.tuples(st.just("chat"), st.sampled_from(["ok", "image", "bad_choice", "bad_kwarg"])),
-    "http": st.tuples(st.just("http"), st.integers(0, len(PROBES) + 2)),
+    "http": st.tuples(st.just("http"), st.one_of(st.integers(0, len(PROBES) - 1),  # a malformed probe
+                                                  st.integers(len(PROBES), len(PROBES) + 2))),  # live ones
 }
 # asks weigh most (4 in 12 draws); http draws a malformed probe, a dropped stream or a session's turn
 _op = st.sampled_from([*["ask"] * 4, *_OPS, "http"]).flatmap(lambda kind: _OPS[kind])

@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from agentrt.errors import ConfigError
+from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
@@ -121,7 +121,14 @@ class Agent:
         if self.conversation is None:
             raise ConfigError(f"agent {self.spec.name!r} has no conversation yet: spawn it before forking it")
         child = self.fresh(name)
-        child.conversation = await self.conversation.fork(tag=name)
+        while True:
+            try:
+                child.conversation = await self.conversation.fork(tag=name, timeout=0.0)
+                break
+            except PoolExhausted:  # no id for the fork: passivate an idle agent (maybe this one)
+                leases = getattr(self, "_leases", None)
+                if leases is None or not await leases.passivate_one(self.engine):
+                    raise
         child.session = child.conversation.session
         return child
 

@@ -53,7 +53,7 @@ class SessionLeases:
                 session = await agent.engine.open_session(tag=agent.spec.name, timeout=0.0)
                 break
             except PoolExhausted:
-                if await self._passivate_one(agent.engine):
+                if await self.passivate_one(agent.engine):
                     continue
                 if anyio.current_time() >= deadline:
                     raise
@@ -76,7 +76,8 @@ class SessionLeases:
         self._freed.set()
         self._freed = anyio.Event()
 
-    async def _passivate_one(self, engine: Any) -> bool:
+    async def passivate_one(self, engine: Any) -> bool:
+        """Passivate the least recently used idle agent on `engine`; False when none is idle."""
         for agent, session in list(self._idle.items()):
             if agent.engine is not engine:
                 continue
