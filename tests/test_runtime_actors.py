@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import anyio
 import pytest
 
@@ -150,3 +152,33 @@ def test_reentrant_asks_are_refused_at_once_not_deadlocked():
             assert await a.ask(["b", "c"]) == "done"
             assert await a.ask([]) == "done"
     run(body)
+
+
+def test_an_agent_whose_tool_asks_that_agent_gets_a_tool_error_not_a_deadlock():
+    """The chain of asks travels into the agent's tool calls: a tool asking its own agent is
+    refused with AskCycle at once, which the model reads as the tool's error; the turn ends and
+    the agent answers the next ask (tiny model, tool_choice required)."""
+    from agentrt import Agent, Engine, EngineConfig, SamplingParams, tool
+    from tests.conftest import tiny_native_with_tokenizer
+
+    holder: dict = {}
+
+    @tool
+    async def ask_back(question: Literal["why"]) -> str:
+        """Ask the agent that called this tool."""
+        return await holder["ref"].ask(question, timeout=30)
+
+    async def main():
+        async with Engine(tiny_native_with_tokenizer(), EngineConfig(kv_cache_tokens=4096)) as eng, \
+                Runtime(eng) as rt:
+            holder["ref"] = ref = await rt.spawn(Agent("a", "Call ask_back.", [ask_back], tool_choice="required",
+                                                       max_tool_rounds=1, settings=SamplingParams(max_tokens=48)))
+            with anyio.fail_after(20):  # (a deadlock would wait for the tool's 30 s timeout)
+                result = await ref.ask("go")
+                again = await ref.ask("go again")
+            return result, again
+
+    result, again = anyio.run(main)
+    assert result.tool_results and all(r.is_error and "AskCycle" in r.content for r in result.tool_results)
+    assert "a -> a" in result.tool_results[0].content
+    assert again.rounds >= 1
