@@ -31,13 +31,13 @@ def get_weather(city: str) -> str:
     return json.dumps({"city": city, "temperature_c": 18, "sky": "cloudy"})
 
 
-def _graph(url: str, thread: str):
+def _graph(url: str, thread: str, responses: bool = False):
     from langchain_openai import ChatOpenAI
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
     model = ChatOpenAI(base_url=url, api_key="unused-key-00", model="smol", temperature=0, max_tokens=40,
-                       max_retries=0, extra_body={"prompt_cache_key": thread})
+                       max_retries=0, extra_body={"prompt_cache_key": thread}, use_responses_api=responses)
     call = model.bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False)
     answer = model.bind_tools([get_weather], tool_choice="none")
 
@@ -54,10 +54,12 @@ def _graph(url: str, thread: str):
     return g.compile()
 
 
-def test_chatopenai_tool_graph_over_http(embedded_native):
+@pytest.mark.parametrize("responses", [False, True], ids=["chat_completions", "responses_api"])
+def test_chatopenai_tool_graph_over_http(embedded_native, responses):
+    """Both of ChatOpenAI's APIs: chat completions, and the Responses API (use_responses_api)."""
     RAN.clear()
     with ServerThread(embedded_native, ServerConfig(port=0, model_name="smol"), EngineConfig(kv_cache_tokens=16384)) as s:
-        app = _graph(s.url, "thread-1")
+        app = _graph(s.url, "thread-1", responses)
         messages: list = []
         for city in ("Paris", "Tokyo"):
             out = app.invoke({"messages": messages + [HumanMessage(f"What is the weather in {city} today?")]})
@@ -73,7 +75,7 @@ def test_chatopenai_tool_graph_over_http(embedded_native):
         from langchain_openai import ChatOpenAI
 
         model = ChatOpenAI(base_url=s.url, api_key="unused-key-00", model="smol", temperature=0, max_tokens=40,
-                           max_retries=0).bind_tools([get_weather], tool_choice="required")
+                           max_retries=0, use_responses_api=responses).bind_tools([get_weather], tool_choice="required")
         prompt = [SystemMessage(SYSTEM), HumanMessage("What is the weather in Oslo today?")]
         for c in model.stream(prompt):
             chunks = c if chunks is None else chunks + c

@@ -15,8 +15,7 @@ import hashlib
 import hmac
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,16 +24,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
-                            SchemaUnsupported)
+from agentrt.errors import ConfigError
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.router import SessionPolicy, SessionRouter
 
-from . import chat
+from . import chat, responses_routes
 from .completions import TextRun
 from .config import ServerConfig
 from .metrics import Metrics
+from .handling import as_api_error, error_response, observe, request_id, serve, session_key, tenant_salt
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse
+from .responses import ResponseStore
 from .sse import EventStream, until_disconnect
 
 log = logging.getLogger("agentrt.server")
@@ -49,6 +49,7 @@ class ServerState:
         self.router: SessionRouter | None = None
         self.metrics = Metrics(self)
         self.active: dict[str, int] = {}  # API key id -> requests in flight
+        self.responses = ResponseStore(config.max_stored_responses, config.response_ttl_s)
 
     def caller(self, request: Request) -> str:
         """The caller's key id ("anon" without keys), or ApiError 401."""
@@ -102,6 +103,7 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
     app.state.agentrt = state
     _handlers(app, state)
     _routes(app, state)
+    responses_routes.register(app, state)
     return app
 
 
@@ -112,72 +114,19 @@ async def _sweep_idle(state: ServerState) -> None:
         await state.router.release_idle()
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
-
-
 def _handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(ApiError(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, type=kind))
+        return error_response(ApiError(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, type=kind))
 
     @app.exception_handler(Exception)
     async def any_error(request: Request, exc: Exception):
         rid = request_id(request)
         log.exception("request %s %s %s failed", rid, request.method, request.url.path)
-        response = _error(_as_api_error(exc, rid))
+        response = error_response(as_api_error(exc, rid))
         response.headers["x-request-id"] = rid
         return response
-
-
-def _as_api_error(exc: BaseException, rid: str | None = None) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, ContextLengthExceeded):
-        return ApiError(str(exc), code="context_length_exceeded")
-    if isinstance(exc, ConfigError):
-        return ApiError(str(exc))
-    if isinstance(exc, EngineClosed):
-        return ApiError("the engine is not running; see the server log", 503, type="server_error")
-    if isinstance(exc, PoolExhausted):
-        return ApiError(f"the server is at capacity: {exc}", 503, type="server_error")
-    if isinstance(exc, SchemaUnsupported):
-        return ApiError(str(exc), code="unsupported_schema")
-    where = f" (request id {rid})" if rid else ""
-    if isinstance(exc, AgentrtError):
-        return ApiError(f"{type(exc).__name__}{where}: {exc}", 500, type="server_error")
-    return ApiError(f"internal server error{where}; see the server log", 500, type="server_error")
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
-        raise ApiError(f"the request body is over {limit} bytes", 413)
-    chunks, total = [], 0
-    async for part in request.stream():
-        total += len(part)
-        if total > limit:
-            raise ApiError(f"the request body is over {limit} bytes", 413)
-        chunks.append(part)
-    return b"".join(chunks)
-
-
-def tenant_salt(caller: str, cache_salt: str | None) -> str | None:
-    """The radix/response-cache salt of a request: its API key's id (tenants never share cached
-    prefixes) and its own `cache_salt` (finer isolation inside a key). None: no keys, no salt."""
-    if caller == "anon" and cache_salt is None:
-        return None
-    return f"{caller}/{cache_salt or ''}"
-
-
-def _session_key(request: Request, req: ChatRequest, caller: str) -> str | None:
-    """`<tenant>:<client's key>`; the tenant is the API key's id, with a hash of the request's
-    cache_salt when it has one (a session lives under one salt)."""
-    key = req.prompt_cache_key or request.headers.get("x-session-id") or req.user
-    if req.cache_salt is not None:
-        caller += "+" + hashlib.sha256(req.cache_salt.encode()).hexdigest()[:12]
-    return f"{caller}:{key}" if key else None
 
 
 def _routes(app: FastAPI, state: ServerState) -> None:
@@ -201,43 +150,17 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _serve(request, state, "chat", _chat)
+        return await serve(request, state, "chat", _chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _serve(request, state, "completions", _text)
-
-
-async def _serve(request: Request, state: ServerState, endpoint: str,
-                 handler: Callable[[Request, ServerState, bytes, str, float], Awaitable[Response]]) -> Response:
-    t0 = time.perf_counter()
-    rid = request_id(request)
-    try:
-        caller = state.caller(request)
-        body = await _body(request, state.config.max_request_bytes)
-        response = await handler(request, state, body, caller, t0)
-    except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
-        err = _as_api_error(e, rid)
-        if err.status >= 500:
-            log.exception("%s request %s failed", endpoint, rid)
-        response = _error(err)
-    response.headers["x-request-id"] = rid
-    state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-    return response
-
-
-def request_id(request: Request) -> str:
-    """The client's X-Request-Id when it is a short token, else a new one: it names the request
-    in the log and in a 500's message, so a report can be matched to its traceback."""
-    given = request.headers.get("x-request-id", "")
-    if 0 < len(given) <= 64 and all(c.isalnum() or c in "-_.:" for c in given):
-        return given
-    return f"req-{uuid.uuid4().hex[:20]}"
+        return await serve(request, state, "completions", _text)
 
 
 async def _chat(request: Request, state: ServerState, body: bytes, caller: str, t0: float) -> Response:
     req = parse(ChatRequest, body)
-    call = chat.prepare(req, _session_key(request, req, caller), state.config.model_name,
+    call = chat.prepare(req, session_key(caller, req.prompt_cache_key or request.headers.get("x-session-id") or req.user,
+                                    req.cache_salt), state.config.model_name,
                         tenant_salt(caller, req.cache_salt))
     if req.stream:
         return await EventStream.start(_chat_chunks(call, state, caller, t0))
@@ -252,7 +175,7 @@ async def _chat(request: Request, state: ServerState, body: bytes, caller: str, 
     end = await until_disconnect(request, work)
     if end is None:
         return Response(status_code=499)  # the client went away; nothing was kept for it
-    _observe(state, end.usage, t0, first=None)
+    observe(state, end.usage, t0, first=None)
     return JSONResponse(chat.response(call, end))
 
 
@@ -265,7 +188,7 @@ async def _chat_chunks(call, state: ServerState, caller: str, t0: float) -> Asyn
                 started = True
                 yield chunks.first()
             if isinstance(ev, RoundEnd):
-                _observe(state, ev.usage, t0, first_at)
+                observe(state, ev.usage, t0, first_at)
                 for c in chunks.last(ev):
                     yield c
             elif (c := chunks.event(ev)) is not None:
@@ -287,7 +210,7 @@ async def _text(request: Request, state: ServerState, body: bytes, caller: str, 
 
     if not await until_disconnect(request, work):
         return Response(status_code=499)
-    _observe(state, run.usage, t0, first=None)
+    observe(state, run.usage, t0, first=None)
     return JSONResponse(run.body(run.text, run.finish, final=True))
 
 
@@ -298,14 +221,7 @@ async def _text_chunks(run: TextRun, state: ServerState, caller: str, t0: float)
         async for piece in run.pieces():
             first_at = first_at or time.perf_counter()
             yield run.body(piece, None, final=False)
-        _observe(state, run.usage, t0, first_at)
+        observe(state, run.usage, t0, first_at)
         yield run.body("", run.finish, final=True)
         if run.req.include_usage:
             yield run.usage_chunk()
-
-
-def _observe(state: ServerState, usage, t0: float, first: float | None) -> None:
-    now = time.perf_counter()
-    state.metrics.usage(usage)
-    state.metrics.latency.observe(now - t0)
-    state.metrics.ttft.observe((first or now) - t0)

@@ -14,7 +14,8 @@ class ServerConfig:
     api_keys: accepted bearer tokens (empty: no authentication). model_name: the id `/v1/models`
     lists and responses carry. Limits: request body bytes, `max_tokens` per request, concurrent
     requests per API key (429 beyond it). Sessions: the most routed conversation sessions, and
-    how long an idle one keeps its KV (seconds)."""
+    how long an idle one keeps its KV (seconds). Responses API: the most stored responses (for
+    `previous_response_id` and GET), and how long each is kept (seconds)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -25,6 +26,8 @@ class ServerConfig:
     max_concurrency_per_key: int = 64
     max_sessions: int = 256
     session_ttl_s: float = 900.0
+    max_stored_responses: int = 4096
+    response_ttl_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -35,12 +38,14 @@ class ServerConfig:
         if not all(isinstance(k, str) and len(k) >= 8 for k in keys):
             raise ConfigError("api_keys must be strings of at least 8 characters")
         object.__setattr__(self, "api_keys", keys)
-        for name in ("max_request_bytes", "max_tokens_limit", "max_concurrency_per_key", "max_sessions"):
+        for name in ("max_request_bytes", "max_tokens_limit", "max_concurrency_per_key", "max_sessions",
+                     "max_stored_responses"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
-        if not self.session_ttl_s > 0:
-            raise ConfigError(f"session_ttl_s must be > 0, got {self.session_ttl_s!r}")
+        for name in ("session_ttl_s", "response_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
     @property
     def public(self) -> bool:

@@ -119,7 +119,7 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
     try:
         req = model.model_validate(data)
     except ValidationError as e:
-        param, message = _first_error(e)
+        param, message = first_error(e)
         raise ApiError(f"{param or 'body'}: {message}", param=param) from None
     except RecursionError:
         raise ApiError("the request body is nested too deeply") from None
@@ -127,7 +127,7 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
     return req
 
 
-def _first_error(e: ValidationError) -> tuple[str | None, str]:
+def first_error(e: ValidationError) -> tuple[str | None, str]:
     """The field path of the first error (without pydantic's union-member tags) and its message;
     a union's errors at the same field are joined ("a valid string or a valid list")."""
     found: dict[tuple, list[str]] = {}

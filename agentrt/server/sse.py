@@ -47,19 +47,17 @@ def _single(group: BaseExceptionGroup) -> BaseException:
     return group
 
 
-def _event(item: dict) -> bytes:
-    return f"data: {json.dumps(item, ensure_ascii=False)}\n\n".encode()
-
-
 class EventStream(Response):
-    """A response streaming dicts as `data: <json>` events, then `data: [DONE]`."""
+    """A response streaming dicts as `data: <json>` events, then `data: [DONE]` (chat and
+    completions). `named`: each event also carries `event: <its "type">` and no [DONE] follows
+    (the Responses and Messages APIs)."""
 
-    def __init__(self, first: dict, rest: AsyncIterator[dict]) -> None:
+    def __init__(self, first: dict, rest: AsyncIterator[dict], named: bool = False) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
-        self.first, self.rest = first, rest
+        self.first, self.rest, self.named = first, rest, named
 
     @classmethod
-    async def start(cls, items: AsyncIterator[dict]) -> "EventStream":
+    async def start(cls, items: AsyncIterator[dict], named: bool = False) -> "EventStream":
         """The stream, once its first item exists: an error raised before it (bad input, a
         limit) propagates here, so the caller answers it as a plain error response."""
         try:
@@ -67,7 +65,11 @@ class EventStream(Response):
         except BaseException:
             await items.aclose()
             raise
-        return cls(first, items)
+        return cls(first, items, named)
+
+    def _event(self, item: dict) -> bytes:
+        data = f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+        return (f"event: {item['type']}\n" + data if self.named else data).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -82,10 +84,11 @@ class EventStream(Response):
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                         (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
-                await send({"type": "http.response.body", "body": _event(self.first), "more_body": True})
+                await send({"type": "http.response.body", "body": self._event(self.first), "more_body": True})
                 async for item in self.rest:
-                    await send({"type": "http.response.body", "body": _event(item), "more_body": True})
-                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                    await send({"type": "http.response.body", "body": self._event(item), "more_body": True})
+                done = b"" if self.named else b"data: [DONE]\n\n"
+                await send({"type": "http.response.body", "body": done, "more_body": False})
             except OSError:
                 pass  # the client went away between the disconnect message and a write
             finally:

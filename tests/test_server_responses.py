@@ -1,0 +1,149 @@
+"""The Responses API (`/v1/responses`) against the official `openai` client (loopback, embedded
+model).
+
+Oracles: chat completions on the same conversation (same greedy tokens; the chain computes what
+the `prompt_cache_key` path computes: only the new input), `json.loads` + the tool's schema for
+call arguments, streamed == non-streamed, and 404s for ids the caller does not own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from agentrt import EngineConfig
+from agentrt.server import ServerConfig, ServerThread
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+KEY, OTHER = "resp-key-0123", "resp-key-4567"
+ENGINE = EngineConfig(kv_cache_tokens=16384)
+QUESTIONS = ["Hi! What is the capital of France?", "And of Italy?", "And of Spain?", "What about Germany?",
+             "And Japan?", "Thanks! And Portugal?"]
+PARAMS = {"type": "object", "properties": {"city": {"type": "string", "description": "the city"}}, "required": ["city"]}
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city.", "parameters": PARAMS}
+
+
+@pytest.fixture(scope="module")
+def server(embedded_native):
+    cfg = ServerConfig(port=0, api_keys=(KEY, OTHER), model_name="smol", max_tokens_limit=512)
+    with ServerThread(embedded_native, cfg, ENGINE) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+
+
+def _computed(r) -> int:
+    return r.usage.model_extra["agentrt"]["computed_input_tokens"]
+
+
+def test_a_chain_of_six_turns_computes_only_the_new_input(embedded_native):
+    """previous_response_id continues on the chain's KV session: each turn computes exactly what
+    chat completions computes when the client resends the history under a prompt_cache_key (the
+    new user message and the turn's framing), and the replies are token-identical."""
+    with ServerThread(embedded_native, ServerConfig(port=0, model_name="smol"), ENGINE) as s:
+        c = openai.OpenAI(base_url=s.url, api_key="none-0000", max_retries=0)
+        chain, prev = [], None
+        for q in QUESTIONS:
+            r = c.responses.create(model="smol", input=q, previous_response_id=prev, max_output_tokens=24,
+                                   temperature=0)
+            chain.append((r.output_text, r.usage.input_tokens, _computed(r)))
+            prev = r.id
+    with ServerThread(embedded_native, ServerConfig(port=0, model_name="smol"), ENGINE) as s:
+        c = openai.OpenAI(base_url=s.url, api_key="none-0000", max_retries=0)
+        msgs, resent = [], []
+        for q in QUESTIONS:
+            msgs.append({"role": "user", "content": q})
+            r = c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=24,
+                                          extra_body={"prompt_cache_key": "conv"})
+            msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+            u = r.usage
+            resent.append((r.choices[0].message.content, u.prompt_tokens, u.prompt_tokens - u.prompt_tokens_details.cached_tokens))
+    assert chain == resent
+    assert all(computed <= 20 for _, _, computed in chain[1:])  # only the new message and its framing
+
+
+def test_text_tools_and_a_function_call_output_round_trip(client):
+    r = client.responses.create(model="smol", input="What is the weather in Paris today?", tools=[WEATHER],
+                                tool_choice="required", temperature=0)
+    call = r.output[-1]
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), PARAMS)
+    assert r.status == "completed" and r.usage.input_tokens > 0
+    follow = client.responses.create(model="smol", previous_response_id=r.id, tools=[WEATHER], temperature=0,
+                                     max_output_tokens=30, input=[{"type": "function_call_output",
+                                                                   "call_id": call.call_id, "output": "18C, sunny"}])
+    assert follow.previous_response_id == r.id and follow.output_text
+    # the tool result and the call's re-spelt tags (the canonical re-tokenization of issue 33), not the history
+    assert _computed(follow) < 0.25 * follow.usage.input_tokens, follow.usage
+
+
+def test_streamed_events_assemble_to_the_plain_response(client):
+    kw = dict(model="smol", input="What is the weather in Tokyo?", tools=[WEATHER], tool_choice="required",
+              temperature=0)
+    plain = client.responses.create(**kw)
+    events = list(client.responses.create(**kw, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done and done[0].arguments == args == plain.output[-1].arguments
+    final = events[-1].response
+    assert [o.model_dump() for o in final.output] == [o.model_dump() for o in plain.output]
+    assert final.usage.input_tokens == plain.usage.input_tokens
+    text = client.responses.create(model="smol", input="Say hello.", max_output_tokens=12, temperature=0, stream=True)
+    deltas, completed = [], None
+    for e in text:
+        deltas += [e.delta] if e.type == "response.output_text.delta" else []
+        completed = e.response if e.type in ("response.completed", "response.incomplete") else completed
+    assert "".join(deltas) == completed.output_text and completed.output_text
+
+
+def test_json_schema_text_format(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+              "required": ["city", "country"], "additionalProperties": False}
+    r = client.responses.create(model="smol", input="Name a city and its country as JSON.", temperature=0,
+                                max_output_tokens=60, text={"format": {"type": "json_schema", "name": "place",
+                                                                       "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_stored_responses_are_the_callers_own(server, client):
+    r = client.responses.create(model="smol", input="Say hi.", max_output_tokens=4, temperature=0)
+    assert client.responses.retrieve(r.id).id == r.id
+    other = openai.OpenAI(base_url=server.url, api_key=OTHER, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(r.id)  # another API key's response does not exist for it
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model="smol", input="And?", previous_response_id=r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="smol", input="And?", previous_response_id="resp_unknown")
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    unstored = client.responses.create(model="smol", input="Say hi.", max_output_tokens=4, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0.type"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": []}, "input"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "strin"}}}},
+     "text.format"),
+])
+def test_bad_responses_requests_are_400s_naming_the_field(server, body, param):
+    r = httpx.post(f"{server.url}/responses", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param, err
