@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-concurrency-per-key", type=int, default=64, help="requests in flight per API key")
     s.add_argument("--max-sessions", type=int, default=256, help="conversation sessions kept (LRU beyond)")
     s.add_argument("--session-ttl", type=float, default=900.0, help="seconds an idle conversation keeps its KV")
+    s.add_argument("--max-stored-responses", type=int, default=4096,
+                   help="Responses API: stored responses kept (oldest dropped beyond)")
+    s.add_argument("--response-ttl", type=float, default=3600.0, help="Responses API: seconds a stored response is kept")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     c = sub.add_parser("chat", help="chat in the terminal")
     _model_arg(c)
@@ -83,6 +86,7 @@ def cmd_serve(args) -> None:
                           model_name=args.served_model_name or str(args.model),
                           max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
                           max_concurrency_per_key=args.max_concurrency_per_key, max_sessions=args.max_sessions,
+                          max_stored_responses=args.max_stored_responses, response_ttl_s=args.response_ttl,
                           session_ttl_s=args.session_ttl)
     if config.public and not keys:
         print(f"warning: listening on {args.host} without an API key: anyone who can reach this port can use "

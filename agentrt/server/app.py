@@ -28,7 +28,7 @@ from agentrt.errors import ConfigError
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.router import SessionPolicy, SessionRouter
 
-from . import chat, responses_routes
+from . import chat, messages_routes, responses_routes
 from .completions import TextRun
 from .config import ServerConfig
 from .metrics import Metrics
@@ -56,11 +56,12 @@ class ServerState:
         if not self.config.api_keys:
             return "anon"
         auth = request.headers.get("authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        # Bearer (OpenAI's clients), or x-api-key (Anthropic's)
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "").strip()
         for k in self.config.api_keys:
             if token and hmac.compare_digest(token.encode(), k.encode()):
                 return hashlib.sha256(k.encode()).hexdigest()[:12]
-        raise ApiError("invalid or missing API key: send `Authorization: Bearer <key>`", 401,
+        raise ApiError("invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)", 401,
                        type="authentication_error", code="invalid_api_key")
 
     @asynccontextmanager
@@ -104,6 +105,7 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
     _handlers(app, state)
     _routes(app, state)
     responses_routes.register(app, state)
+    messages_routes.register(app, state)
     return app
 
 

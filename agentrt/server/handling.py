@@ -74,7 +74,9 @@ def session_key(caller: str, key: str | None, cache_salt: str | None) -> str | N
 
 
 async def serve(request: Request, state, endpoint: str,
-                 handler: Callable[[Request, object, bytes, str, float], Awaitable[Response]]) -> Response:
+                handler: Callable[[Request, object, bytes, str, float], Awaitable[Response]],
+                anthropic: bool = False) -> Response:
+    """Run a route's handler; any failure is an error body (OpenAI's, or Anthropic's shape)."""
     t0 = time.perf_counter()
     rid = request_id(request)
     try:
@@ -85,7 +87,7 @@ async def serve(request: Request, state, endpoint: str,
         err = as_api_error(e, rid)
         if err.status >= 500:
             log.exception("%s request %s failed", endpoint, rid)
-        response = error_response(err)
+        response = JSONResponse(err.anthropic_body(), status_code=err.status) if anthropic else error_response(err)
     response.headers["x-request-id"] = rid
     state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
     return response

@@ -31,6 +31,16 @@ class ApiError(AgentrtError):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def anthropic_body(self) -> dict:
+        """Anthropic's error shape: its error type follows from the status."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        where = f"{self.param}: " if self.param and not self.message.startswith(self.param) else ""
+        return {"type": "error", "error": {"type": kind, "message": where + self.message}}
+
+
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
