@@ -72,7 +72,7 @@ def show(messages, t0: float) -> None:
             looked_up = True
             print(f"  [{time.perf_counter() - t0:5.1f}s] call   {m.tool_calls[0]['name']}({m.tool_calls[0]['args']})")
         elif isinstance(m, ToolMessage):
-            print(f"  [{time.perf_counter() - t0:5.1f}s] result {m.content}")
+            print(f"  [{time.perf_counter() - t0:5.1f}s] result {m.text}")  # (content blocks joined)
         elif isinstance(m, AIMessage):
             u = m.usage_metadata or {}
             read = (u.get("input_token_details") or {}).get("cache_read", 0)

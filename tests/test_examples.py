@@ -111,3 +111,34 @@ def test_langgraph_supervisor_routes(demo_model):
         return got
 
     assert anyio.run(run) == want
+
+
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_mcp_tools_example_calls_the_servers_tools(demo_model):
+    """examples/mcp_tools.py: its MCP server's tools, called right by agents on the 135M model."""
+    pytest.importorskip("mcp")
+    m = example("mcp_tools")
+    got = anyio.run(m.run, demo_model)
+    import json
+
+    assert [(q, name, json.loads(args)["city"]) for q, name, args, _ in got] == \
+        [(q, name, city) for q, (name, city) in m.QUESTIONS.items()]
+    assert [answer for *_, answer in got] == ["In Paris it is 18 °C and cloudy.", "It is 21:05 in Tokyo.",
+                                                "In Oslo it is -3 °C and snowing."]
+
+
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_langgraph_mcp_example_runs_the_servers_tools(demo_model):
+    """examples/langgraph_mcp.py: langchain-mcp-adapters' tools in a LangGraph graph on ChatAgentrt."""
+    pytest.importorskip("langchain_mcp_adapters")
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    out = anyio.run(example("langgraph_mcp").run, demo_model)
+    want = {"alice": ("weather", {"city": "Tokyo"}, "In Tokyo it is 24 °C and sunny."),
+            "bob": ("local_time", {"city": "Paris"}, "It is 14:05 in Paris.")}
+    for thread, (name, args, result) in want.items():
+        calls = [c for m in out[thread] if isinstance(m, AIMessage) for c in m.tool_calls]
+        results = [m.text for m in out[thread] if isinstance(m, ToolMessage)]
+        assert [(c["name"], c["args"]) for c in calls] == [(name, args)] and results == [result]
