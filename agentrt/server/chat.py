@@ -117,7 +117,8 @@ def usage(end: RoundEnd) -> dict | None:
 def _extras(call: ChatCall, end: RoundEnd) -> dict:
     out: dict[str, Any] = {}
     if end.invalid:
-        out["invalid_tool_calls"] = [{"name": c.name, "raw": c.raw, "reason": str(c.reason)} for c in end.invalid]
+        out["invalid_tool_calls"] = [{"index": c.index, "name": c.name, "raw": c.raw, "reason": str(c.reason)}
+                                     for c in end.invalid]
     if call.key is not None:
         out["session"] = call.key.split(":", 1)[-1]
     return out

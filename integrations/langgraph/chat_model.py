@@ -33,6 +33,7 @@ from agentrt.sampling import SamplingParams
 from agentrt.conversation.repeats import CallLimits
 
 from .host import EngineHost
+from .remote import RemoteServer
 from .messages import normalize_tool_choice, to_openai, tools_to_openai
 from .sessions import SessionPolicy, SessionRouter, session_key
 from .stream import CallSpec, run_call, split_rejected
@@ -87,19 +88,27 @@ class ChatAgentrt(BaseChatModel):
         default_factory=secret_from_env("AGENTRT_API_KEY", default=None),
         description="the bearer key of a remote `agentrt serve` (env AGENTRT_API_KEY); an in-process "
                     "engine has no credentials and does not use it")
-    _shared: _Shared = PrivateAttr()
+    base_url: str | None = Field(default=None, description="a remote `agentrt serve` (http://host:port/v1) "
+                                                           "instead of an in-process engine")
+    _shared: _Shared | None = PrivateAttr(default=None)
+    _remote: RemoteServer | None = PrivateAttr(default=None)
 
     def __init__(self, engine=None, *, host: EngineHost | None = None, **kwargs: Any):
         try:
             super().__init__(**kwargs)
         except ValidationError as e:
             raise ConfigError(f"ChatAgentrt: {_errors(e)}") from None
-        if (engine is None) == (host is None):
-            raise ConfigError("pass engine= (an Engine) or use ChatAgentrt.from_model(source)")
+        if (engine is None) + (host is None) + (self.base_url is None) != 2:
+            raise ConfigError("pass engine= (an Engine), base_url= (a remote agentrt serve), or use "
+                              "ChatAgentrt.from_model(source)")
         if engine is not None and not isinstance(getattr(engine, "shared", None), dict):
             raise ConfigError(f"engine must be an agentrt Engine, got {type(engine).__name__}")
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k, seed=self.seed)  # validates (ConfigError)
+        if self.base_url is not None:
+            key = self.api_key.get_secret_value() if self.api_key is not None else None
+            self._remote = RemoteServer(self.base_url, key)
+            return
         self._shared = _Shared(host or EngineHost(engine), self.session_policy)
         if self.profile is None:
             self.profile = _profile(self._shared.host.engine, self.max_tokens)
@@ -117,7 +126,8 @@ class ChatAgentrt(BaseChatModel):
 
     @property
     def engine(self):
-        return self._shared.host.engine
+        """The in-process engine (None for a remote ChatAgentrt)."""
+        return None if self._shared is None else self._shared.host.engine
 
     @property
     def _llm_type(self) -> str:
@@ -150,7 +160,9 @@ class ChatAgentrt(BaseChatModel):
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         spec, sh = self._call(messages, stop, kwargs)
-        async for chunk in sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router)):
+        chunks = self._remote.astream(spec) if sh is None else \
+            sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router))
+        async for chunk in chunks:
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -163,7 +175,9 @@ class ChatAgentrt(BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         spec, sh = self._call(messages, stop, kwargs)
-        for chunk in sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router)):
+        chunks = self._remote.stream(spec) if sh is None else \
+            sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router))
+        for chunk in chunks:
             if run_manager is not None:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -172,11 +186,13 @@ class ChatAgentrt(BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         return _result(list(self._stream(messages, stop, run_manager, **kwargs)))
 
-    def _call(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[CallSpec, _Shared]:
+    def _call(self, messages: list[BaseMessage], stop: list[str] | None,
+              kwargs: dict) -> tuple[CallSpec, _Shared | None]:
         """The call's spec with its task (resolved here, on the caller's side: the engine's loop
         may run in another thread, where the caller's task_scope is not seen)."""
         spec, sh = self._spec(messages, stop, kwargs), self._shared
-        spec.task = sh.tasks.context(ensure_config())
+        if sh is not None:
+            spec.task = sh.tasks.context(ensure_config())
         return spec, sh
 
     def _spec(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> CallSpec:
@@ -239,6 +255,7 @@ class ChatAgentrt(BaseChatModel):
     # ---- sessions ------------------------------------------------------------------------
     async def arelease(self, thread_id: str | None = None) -> int:
         """Release the KV sessions of one thread (all threads when None); returns how many."""
+        self._local("arelease")
         prefix = "" if thread_id is None else f"{thread_id}/"
         out = [n async for n in self._shared.host.astream(lambda: _one(self._shared.router.release_prefix(prefix)))]
         return out[0]
@@ -253,12 +270,20 @@ class ChatAgentrt(BaseChatModel):
                 raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
         if src_thread_id == dst_thread_id:
             raise ConfigError("src_thread_id and dst_thread_id must differ")
+        self._local("afork")
         router = self._shared.router
         out = [n async for n in self._shared.host.astream(lambda: _one(router.fork(src_thread_id, dst_thread_id)))]
         return out[0]
 
+    def _local(self, what: str) -> None:
+        if self._shared is None:
+            raise ConfigError(f"{what} needs an in-process engine; a remote agentrt serve releases idle sessions "
+                              "by its --session-ttl")
+
     def close(self) -> None:
         """Release every session; stop the engine if from_model started it."""
+        if self._shared is None:
+            return
         host = self._shared.host
         if host.owns_engine:
             list(host.stream(lambda: _one(self._shared.router.release_prefix(""))))
@@ -266,8 +291,9 @@ class ChatAgentrt(BaseChatModel):
 
     @property
     def sessions(self) -> dict[str, Any]:
-        """Routed session keys -> their RoutedSession (read-only view, for inspection)."""
-        return dict(self._shared.router.sessions)
+        """Routed session keys -> their RoutedSession (read-only view, for inspection; empty for a
+        remote ChatAgentrt, whose sessions the server holds)."""
+        return {} if self._shared is None else dict(self._shared.router.sessions)
 
 
 def _response_schema(fmt: Any) -> Any:

@@ -1,4 +1,5 @@
-"""LangChain's standard chat-model suites (`langchain-tests`) on ChatAgentrt over the embedded model.
+"""LangChain's standard chat-model suites (`langchain-tests`) on ChatAgentrt over the embedded model,
+in both modes: an in-process engine, and a remote `agentrt serve` (`base_url=`) on the same model.
 
 The feature flags say what ChatAgentrt implements: tool calling with tool_choice, structured
 output (json_schema, json_mode, function_calling), usage with cache reads; no image, audio or
@@ -89,6 +90,24 @@ class _Flags:
         return False
 
 
+@pytest.fixture(scope="class")
+def _remote_server(request, embedded_native):
+    """A loopback `agentrt serve` on the embedded model for the remote suites."""
+    from agentrt.server import ServerConfig, ServerThread
+
+    with ServerThread(embedded_native, ServerConfig(port=0), EngineConfig(kv_cache_tokens=16384)) as server:
+        request.cls.url = server.url
+        yield server
+
+
+class _Remote(_Flags):
+    url: str
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"base_url": self.url, "model_name": "smollm2-135m"}
+
+
 class TestChatAgentrtUnit(_Flags, ChatModelUnitTests):
     """The unit suite with its standard parameters unchanged (`api_key="test"` included)."""
 
@@ -97,7 +116,9 @@ class TestChatAgentrtUnit(_Flags, ChatModelUnitTests):
         return {"AGENTRT_API_KEY": "key-from-env"}, {"host": self.host}, {"api_key": "key-from-env"}
 
 
-class TestChatAgentrtIntegration(_Flags, ChatModelIntegrationTests):
+class _IntegrationXfails:
+    """The 135M model's misses, the same through either mode."""
+
     @JOKE
     def test_structured_output_pydantic_2_v1(self, model) -> None:
         super().test_structured_output_pydantic_2_v1(model)
@@ -120,3 +141,21 @@ class TestChatAgentrtIntegration(_Flags, ChatModelIntegrationTests):
         for chunk in model.stream(history, config):
             full = chunk if full is None else full + chunk
         return full
+
+
+@pytest.mark.usefixtures("_remote_server")
+class TestRemoteChatAgentrtUnit(_Remote, ChatModelUnitTests):
+    """The unit suite on a remote ChatAgentrt, standard parameters unchanged."""
+
+    @property
+    def init_from_env_params(self) -> tuple[dict, dict, dict]:
+        return {"AGENTRT_API_KEY": "key-from-env"}, {"base_url": self.url}, {"api_key": "key-from-env"}
+
+
+@pytest.mark.usefixtures("_remote_server")
+class TestRemoteChatAgentrtIntegration(_IntegrationXfails, _Remote, ChatModelIntegrationTests):
+    """The integration suite against `agentrt serve` over loopback."""
+
+
+class TestChatAgentrtIntegration(_IntegrationXfails, _Flags, ChatModelIntegrationTests):
+    """The integration suite on an in-process engine."""
