@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default="smollm2-135m",
-                   help="embedded model name, .gguf file or Hugging Face directory (default: smollm2-135m)")
+                   help="embedded model name, hf://<org>/<repo>[/<file.gguf>], .gguf file or Hugging Face "
+                        "directory (default: smollm2-135m)")
     p.add_argument("--quantize", default="auto", choices=("auto", "none", "native", "int8"),
                    help="weights: the checkpoint's own form (auto), fp32 (none), or int8")
     p.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (engine default)")
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark of bench/ (arguments after NAME go to it)")
     b.add_argument("name", help="e.g. model, sessions, agents, server (bench/bench_NAME.py)")
     b.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick")
+    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub into its cache (and check it)")
+    p.add_argument("name", help="hf://<org>/<repo>[@<revision>][/<file.gguf>]")
     i = sub.add_parser("info", help="describe a model and this machine")
     _model_arg(i)
     i.add_argument("--bandwidth", action="store_true", help="also measure memory read bandwidth (a few seconds)")
@@ -132,7 +135,14 @@ def cmd_info(args) -> None:
         print(f"{key:<22} {value}")
 
 
-COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "demo": cmd_demo, "bench": cmd_bench, "info": cmd_info}
+def cmd_pull(args) -> None:
+    from agentrt.model.loaders.hub import resolve
+
+    print(resolve(args.name, download=True))
+
+
+COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "demo": cmd_demo, "bench": cmd_bench, "info": cmd_info,
+            "pull": cmd_pull}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,9 +103,14 @@ def embedded_path(model: EmbeddedModel) -> Path:
 
 
 def resolve_source(name_or_path: str | Path) -> Path:
-    """The file or directory to load for an embedded name, a .gguf path or a Hugging Face directory."""
+    """The file or directory to load for an embedded name, a hub name (`hf://...`, loaders/hub.py),
+    a .gguf path or a Hugging Face directory."""
     if isinstance(name_or_path, str) and name_or_path in EMBEDDED_MODELS:
         return embedded_path(EMBEDDED_MODELS[name_or_path])
+    if isinstance(name_or_path, str) and name_or_path.startswith("hf://"):
+        from agentrt.model.loaders.hub import resolve
+
+        return resolve(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
         return path
@@ -116,7 +121,8 @@ def resolve_source(name_or_path: str | Path) -> Path:
         raise UnsupportedModel(f"{path} is neither a GGUF file nor a Hugging Face model directory")
     names = ", ".join(EMBEDDED_MODELS)
     raise ModelNotFound(
-        f"no model {str(name_or_path)!r}: not an embedded model name ({names}) and no such file or directory"
+        f"no model {str(name_or_path)!r}: not an embedded model name ({names}), not a hub name "
+        "(hf://<org>/<repo>[/<file.gguf>]) and no such file or directory"
     )
 
 
