@@ -10,10 +10,8 @@ checked against the config by `check_weights`); the GGUF and Hugging Face loader
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
@@ -21,6 +19,7 @@ import torch
 
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.model.config import ModelConfig
+from agentrt.model.loaders.checksums import verify_file
 from agentrt.model.tokenizer import Tokenizer
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -65,28 +64,6 @@ def check_dtype(dtype: torch.dtype) -> torch.dtype:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise ConfigError(f"dtype {dtype!r} is not supported for weights; use one of {names}")
     return dtype
-
-
-@lru_cache(maxsize=32)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of a file; (size, mtime_ns) are part of the key so a changed file is hashed again."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def verify_file(path: Path, *, size: int, sha256: str) -> None:
-    """Raise CorruptModelFile unless `path` has exactly this size and sha256 (hash cached per process)."""
-    stat = path.stat()
-    if stat.st_size != size:
-        raise CorruptModelFile(
-            f"{path} is {stat.st_size} bytes, expected {size}; the file is truncated or replaced, reinstall it"
-        )
-    actual = _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)
-    if actual != sha256:
-        raise CorruptModelFile(f"{path} has sha256 {actual}, expected {sha256}; the file is damaged, reinstall it")
 
 
 def embedded_path(model: EmbeddedModel) -> Path:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound
-from agentrt.model.loaders.files import verify_file
+from agentrt.model.loaders.checksums import verify_file
 
 _NAME = re.compile(r"^hf://(?P<repo>[\w.\-]+/[\w.\-]+)(?:@(?P<rev>[\w.\-]+))?(?:/(?P<file>[^@]+))?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
