@@ -147,3 +147,34 @@ def test_bad_responses_requests_are_400s_naming_the_field(server, body, param):
     r = httpx.post(f"{server.url}/responses", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == param, err
+
+
+def test_the_openai_agents_sdk_runs_a_tool_agent_over_responses(server):
+    """The OpenAI Agents SDK (its Responses model, streamed) against the server: the tool runs with
+    the right argument, the answer follows, and a second run continues by previous_response_id."""
+    agents = pytest.importorskip("agents")
+    import anyio
+
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        calls.append(city)
+        return f"In {city} it is 18 C and cloudy."
+
+    async def main():
+        agents.set_tracing_disabled(True)
+        client = openai.AsyncOpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+        agent = agents.Agent(
+            name="weather", instructions="Look the weather up with get_weather, then answer in one sentence.",
+            tools=[get_weather], model=agents.OpenAIResponsesModel(model="smol", openai_client=client),
+            model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=60,
+                                                parallel_tool_calls=False))
+        first = await agents.Runner.run(agent, "What is the weather in Paris?")
+        second = await agents.Runner.run(agent, "And in Tokyo?", previous_response_id=first.last_response_id)
+        return first, second
+
+    first, second = anyio.run(main)
+    assert calls == ["Paris", "Tokyo"]
+    assert "18 C" in first.final_output and "Tokyo" in second.final_output
