@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-stored-responses", type=int, default=4096,
                    help="Responses API: stored responses kept (oldest dropped beyond)")
     s.add_argument("--response-ttl", type=float, default=3600.0, help="Responses API: seconds a stored response is kept")
+    s.add_argument("--replicas", type=int, default=1,
+                   help="engine replicas on Ray (pip install -e .[ray]); conversations stay on one replica")
+    s.add_argument("--threads-per-replica", type=int, default=1, help="torch threads of each replica")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     c = sub.add_parser("chat", help="chat in the terminal")
     _model_arg(c)
@@ -90,13 +93,20 @@ def cmd_serve(args) -> None:
                           max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
                           max_concurrency_per_key=args.max_concurrency_per_key, max_sessions=args.max_sessions,
                           max_stored_responses=args.max_stored_responses, response_ttl_s=args.response_ttl,
-                          session_ttl_s=args.session_ttl)
+                          session_ttl_s=args.session_ttl, replicas=args.replicas,
+                          threads_per_replica=args.threads_per_replica)
     if config.public and not keys:
         print(f"warning: listening on {args.host} without an API key: anyone who can reach this port can use "
               "the model (set --api-key or AGENTRT_API_KEY)", file=sys.stderr)
-    lm = _load(args)
-    print(f"agentrt: serving {config.model_name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    serve(lm, config, _engine_config(args), log_level=args.log_level)
+    if args.replicas > 1:  # each Ray replica loads the model in its own process
+        from agentrt.integrations.ray import ModelSpec
+
+        model = ModelSpec(str(args.model), load_kwargs={"quantize": args.quantize})
+    else:
+        model = _load(args)
+    where = f" on {args.replicas} replicas" if args.replicas > 1 else ""
+    print(f"agentrt: serving {config.model_name}{where} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(model, config, _engine_config(args), log_level=args.log_level)
 
 
 def _script(kind: str, name: str) -> Path:

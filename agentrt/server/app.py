@@ -32,6 +32,7 @@ from . import chat, messages_routes, responses_routes
 from .completions import TextRun
 from .config import ServerConfig
 from .metrics import Metrics
+from .backends import Backends
 from .handling import as_api_error, error_response, observe, request_id, serve, session_key, tenant_salt
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse
 from .responses import ResponseStore
@@ -41,15 +42,25 @@ log = logging.getLogger("agentrt.server")
 
 
 class ServerState:
-    """What the routes share: the engine (set in the lifespan), the session router, limits."""
+    """What the routes share: the engines and their session routers (`backends`, set in the
+    lifespan), limits, the stored responses."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.engine: Any = None
-        self.router: SessionRouter | None = None
+        self.backends: Backends | None = None
         self.metrics = Metrics(self)
         self.active: dict[str, int] = {}  # API key id -> requests in flight
         self.responses = ResponseStore(config.max_stored_responses, config.response_ttl_s)
+
+    @property
+    def engine(self) -> Any:
+        """A live engine (tokenizer, limits; the one engine without replicas)."""
+        return None if self.backends is None else self.backends.engine
+
+    @property
+    def router(self) -> SessionRouter | None:
+        """The first engine's session router (the only one without replicas)."""
+        return None if self.backends is None else self.backends.routers[0]
 
     def caller(self, request: Request) -> str:
         """The caller's key id ("anon" without keys), or ApiError 401."""
@@ -78,19 +89,19 @@ class ServerState:
 
 
 def build_app(model, config: ServerConfig | None = None, engine_config=None) -> FastAPI:
-    """The app serving `model` (a LoadedModel). The engine starts and stops with the app."""
-    from agentrt.engine.engine import Engine
-
+    """The app serving `model`: a LoadedModel on one in-process engine, or, with
+    `config.replicas` > 1, a Ray `ModelSpec` on that many engine replicas. The engines start and
+    stop with the app."""
     config = config or ServerConfig()
     if not isinstance(config, ServerConfig):
         raise ConfigError(f"config must be a ServerConfig, got {type(config).__name__}")
     state = ServerState(config)
+    policy = SessionPolicy(config.max_sessions, config.session_ttl_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        async with Engine(model, engine_config) as engine:
-            state.engine = engine
-            state.router = SessionRouter(engine, SessionPolicy(config.max_sessions, config.session_ttl_s))
+        async with _engines(model, config, engine_config) as engines:
+            state.backends = Backends(engines, policy)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_sweep_idle, state)
                 try:
@@ -98,7 +109,7 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
                 finally:
                     tg.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True):
-                        await state.router.release_prefix("")
+                        await state.backends.release_all()
 
     app = FastAPI(title="agentrt", lifespan=lifespan)
     app.state.agentrt = state
@@ -109,11 +120,29 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
     return app
 
 
+@asynccontextmanager
+async def _engines(model, config: ServerConfig, engine_config) -> AsyncIterator[list]:
+    """One Engine on `model`, or `config.replicas` Ray replicas of a ModelSpec."""
+    if config.replicas == 1:
+        from agentrt.engine.engine import Engine
+
+        async with Engine(model, engine_config) as engine:
+            yield [engine]
+        return
+    from agentrt.integrations.ray import ClusterRuntime, ModelSpec
+
+    if not isinstance(model, ModelSpec):
+        raise ConfigError("serving on replicas takes a ModelSpec (each replica loads the model itself)")
+    async with ClusterRuntime(model, replicas=config.replicas, engine_config=engine_config,
+                              threads_per_replica=config.threads_per_replica) as cluster:
+        yield cluster.replicas
+
+
 async def _sweep_idle(state: ServerState) -> None:
     """Close sessions idle past their TTL even when no request comes to trigger it."""
     while True:
         await anyio.sleep(min(30.0, state.config.session_ttl_s / 4))
-        await state.router.release_idle()
+        await state.backends.release_idle()
 
 
 def _handlers(app: FastAPI, state: ServerState) -> None:
@@ -136,7 +165,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/health")
     async def health():
-        ok = state.engine is not None and not state.engine.closed
+        ok = state.backends is not None and bool(state.backends.live())
         return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
     @app.get("/v1/models")

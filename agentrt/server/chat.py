@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from agentrt.engine.context import context_overflow
-from agentrt.errors import ContextLengthExceeded, SchemaUnsupported
+from agentrt.errors import ContextLengthExceeded, ReplicaLost, SchemaUnsupported
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.reply import call_id, call_prefix, finish_reason
@@ -61,9 +61,26 @@ def prepare(req: ChatRequest, key: str | None, model: str, salt: str | None = No
 
 async def run(call: ChatCall, state) -> AsyncIterator[Any]:
     """The round's parser events, then its RoundEnd (ApiError before any event when the request
-    cannot be served: over the limits, or no room in the context)."""
-    engine, req = state.engine, call.req
-    async with routed_conversation(state.router, call.key, call.messages, call.tools, tag=call.key,
+    cannot be served: over the limits, or no room in the context). On replicas, a replica lost
+    before the first event is replaced by a live one (the history is in the call)."""
+    backends = state.backends
+    attempts = len(backends.engines)
+    for attempt in range(attempts):
+        i, sent = backends.pick(call.key), False
+        try:
+            async for ev in _round(call, state, backends.engines[i], backends.routers[i]):
+                sent = True
+                yield ev
+            return
+        except ReplicaLost:
+            backends.lost(i)
+            if sent or attempt == attempts - 1:
+                raise
+
+
+async def _round(call: ChatCall, state, engine, router) -> AsyncIterator[Any]:
+    req = call.req
+    async with routed_conversation(router, call.key, call.messages, call.tools, tag=call.key,
                                    cache_salt=call.salt) as (conv, _):
         call.call_prefix = prefix = call_prefix(conv.tokens)
         limit = engine.max_context_tokens

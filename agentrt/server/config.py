@@ -15,7 +15,8 @@ class ServerConfig:
     lists and responses carry. Limits: request body bytes, `max_tokens` per request, concurrent
     requests per API key (429 beyond it). Sessions: the most routed conversation sessions, and
     how long an idle one keeps its KV (seconds). Responses API: the most stored responses (for
-    `previous_response_id` and GET), and how long each is kept (seconds)."""
+    `previous_response_id` and GET), and how long each is kept (seconds). `replicas` > 1 serves
+    on that many Ray engine replicas (`threads_per_replica` torch threads each)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -28,6 +29,8 @@ class ServerConfig:
     session_ttl_s: float = 900.0
     max_stored_responses: int = 4096
     response_ttl_s: float = 3600.0
+    replicas: int = 1  # > 1: engine replicas on Ray (integrations/ray), conversations routed session-affine
+    threads_per_replica: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -39,7 +42,7 @@ class ServerConfig:
             raise ConfigError("api_keys must be strings of at least 8 characters")
         object.__setattr__(self, "api_keys", keys)
         for name in ("max_request_bytes", "max_tokens_limit", "max_concurrency_per_key", "max_sessions",
-                     "max_stored_responses"):
+                     "max_stored_responses", "replicas", "threads_per_replica"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")

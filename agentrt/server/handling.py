@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
-                            SchemaUnsupported)
+                            ReplicaLost, SchemaUnsupported)
 
 from .protocol import ApiError
 
@@ -36,6 +36,9 @@ def as_api_error(exc: BaseException, rid: str | None = None) -> ApiError:
         return ApiError("the engine is not running; see the server log", 503, type="server_error")
     if isinstance(exc, PoolExhausted):
         return ApiError(f"the server is at capacity: {exc}", 503, type="server_error")
+    if isinstance(exc, ReplicaLost):
+        return ApiError(f"an engine replica died with this request in flight; send it again: {exc}", 503,
+                        type="server_error")
     if isinstance(exc, SchemaUnsupported):
         return ApiError(str(exc), code="unsupported_schema")
     where = f" (request id {rid})" if rid else ""

@@ -18,12 +18,20 @@ class _EngineCollector:
         self.state = state
 
     def collect(self):
-        st = self.state.engine.stats()
+        backends = self.state.backends
+        if backends is None:
+            return
+        yield GaugeMetricFamily("agentrt_routed_sessions", "conversation sessions the server routes",
+                                value=backends.sessions)
+        yield GaugeMetricFamily("agentrt_replicas_live", "engines (replicas) running", value=len(backends.live()))
+        engine = self.state.engine
+        if not hasattr(engine, "stats"):  # a Ray replica: its engine's figures live in its process
+            return
+        st = engine.stats()
         gauges = {
             "agentrt_queue_depth": ("requests waiting for admission", st.waiting),
             "agentrt_running_requests": ("requests in the running batch", st.running),
             "agentrt_engine_sessions": ("KV sessions open in the engine", st.sessions),
-            "agentrt_routed_sessions": ("conversation sessions the server routes", len(self.state.router.sessions)),
             "agentrt_kv_occupancy": ("fraction of KV pages in use", st.kv_occupancy),
             "agentrt_cache_hit_rate": ("prompt tokens served from KV already held / prompt tokens", st.hit_rate),
         }

@@ -87,9 +87,7 @@ class RemoteEngine:
 
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
                            timeout: float | None = None) -> "RemoteSession":
-        if cache_salt is not None:
-            raise ConfigError("cache_salt is not supported on cluster replicas yet")
-        return RemoteSession(self, await self.call("open_session", tag, timeout), tag)
+        return RemoteSession(self, await self.call("open_session", tag, timeout, cache_salt), tag, cache_salt)
 
     async def restore_bytes(self, data: bytes, tag: str | None = None) -> "RemoteSession":
         return RemoteSession(self, await self.call("restore", data, tag), tag)
@@ -126,8 +124,8 @@ class RemoteEngine:
 class RemoteSession:
     """A KV session held by a replica (the Session interface a Conversation uses)."""
 
-    def __init__(self, engine: RemoteEngine, session_id: int, tag: str | None) -> None:
-        self.engine, self.session_id, self.tag = engine, session_id, tag
+    def __init__(self, engine: RemoteEngine, session_id: int, tag: str | None, cache_salt: str | None = None) -> None:
+        self.engine, self.session_id, self.tag, self.cache_salt = engine, session_id, tag, cache_salt
         self.closed = False
 
     async def close(self) -> None:
@@ -142,7 +140,8 @@ class RemoteSession:
         return await self.engine.call("expect_tools", self.session_id, list(tools))
 
     async def fork(self, tag: str | None = None, timeout: float | None = None) -> "RemoteSession":
-        return RemoteSession(self.engine, await self.engine.call("fork", self.session_id, tag, timeout), tag)
+        return RemoteSession(self.engine, await self.engine.call("fork", self.session_id, tag, timeout), tag,
+                             self.cache_salt)
 
     async def rollback(self, n_tokens: int) -> None:
         await self.engine.call("rollback", self.session_id, n_tokens)

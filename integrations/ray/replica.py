@@ -120,8 +120,9 @@ class EngineReplica:
     def stop(self, request_id: int) -> None:
         self.engine.stop(request_id)
 
-    async def open_session(self, tag: str | None = None, timeout: float | None = None) -> int:
-        return self._keep(await self.engine.open_session(tag=tag, timeout=timeout))
+    async def open_session(self, tag: str | None = None, timeout: float | None = None,
+                           cache_salt: str | None = None) -> int:
+        return self._keep(await self.engine.open_session(tag=tag, cache_salt=cache_salt, timeout=timeout))
 
     async def close_session(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)
