@@ -178,3 +178,39 @@ def test_the_openai_agents_sdk_runs_a_tool_agent_over_responses(server):
     first, second = anyio.run(main)
     assert calls == ["Paris", "Tokyo"]
     assert "18 C" in first.final_output and "Tokyo" in second.final_output
+
+
+def test_a_thinking_models_reasoning_is_an_output_item_of_its_own():
+    """A model that thinks (its reply opens with a <think> block; here a scripted one: the engine
+    runs on the simulator's executor, which emits the script as its tokens): the reasoning is a
+    `reasoning` item before the message, streamed as reasoning_text events; the message holds only
+    the answer, and the chain continues with reasoning items sent back (dropped) as well."""
+    from agentrt import Engine
+    from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts
+    from tests.conftest import smol_tokenizer, tiny_native_with_tokenizer
+
+    tok = smol_tokenizer()
+
+    class Thinking(ScriptBook):
+        def output(self, prompt, max_tokens):
+            return (*tok.encode("<think>\nThe user greets me.\n</think>\nHello!"), tok.eos_token_ids[0])
+
+    model = SimModel(tiny_native_with_tokenizer().model.cfg)
+    model.tokenizer = tok
+    costs = StepCosts("toy", base_s=1e-3, per_seq_s=1e-4, per_token_s=1e-5, per_pair_s=1e-9, per_key_s=1e-8,
+                      tier_copy_s_per_page=1e-5)
+    engine = Engine(model, ENGINE, executor=SimExecutor(model, costs, Thinking()))
+    with ServerThread(engine, ServerConfig(port=0)) as s:
+        c = openai.OpenAI(base_url=s.url, api_key="none-0000", max_retries=0)
+        r = c.responses.create(model="m", input="Hi!", max_output_tokens=40)
+        events = list(c.responses.create(model="m", input="Hi!", max_output_tokens=40, stream=True))
+        again = c.responses.create(model="m", previous_response_id=r.id, max_output_tokens=40,
+                                   input=[*[o.model_dump(exclude_none=True) for o in r.output if o.type == "reasoning"],
+                                          {"role": "user", "content": "Hi again!"}])
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "\nThe user greets me.\n" and r.output_text == "Hello!"
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == r.output[0].content[0].text
+    assert [o.model_dump(exclude={"id"}) for o in events[-1].response.output] == \
+        [o.model_dump(exclude={"id"}) for o in r.output]  # (item ids are per response)
+    assert again.output_text == "Hello!" and again.usage.input_tokens_details.cached_tokens > 0

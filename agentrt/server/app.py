@@ -89,7 +89,8 @@ class ServerState:
 
 
 def build_app(model, config: ServerConfig | None = None, engine_config=None) -> FastAPI:
-    """The app serving `model`: a LoadedModel on one in-process engine, or, with
+    """The app serving `model`: a LoadedModel on one in-process engine (or an Engine not yet
+    started), or, with
     `config.replicas` > 1, a Ray `ModelSpec` on that many engine replicas. The engines start and
     stop with the app."""
     config = config or ServerConfig()
@@ -122,11 +123,12 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
 
 @asynccontextmanager
 async def _engines(model, config: ServerConfig, engine_config) -> AsyncIterator[list]:
-    """One Engine on `model`, or `config.replicas` Ray replicas of a ModelSpec."""
+    """One Engine on `model` (or `model` itself: an Engine built by the caller, with its own
+    executor or policies), or `config.replicas` Ray replicas of a ModelSpec."""
     if config.replicas == 1:
         from agentrt.engine.engine import Engine
 
-        async with Engine(model, engine_config) as engine:
+        async with (model if isinstance(model, Engine) else Engine(model, engine_config)) as engine:
             yield [engine]
         return
     from agentrt.integrations.ray import ClusterRuntime, ModelSpec

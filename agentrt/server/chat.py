@@ -50,6 +50,7 @@ class ChatCall:
     id: str
     created: int
     salt: str | None = None  # the tenant's cache salt (API key id, and the request's cache_salt)
+    reasoning: bool = False  # stream a thinking model's <think> block as ReasoningDelta events
     call_prefix: str = "call"  # call ids: <prefix>_<index>, from the prompt (streamed = not streamed)
 
 
@@ -96,7 +97,7 @@ async def _round(call: ChatCall, state, engine, router) -> AsyncIterator[Any]:
                                 ignore_eos=req.ignore_eos)
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
                             json_schema=call.json_schema, stop=req.stop, call_id=partial(call_id, prefix),
-                            tag=call.key)
+                            tag=call.key, reasoning=call.reasoning)
         try:
             async with aclosing(rounds) as events:
                 async for ev in events:

@@ -28,6 +28,7 @@ from typing import Any
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.reply import call_id
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
+from agentrt.toolcall.think import ReasoningDelta
 
 from . import chat
 from .protocol import ApiError
@@ -107,8 +108,8 @@ class ResponseRun:
         return f"msg_{self.id[5:21]}_{k}"
 
     def output(self, end: RoundEnd) -> list[dict]:
-        """The output items of a finished round: its text, then its calls."""
-        items = []
+        """The output items of a finished round: a thinking model's reasoning, its text, its calls."""
+        items = [self.reasoning_item(end.reasoning, "completed")] if end.reasoning else []
         if text := end.message.get("content"):
             items.append(self.message_item(0, text, "completed"))
         for c in end.message.get("tool_calls") or ():
@@ -118,6 +119,10 @@ class ResponseRun:
     def message_item(self, k: int, text: str, status: str) -> dict:
         content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
         return {"type": "message", "id": self.msg_id(k), "status": status, "role": "assistant", "content": content}
+
+    def reasoning_item(self, text: str, status: str) -> dict:
+        content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+        return {"type": "reasoning", "id": f"rs_{self.id[5:21]}", "status": status, "summary": [], "content": content}
 
     @staticmethod
     def call_item(cid: str, name: str, arguments: str, status: str) -> dict:
@@ -150,6 +155,7 @@ def prepare(req: ResponsesRequest, state, caller: str, salt: str | None) -> Resp
     if key is None and (req.store or req.prompt_cache_key):
         key = f"{caller}:{req.prompt_cache_key or 'resp/' + run.id}"
     run.call = chat.prepare(creq, key, state.config.model_name, salt)
+    run.call.reasoning = True  # a thinking model's reasoning is an output item of its own
     return run
 
 
@@ -169,6 +175,7 @@ class Events:
         self.run, self.seq = run, 0
         self.items: list[dict] = []  # output items so far, as streamed
         self.text: dict | None = None  # the open message item
+        self.thought: dict | None = None  # the open reasoning item
         self.calls: dict[int, dict] = {}  # parser index -> its function_call item
 
     def event(self, kind: str, **fields: Any) -> dict:
@@ -180,6 +187,10 @@ class Events:
         return [self.event("response.created", response=body), self.event("response.in_progress", response=body)]
 
     def on(self, ev: Any) -> list[dict]:
+        if isinstance(ev, ReasoningDelta) and ev.text:
+            return self._reason(ev.text)
+        if self.thought is not None and isinstance(ev, (TextDelta, CallStarted)):
+            return self._close_thought() + self.on(ev)
         if isinstance(ev, TextDelta) and ev.text:
             out = [] if self.text is not None else self._open_text()
             self.text["content"][0]["text"] += ev.text
@@ -202,6 +213,26 @@ class Events:
             item["status"] = "incomplete"
             return [self.event("response.output_item.done", output_index=item["index"], item=_bare(item))]
         return []
+
+    def _reason(self, text: str) -> list[dict]:
+        out = []
+        if self.thought is None:
+            self.thought = {**self.run.reasoning_item("", "in_progress"), "index": len(self.items), "text": ""}
+            self.items.append(self.thought)
+            out.append(self.event("response.output_item.added", output_index=self.thought["index"],
+                                  item=_bare(self.thought)))
+        self.thought["text"] += text
+        return out + [self.event("response.reasoning_text.delta", item_id=self.thought["id"],
+                                 output_index=self.thought["index"], content_index=0, delta=text)]
+
+    def _close_thought(self) -> list[dict]:
+        t, self.thought = self.thought, None
+        if t is None:
+            return []
+        item = {**self.run.reasoning_item(t["text"], "completed")}
+        return [self.event("response.reasoning_text.done", item_id=t["id"], output_index=t["index"], content_index=0,
+                           text=t["text"]),
+                self.event("response.output_item.done", output_index=t["index"], item=item)]
 
     def _open_text(self) -> list[dict]:
         k = sum(1 for i in self.items if i["type"] == "message")
@@ -227,7 +258,7 @@ class Events:
                 self.event("response.output_item.done", output_index=t["index"], item=_bare(t))]
 
     def end(self, body: dict) -> list[dict]:
-        out = self._close_text()
+        out = self._close_thought() + self._close_text()
         for item in self.calls.values():
             item["status"] = "completed"
             out += [self.event("response.function_call_arguments.done", item_id=item["id"],
@@ -238,7 +269,8 @@ class Events:
 
 
 def _bare(item: dict) -> dict:
-    return {k: v for k, v in item.items() if k != "index"}
+    """An item as the client sees it (without the stream's bookkeeping: its index, its text so far)."""
+    return {k: v for k, v in item.items() if k not in ("index", "text")}
 
 
 async def stream(run: ResponseRun, state) -> AsyncIterator[dict]:

@@ -24,7 +24,7 @@ class _Model(BaseModel):
 
 
 class InputPart(_Model):
-    type: Literal["input_text", "output_text", "text", "refusal"]
+    type: Literal["input_text", "output_text", "text", "refusal", "reasoning_text"]
     text: str | None = None
     refusal: str | None = None
 
