@@ -121,7 +121,8 @@ def main() -> None:
            "computed_tokens_per_turn": {m: s["computed_per_turn"] for m, s in systems.items()},
            "reasons": reasons, "bench_wall_s": time.perf_counter() - t0,
            "notes": ["turns 2..T only (the first turn of every system computes its whole prompt)",
-                     "each system on a fresh server process; non-streamed, greedy, max 24 tokens"]}
+                     "each system on a fresh server process; non-streamed, greedy, max 24 tokens",
+                     "llama_cpp.server reports no cached tokens: its computed/turn is its prompt/turn"]}
     rows = [[m, f"{s['per_turn_s_p50'] * 1e3:.0f}", f"{s['per_turn_s_p99'] * 1e3:.0f}",
              f"{s['computed_per_turn']:.1f}", f"{s['prompt_per_turn']:.1f}"] for m, s in systems.items()]
     print_table(f"{n} conversations x {turns} turns", ["system", "turn p50 ms", "turn p99 ms", "computed/turn",
