@@ -1,4 +1,4 @@
-"""Llama 3 RoPE scaling, linear RoPE scaling, Qwen3 and Mistral against transformers.
+"""Llama 3, linear, YaRN, long-RoPE and dynamic NTK RoPE scaling, Qwen3 and Mistral against transformers.
 
 Each architecture is a tiny random transformers model, saved with save_pretrained (safetensors)
 and written as GGUF with gguf.GGUFWriter the way llama.cpp's converter lays it out (tensor names
@@ -43,8 +43,13 @@ ARCHS = {
                                    tie_word_embeddings=True), "llama"),
     "qwen3": ("Qwen3", dict(head_dim=32, tie_word_embeddings=True), "qwen3"),  # head_dim != 64 / 4
     "mistral": ("Mistral", dict(sliding_window=None, tie_word_embeddings=False), "mistral"),
+    # Qwen2.5's long-context YaRN (factor 4 over an original context of 64: every band present at D=16)
+    "qwen2-yarn": ("Qwen2", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                  "original_max_position_embeddings": 64},
+                                 tie_word_embeddings=True), "qwen2"),
 }
-GGUF_TENSOR_MAP = {"llama": gguf.MODEL_ARCH.LLAMA, "mistral": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3}
+GGUF_TENSOR_MAP = {"llama": gguf.MODEL_ARCH.LLAMA, "mistral": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3,
+                   "qwen2": gguf.MODEL_ARCH.QWEN2}
 PROMPT, NEW_TOKENS, DECODED = 120, 6, 4
 needs_native = pytest.mark.skipif(not native.available(), reason="compiled CPU kernels not built")
 
@@ -119,6 +124,10 @@ def write_gguf(path: Path, hf, arch: str, qtype=gguf.GGMLQuantizationType.F32, e
     if rope["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
+    if rope["rope_type"] == "yarn":  # as convert_hf_to_gguf writes Qwen2's
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     for key, value in (extra_kv or {}).items():
         w.add_uint32(key, value)
     _add_tensors(w, hf, arch, qtype)
@@ -208,6 +217,35 @@ def test_both_sources_give_one_config(built):
         assert a.rope_freq_factors[0] == 1.0 and a.rope_freq_factors[-1] == 8.0
         assert 1.0 < a.rope_freq_factors[1] < 8.0
     assert a.head_dim == (32 if a.arch == "qwen3" else 16) and a.qk_norm == (a.arch == "qwen3")
+    if built.hf.config.rope_parameters["rope_type"] == "yarn":  # extrapolated, ramped and interpolated bands
+        assert a.rope_freq_factors[0] == pytest.approx(1.0) and a.rope_freq_factors[-1] == pytest.approx(4.0)
+        assert a.rope_attention_factor == pytest.approx(0.1 * math.log(4.0) + 1) == b.rope_attention_factor
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 64,  # Phi-3's
+     "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5], "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0, 12.0, 16.0]},
+    {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+], ids=["longrope", "dynamic"])
+@pytest.mark.parametrize("path", ["eager", pytest.param("fused", marks=needs_native)])
+def test_longrope_and_dynamic_ntk_match_transformers(tmp_path, rope, path):
+    """Long-RoPE past its original context (transformers then takes the long factors and the
+    attention factor sqrt(1 + ln 4 / ln 64)), and dynamic NTK within max_position_embeddings."""
+    torch.manual_seed(7)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters=rope)).eval()
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if pname.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(3.0)
+        hf.model.norm.weight.mul_(8.0)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    prompt = torch.randint(0, COMMON["vocab_size"], (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0]
+    model = load_model(str(tmp_path), quantize="none", forward=path).model
+    assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
+    if rope["rope_type"] == "longrope":
+        assert model.cfg.rope_attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
 
 
 def test_mistral_as_llama_cpp_writes_it(models, tmp_path):
@@ -328,9 +366,12 @@ def test_sliding_window_smaller_than_the_context_is_refused(models, tmp_path):
 def test_unsupported_rope_scaling(models, tmp_path):
     built = models("llama3")
     raw = _raw(built.hf_dir)
-    for kind in ("yarn", "dynamic", "longrope"):
+    for kind in ("su", "mrope"):
         with pytest.raises(UnsupportedModel, match=kind):
             config_from_hf({**raw, "rope_parameters": {"rope_type": kind, "factor": 2.0, "rope_theta": 1e4}})
+    with pytest.raises(CorruptModelFile, match="long_factor"):
+        config_from_hf({**raw, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
+                                                   "original_max_position_embeddings": 64}})
     with pytest.raises(UnsupportedModel, match="partial"):
         config_from_hf({**raw, "rope_parameters": {**LLAMA3, "partial_rotary_factor": 0.5}})
     llama3 = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
@@ -339,9 +380,9 @@ def test_unsupported_rope_scaling(models, tmp_path):
     _rewrite(built.gguf_f32, tmp_path / "short.gguf", rope_freqs=np.ones(3, np.float32))
     with pytest.raises(CorruptModelFile, match="rope_freqs"):
         load_model(str(tmp_path / "short.gguf"))
-    _rewrite(built.gguf_f32, tmp_path / "yarn.gguf", kv={"llama.rope.scaling.type": "yarn"})
-    with pytest.raises(UnsupportedModel, match="yarn"):
-        load_model(str(tmp_path / "yarn.gguf"))
+    _rewrite(built.gguf_f32, tmp_path / "longrope.gguf", kv={"llama.rope.scaling.type": "longrope"})
+    with pytest.raises(UnsupportedModel, match="longrope"):
+        load_model(str(tmp_path / "longrope.gguf"))
 
 
 def _rewrite(src: Path, dst: Path, rope_freqs: np.ndarray | None = None, kv: dict | None = None) -> None:

@@ -36,6 +36,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm over each q/k head before RoPE (Qwen3), weights [head_dim]
     # RoPE scaling as one divisor per rotary frequency ([head_dim / 2]; None = unscaled): see rope.py
     rope_freq_factors: tuple[float, ...] | None = None
+    rope_attention_factor: float = 1.0  # cos and sin scaled by it (YaRN, long-RoPE): see rope.py
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:

@@ -9,12 +9,24 @@ head_dim/2 values), so frequency i turns at base^(-2i/D) / factors[i] radians pe
     "llama3"                 rope_freqs.weight (llama.cpp's converter   1 above the high-frequency
                              computes it from the four parameters)      cut, f below the low one,
                                                                         smoothed in between
+    "yarn" (Qwen2.5 long)    .scaling.type="yarn", .factor,             1 (extrapolated) above the
+                             .original_context_length                   beta_fast cut, f below
+                                                                        beta_slow, a linear ramp between
+    "longrope" (Phi-3)       (Phi-3 GGUFs: not yet)                     long_factor when the context
+                                                                        is past the original, else short
+    "dynamic" (NTK)          -                                          None within the context
 
+Two types also scale attention: YaRN and long-RoPE multiply cos and sin by an attention factor
+(YaRN: 0.1 ln f + 1, or as mscale / mscale_all_dim say; long-RoPE: sqrt(1 + ln f / ln original)),
+kept as `ModelConfig.rope_attention_factor`. Where transformers recomputes the frequencies from the
+current sequence length, agentrt keeps one table for its whole context, as llama.cpp and vLLM do:
+dynamic NTK scales nothing up to `max_position_embeddings` (transformers' own values there), and
+long-RoPE uses its long factors when `max_position_embeddings` is past the original context
+(transformers' choice for any sequence longer than the original).
 A GGUF keeps only the factors (llama.cpp's converter does not write the llama3 parameters,
 and transformers' GGUF loader ignores rope_freqs), so both sources end as the same table.
-Not implemented (UnsupportedModel): "dynamic", "yarn", "longrope" and other types,
-partial rotary (rope.dimension_count / partial_rotary_factor below head_dim), and YaRN's
-attention factor.
+Not implemented (UnsupportedModel): other types, and partial rotary (rope.dimension_count /
+partial_rotary_factor below head_dim).
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from torch import nn
 
 from agentrt.errors import CorruptModelFile, UnsupportedModel
 
-HF_ROPE_TYPES = ("default", "linear", "llama3")
+HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 
 
 def inv_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -39,15 +51,16 @@ class RopeTable(nn.Module):
     """cos/sin tables [max_pos, D] in fp32 (HF rotate-half layout); `factors` divide the
     frequencies (RoPE scaling, see the module docstring)."""
 
-    def __init__(self, head_dim: int, max_pos: int, theta: float, factors: Sequence[float] | None = None):
+    def __init__(self, head_dim: int, max_pos: int, theta: float, factors: Sequence[float] | None = None,
+                 attention_factor: float = 1.0):
         super().__init__()
         inv = inv_frequencies(head_dim, theta)
         if factors is not None:
             inv = inv / torch.tensor(factors, dtype=torch.float32)
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
+        self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
 
 
 def llama3_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
@@ -74,8 +87,37 @@ def llama3_factors(head_dim: int, theta: float, factor: float, low_freq_factor: 
     return tuple(out)
 
 
-def factors_from_hf(rope: dict[str, Any], head_dim: int, theta: float) -> tuple[float, ...] | None:
-    """Factors for a config.json `rope_parameters` (v5) / `rope_scaling` (v4) dict."""
+def yarn_factors(head_dim: int, theta: float, factor: float, original: int, beta_fast: float = 32.0,
+                 beta_slow: float = 1.0, truncate: bool = True) -> tuple[float, ...]:
+    """Per-frequency divisors of YaRN (transformers' `_compute_yarn_parameters`, as a divisor of
+    the unscaled frequency): frequencies turning more than beta_fast times over the original
+    context keep their value, fewer than beta_slow times are divided by `factor`, a linear ramp
+    over the dimensions between."""
+    def dim_of(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    inv = inv_frequencies(head_dim, theta)
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the frequency as trained), 0: interpolate (divided by factor)
+    scaled = (inv / factor) * (1 - keep) + inv * keep
+    return tuple((inv / scaled).tolist())
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    def get(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    return get(factor, mscale) / get(factor, mscale_all_dim) if mscale and mscale_all_dim else get(factor)
+
+
+def rope_from_hf(rope: dict[str, Any], head_dim: int, theta: float,
+                 max_pos: int) -> tuple[tuple[float, ...] | None, float]:
+    """(factors, attention factor) for a config.json `rope_parameters` (v5) / `rope_scaling` (v4) dict."""
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in HF_ROPE_TYPES:
         raise UnsupportedModel(f"RoPE scaling {kind!r} is not implemented (supported: {', '.join(HF_ROPE_TYPES)})")
@@ -83,31 +125,59 @@ def factors_from_hf(rope: dict[str, Any], head_dim: int, theta: float) -> tuple[
         raise UnsupportedModel("partial rotary embeddings (partial_rotary_factor < 1) are not implemented")
     try:
         if kind == "linear":
-            return (float(rope["factor"]),) * (head_dim // 2)
+            return (float(rope["factor"]),) * (head_dim // 2), 1.0
         if kind == "llama3":
             return llama3_factors(head_dim, theta, float(rope["factor"]), float(rope["low_freq_factor"]),
-                                  float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+                                  float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"])), 1.0
+        if kind == "yarn":
+            original = int(rope.get("original_max_position_embeddings") or max_pos)
+            factor = float(rope.get("factor") or max_pos / original)
+            attention = rope.get("attention_factor")
+            attention = float(attention) if attention is not None else yarn_attention_factor(
+                factor, rope.get("mscale"), rope.get("mscale_all_dim"))
+            return yarn_factors(head_dim, theta, factor, original, float(rope.get("beta_fast") or 32),
+                                float(rope.get("beta_slow") or 1), bool(rope.get("truncate", True))), attention
+        if kind == "longrope":
+            return _longrope(rope, head_dim, max_pos)
     except KeyError as exc:
         raise CorruptModelFile(f"{kind} RoPE scaling in config.json lacks {exc}; re-save the model") from exc
-    return None
+    return None, 1.0  # default, and dynamic NTK within max_position_embeddings
 
 
-def factors_from_gguf(meta: dict[str, Any], arch: str, head_dim: int,
-                      rope_freqs: Sequence[float] | None) -> tuple[float, ...] | None:
-    """Factors from a GGUF's `rope_freqs.weight` values and/or `{arch}.rope.scaling.*` keys
-    (llama.cpp multiplies the two)."""
+def _longrope(rope: dict[str, Any], head_dim: int, max_pos: int) -> tuple[tuple[float, ...], float]:
+    original = int(rope["original_max_position_embeddings"])
+    factors = rope["long_factor"] if max_pos > original else rope["short_factor"]
+    if len(factors) != head_dim // 2:
+        raise CorruptModelFile(f"long-RoPE factors have {len(factors)} values, expected head_dim/2 = {head_dim // 2}")
+    factor = float(rope.get("factor") or max_pos / original)
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return tuple(float(f) for f in factors), float(attention)
+
+
+def rope_from_gguf(meta: dict[str, Any], arch: str, head_dim: int, theta: float,
+                   rope_freqs: Sequence[float] | None) -> tuple[tuple[float, ...] | None, float]:
+    """(factors, attention factor) from a GGUF's `rope_freqs.weight` values and/or
+    `{arch}.rope.scaling.*` keys (llama.cpp multiplies the two)."""
     dims = meta.get(f"{arch}.rope.dimension_count")
     if dims is not None and int(dims) != head_dim:
         raise UnsupportedModel(f"partial rotary embeddings ({arch}.rope.dimension_count={dims} < head_dim "
                                f"{head_dim}) are not implemented")
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in ("none", "linear"):
-        raise UnsupportedModel(f"GGUF RoPE scaling {kind!r} is not implemented (supported: none, linear, "
+    if kind not in ("none", "linear", "yarn"):
+        raise UnsupportedModel(f"GGUF RoPE scaling {kind!r} is not implemented (supported: none, linear, yarn, "
                                "and llama3 factors in rope_freqs.weight)")
-    linear = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0) if kind == "linear" else 1.0
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     if rope_freqs is not None and len(rope_freqs) != head_dim // 2:
         raise CorruptModelFile(f"rope_freqs.weight has {len(rope_freqs)} values, expected head_dim/2 = "
                                f"{head_dim // 2}; the file is damaged or for another model")
+    if kind == "yarn":
+        original = int(meta.get(f"{arch}.rope.scaling.original_context_length") or meta[f"{arch}.context_length"])
+        attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+        attention = float(attention) if attention else yarn_attention_factor(factor)
+        return yarn_factors(head_dim, theta, factor, original), attention
+    linear = factor if kind == "linear" else 1.0
     if rope_freqs is None and linear == 1.0:
-        return None
-    return tuple(float(f) * linear for f in (rope_freqs or (1.0,) * (head_dim // 2)))
+        return None, 1.0
+    return tuple(float(f) * linear for f in (rope_freqs or (1.0,) * (head_dim // 2))), 1.0

@@ -28,7 +28,7 @@ from agentrt.model.loaders import gguf_quant
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, check_sliding_window
 from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
-from agentrt.model.rope import factors_from_gguf
+from agentrt.model.rope import rope_from_gguf
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
 
 _MAGIC = b"GGUF"
@@ -110,6 +110,8 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     context = int(meta.get(f"{arch}.context_length", 2048))
     check_sliding_window(meta.get(f"{arch}.attention.sliding_window"), context, "GGUF metadata",
                          f"{arch}.context_length")
+    theta = _decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    factors, attention = rope_from_gguf(meta, arch, head_dim, theta, rope_freqs)
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -119,13 +121,14 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         num_heads=heads,
         num_kv_heads=_kv_heads(meta.get(f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
-        rope_theta=_decimal(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_theta=theta,
         rms_norm_eps=_decimal(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in shapes,
         attention_bias=any(name.endswith("attn_q.bias") for name in shapes),
         qk_norm=arch == "qwen3",  # (attn_q_norm/attn_k_norm in another architecture: unexpected tensors)
-        rope_freq_factors=factors_from_gguf(meta, arch, head_dim, rope_freqs),
+        rope_freq_factors=factors,
+        rope_attention_factor=attention,
     )
 
 

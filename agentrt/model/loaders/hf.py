@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
 from agentrt.model.config import ModelConfig, check_sliding_window
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
-from agentrt.model.rope import factors_from_hf
+from agentrt.model.rope import rope_from_hf
 from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -51,6 +51,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         max_pos = int(raw.get("max_position_embeddings", 2048))
         check_sliding_window(_sliding_window(raw, model_type), max_pos, "config.json", "max_position_embeddings")
+        factors, attention = rope_from_hf(rope, head_dim, theta, max_pos)
         return ModelConfig(
             arch=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -66,7 +67,8 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
-            rope_freq_factors=factors_from_hf(rope, head_dim, theta),
+            rope_freq_factors=factors,
+            rope_attention_factor=attention,
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):  # (a ValueError too: the sliding-window check)
