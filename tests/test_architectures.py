@@ -248,6 +248,37 @@ def test_longrope_and_dynamic_ntk_match_transformers(tmp_path, rope, path):
         assert model.cfg.rope_attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
 
 
+@pytest.mark.parametrize("partial", [1.0, 0.5], ids=["phi3", "phi4-mini-partial-rotary"])
+@pytest.mark.parametrize("path", ["eager", pytest.param("fused", marks=needs_native)])
+def test_phi3_matches_transformers(tmp_path, partial, path):
+    """Phi-3 / Phi-4-mini: fused qkv and gate_up projections split at load, long-RoPE with its
+    attention factor, and (Phi-4-mini) partial rotary, reordered into the kernels' rotate-half."""
+    rotary = int(16 * partial)
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 64,
+            "short_factor": [1.0 + 0.1 * i for i in range(rotary // 2)],
+            "long_factor": [1.0 + 1.5 * i for i in range(rotary // 2)]}
+    torch.manual_seed(11)
+    cfg = transformers.Phi3Config(**COMMON, rope_parameters=rope, partial_rotary_factor=partial, pad_token_id=0,
+                                  tie_word_embeddings=partial < 1, sliding_window=None)
+    hf = transformers.Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if pname.endswith("qkv_proj.weight"):
+                p.mul_(3.0)
+        hf.model.norm.weight.mul_(8.0)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    prompt = torch.randint(0, COMMON["vocab_size"], (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0]
+        greedy = hf_greedy(hf, prompt, NEW_TOKENS)
+        tail = hf(torch.tensor([prompt + greedy])).logits[0, -DECODED:]
+    model = load_model(str(tmp_path), quantize="none", forward=path).model
+    assert model.cfg.arch == "phi3" and model.cfg.rotary_dim == (rotary if partial < 1 else None)
+    assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
+    assert generate(model, prompt, SamplingParams(max_tokens=NEW_TOKENS)) == greedy
+    assert (decode_logits(model, prompt + greedy, path) - tail).abs().max().item() < 1e-4
+
+
 def test_mistral_as_llama_cpp_writes_it(models, tmp_path):
     """llama.cpp converts MistralForCausalLM to architecture "llama": the same model."""
     built = models("mistral")

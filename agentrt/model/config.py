@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from agentrt.errors import ConfigError, UnsupportedModel
 
 # llama: Llama 1-3, SmolLM2; mistral: Llama's layers (full attention only); qwen2: qkv bias;
-# qwen3: per-head RMSNorm on q and k before RoPE, head_dim set explicitly
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+# qwen3: per-head RMSNorm on q and k before RoPE, head_dim set explicitly; phi3: Llama's layers
+# with fused qkv / gate_up projections (split at load), long-RoPE, partial rotary (Phi-4-mini)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class ModelConfig:
     # RoPE scaling as one divisor per rotary frequency ([head_dim / 2]; None = unscaled): see rope.py
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attention_factor: float = 1.0  # cos and sin scaled by it (YaRN, long-RoPE): see rope.py
+    # dimensions of each head that rotate (partial rotary; None: all). The loaders permute q/k so
+    # that they are the pairs (i, i + head_dim/2), i < rotary_dim/2: see rope.partial_rotary_order
+    rotary_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -49,9 +53,12 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+        rotary = self.rotary_dim if self.rotary_dim is not None else self.head_dim
+        if rotary % 2 or not 0 < rotary <= self.head_dim:
+            raise ConfigError(f"rotary_dim ({rotary}) must be even and in (0, head_dim = {self.head_dim}]")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != rotary // 2:
             raise ConfigError(f"rope_freq_factors has {len(self.rope_freq_factors)} values; "
-                              f"it needs head_dim / 2 = {self.head_dim // 2}")
+                              f"it needs rotary_dim / 2 = {rotary // 2}")
 
     @property
     def group_size(self) -> int:

@@ -117,7 +117,7 @@ class LlamaModel(nn.Module):
         # tied embeddings: the head keeps its own [in, out] copy (faster layout, see Dense)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)
         self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_freq_factors,
-                              cfg.rope_attention_factor)
+                              cfg.rope_attention_factor, cfg.rotary_dim)
         self.forward_path = "fused"  # "fused" runs only where the compiled kernels are available
         # every row computed in an order of its own (model/fused.py): output independent of batching
         self.batch_invariant = True

@@ -52,15 +52,32 @@ class RopeTable(nn.Module):
     frequencies (RoPE scaling, see the module docstring)."""
 
     def __init__(self, head_dim: int, max_pos: int, theta: float, factors: Sequence[float] | None = None,
-                 attention_factor: float = 1.0):
+                 attention_factor: float = 1.0, rotary_dim: int | None = None):
         super().__init__()
-        inv = inv_frequencies(head_dim, theta)
+        rotary = rotary_dim or head_dim
+        inv = inv_frequencies(rotary, theta)
         if factors is not None:
             inv = inv / torch.tensor(factors, dtype=torch.float32)
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
-        self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)  # [max_pos, R/2]
+        # partial rotary (slots ordered by partial_rotary_order): the pass-through slots neither
+        # turn nor take the attention factor (cos 1, sin 0), as transformers leaves those dims
+        still = torch.zeros(max_pos, head_dim // 2 - rotary // 2)
+        cos = torch.cat((freqs.cos() * attention_factor, still + 1), dim=-1)
+        sin = torch.cat((freqs.sin() * attention_factor, still), dim=-1)
+        self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat((sin, sin), dim=-1), persistent=False)
+
+
+def partial_rotary_order(head_dim: int, rotary_dim: int) -> list[int]:
+    """For each dimension slot of a head, the checkpoint's dimension it holds, so that partial
+    rotary (transformers rotates dims [0, R) as pairs (i, i + R/2)) becomes full rotate-half
+    rotary over pairs (j, j + D/2), with the pass-through dims [R, D) in slots turning at
+    frequency 0. q and k get the same order, so every attention score is unchanged."""
+    half, r = head_dim // 2, rotary_dim // 2
+    passing = iter(range(rotary_dim, head_dim))
+    first = list(range(r)) + [next(passing) for _ in range(half - r)]
+    second = list(range(r, rotary_dim)) + [next(passing) for _ in range(half - r)]
+    return first + second
 
 
 def llama3_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
@@ -121,8 +138,6 @@ def rope_from_hf(rope: dict[str, Any], head_dim: int, theta: float,
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in HF_ROPE_TYPES:
         raise UnsupportedModel(f"RoPE scaling {kind!r} is not implemented (supported: {', '.join(HF_ROPE_TYPES)})")
-    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModel("partial rotary embeddings (partial_rotary_factor < 1) are not implemented")
     try:
         if kind == "linear":
             return (float(rope["factor"]),) * (head_dim // 2), 1.0

@@ -18,11 +18,12 @@ from safetensors.torch import load_file
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
 from agentrt.model.config import ModelConfig, check_sliding_window
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.loaders.layouts import to_model_layout
 from agentrt.model.rope import rope_from_hf
 from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "mistral": "MistralForCausalLM"}
+                  "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
@@ -33,7 +34,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFi
         raise ModelNotFound(f"model directory {path} does not exist")
     raw = _read_json(path / "config.json", required=True)
     config = config_from_hf(raw)
-    weights = _load_weights(path, dtype)
+    weights = to_model_layout(_load_weights(path, dtype), config)
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     check_weights(config, weights, str(path))
@@ -51,7 +52,9 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         max_pos = int(raw.get("max_position_embeddings", 2048))
         check_sliding_window(_sliding_window(raw, model_type), max_pos, "config.json", "max_position_embeddings")
-        factors, attention = rope_from_hf(rope, head_dim, theta, max_pos)
+        partial = float(raw.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0)
+        rotary = int(head_dim * partial)
+        factors, attention = rope_from_hf(rope, rotary, theta, max_pos)
         return ModelConfig(
             arch=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -69,6 +72,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             qk_norm=model_type == "qwen3",
             rope_freq_factors=factors,
             rope_attention_factor=attention,
+            rotary_dim=rotary if rotary != head_dim else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):  # (a ValueError too: the sliding-window check)
@@ -89,7 +93,7 @@ def _check_architecture(raw: dict[str, Any]) -> str:
 
 
 def _check_unsupported(raw: dict[str, Any], model_type: str) -> None:
-    if model_type in ("llama", "mistral") and (raw.get("attention_bias") or raw.get("mlp_bias")):
+    if model_type in ("llama", "mistral", "phi3") and (raw.get("attention_bias") or raw.get("mlp_bias")):
         raise UnsupportedModel(f"{model_type} checkpoints with attention/MLP biases are not supported")
     if model_type == "qwen3" and raw.get("attention_bias"):
         raise UnsupportedModel("Qwen3 checkpoints with attention biases (q/k/v/o) are not supported")
@@ -100,7 +104,7 @@ def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
     every layer; Qwen2/3 only with use_sliding_window, from layer max_window_layers on (v5
     lists it per layer in layer_types)."""
     window = raw.get("sliding_window")
-    if model_type == "mistral" or window is None:
+    if model_type in ("mistral", "phi3") or window is None:
         return window
     if raw.get("layer_types"):
         uses = "sliding_attention" in raw["layer_types"]

@@ -1,0 +1,47 @@
+"""Checkpoint layouts -> the weights the model reads (Hugging Face Llama names, one matrix each).
+
+* Phi-3's fused projections are split: `self_attn.qkv_proj` into q/k/v (rows [q | k | v]) and
+  `mlp.gate_up_proj` into gate/up (rows [gate | up]).
+* Partial rotary (only the first `rotary_dim` dims of each head rotate, as pairs (i, i + R/2)):
+  q/k rows (and q/k norms) of every head are reordered by `rope.partial_rotary_order`, so the
+  kernels' full rotate-half RoPE applies, with the pass-through dims turning at frequency 0.
+  q and k share the order, so attention scores are unchanged; v and o are not touched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentrt.model.config import ModelConfig
+from agentrt.model.rope import partial_rotary_order
+
+
+def to_model_layout(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """`weights` with fused projections split and partial-rotary heads reordered (in place)."""
+    for name in [n for n in weights if n.endswith("self_attn.qkv_proj.weight")]:
+        base = name[: -len("qkv_proj.weight")]
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        weights[base + "q_proj.weight"], weights[base + "k_proj.weight"], weights[base + "v_proj.weight"] = \
+            weights.pop(name).split([q, kv, kv], dim=0)
+    for name in [n for n in weights if n.endswith("mlp.gate_up_proj.weight")]:
+        base = name[: -len("gate_up_proj.weight")]
+        weights[base + "gate_proj.weight"], weights[base + "up_proj.weight"] = \
+            weights.pop(name).split(cfg.intermediate_size, dim=0)
+    if cfg.rotary_dim is not None and cfg.rotary_dim != cfg.head_dim:
+        _reorder_heads(weights, cfg)
+    return weights
+
+
+def _reorder_heads(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    order = torch.tensor(partial_rotary_order(cfg.head_dim, cfg.rotary_dim))
+    for name in list(weights):
+        heads = cfg.num_heads if ".q_" in name else cfg.num_kv_heads if ".k_" in name else 0
+        if not heads or not name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias",
+                                           "q_norm.weight", "k_norm.weight")):
+            continue
+        t = weights[name]
+        if name.endswith("norm.weight"):  # one [head_dim] vector shared by the heads
+            weights[name] = t[order]
+            continue
+        shaped = t.reshape(heads, cfg.head_dim, *t.shape[1:])
+        weights[name] = shaped[:, order].reshape(t.shape).contiguous()
