@@ -403,8 +403,8 @@ def test_unsupported_rope_scaling(models, tmp_path):
     with pytest.raises(CorruptModelFile, match="long_factor"):
         config_from_hf({**raw, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
                                                    "original_max_position_embeddings": 64}})
-    with pytest.raises(UnsupportedModel, match="partial"):
-        config_from_hf({**raw, "rope_parameters": {**LLAMA3, "partial_rotary_factor": 0.5}})
+    partial = config_from_hf({**raw, "rope_parameters": {**LLAMA3, "partial_rotary_factor": 0.5}})
+    assert partial.rotary_dim == 8 and len(partial.rope_freq_factors) == 4  # (scaling over the rotary dims)
     llama3 = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
     with pytest.raises(CorruptModelFile, match="low_freq_factor"):
         config_from_hf({**raw, "rope_parameters": llama3})
