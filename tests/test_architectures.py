@@ -258,8 +258,9 @@ def test_phi3_matches_transformers(tmp_path, partial, path):
             "short_factor": [1.0 + 0.1 * i for i in range(rotary // 2)],
             "long_factor": [1.0 + 1.5 * i for i in range(rotary // 2)]}
     torch.manual_seed(11)
-    cfg = transformers.Phi3Config(**COMMON, rope_parameters=rope, partial_rotary_factor=partial, pad_token_id=0,
-                                  tie_word_embeddings=partial < 1, sliding_window=None)
+    cfg = transformers.Phi3Config(**COMMON, rope_parameters=dict(rope), partial_rotary_factor=partial, pad_token_id=0,
+                                  tie_word_embeddings=partial < 1, sliding_window=None,
+                                  original_max_position_embeddings=64)  # (else its default, 4096, wins)
     hf = transformers.Phi3ForCausalLM(cfg).eval()
     with torch.no_grad():
         for pname, p in hf.named_parameters():
@@ -272,11 +273,53 @@ def test_phi3_matches_transformers(tmp_path, partial, path):
         want = hf(torch.tensor([prompt])).logits[0]
         greedy = hf_greedy(hf, prompt, NEW_TOKENS)
         tail = hf(torch.tensor([prompt + greedy])).logits[0, -DECODED:]
-    model = load_model(str(tmp_path), quantize="none", forward=path).model
-    assert model.cfg.arch == "phi3" and model.cfg.rotary_dim == (rotary if partial < 1 else None)
-    assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
-    assert generate(model, prompt, SamplingParams(max_tokens=NEW_TOKENS)) == greedy
-    assert (decode_logits(model, prompt + greedy, path) - tail).abs().max().item() < 1e-4
+    write_phi3_gguf(tmp_path / "f32.gguf", hf, rope, rotary)
+    write_phi3_gguf(tmp_path / "q8.gguf", hf, rope, rotary, gguf.GGMLQuantizationType.Q8_0)
+    for src in (tmp_path, tmp_path / "f32.gguf"):
+        model = load_model(str(src), quantize="none", forward=path).model
+        assert model.cfg.arch == "phi3" and model.cfg.rotary_dim == (rotary if partial < 1 else None)
+        assert model.cfg.rope_attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
+        assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4, src
+        assert generate(model, prompt, SamplingParams(max_tokens=NEW_TOKENS)) == greedy
+        assert (decode_logits(model, prompt + greedy, path) - tail).abs().max().item() < 1e-4
+    if path == "fused":  # fused Q8_0 qkv / gate_up kept quantized, split and reordered as rows
+        q8 = load_model(str(tmp_path / "q8.gguf"), quantize="native").model
+        assert (prompt_logits(q8, prompt) - want).abs().max().item() < 0.03 * want.abs().max().item()
+
+
+def write_phi3_gguf(path: Path, hf, rope: dict, rotary: int, qtype=gguf.GGMLQuantizationType.F32) -> None:
+    """As convert_hf_to_gguf's Phi3MiniModel writes it: fused attn_qkv and ffn_up (gate and up),
+    rope.dimension_count = the rotary dims, long-RoPE as rope_factors_long/short tensors."""
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_name("tiny-phi3")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_dimension_count(rotary)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(4) / math.log(64)))
+    w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI3, c.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        base, suffix = name.rsplit(".", 1)
+        array = t.float().numpy()
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(f"{names.get_name(base)}.{suffix}", gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(f"{names.get_name(base)}.{suffix}", array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def test_mistral_as_llama_cpp_writes_it(models, tmp_path):

@@ -171,28 +171,35 @@ def _longrope(rope: dict[str, Any], head_dim: int, max_pos: int) -> tuple[tuple[
     return tuple(float(f) for f in factors), float(attention)
 
 
-def rope_from_gguf(meta: dict[str, Any], arch: str, head_dim: int, theta: float,
-                   rope_freqs: Sequence[float] | None) -> tuple[tuple[float, ...] | None, float]:
-    """(factors, attention factor) from a GGUF's `rope_freqs.weight` values and/or
-    `{arch}.rope.scaling.*` keys (llama.cpp multiplies the two)."""
-    dims = meta.get(f"{arch}.rope.dimension_count")
-    if dims is not None and int(dims) != head_dim:
-        raise UnsupportedModel(f"partial rotary embeddings ({arch}.rope.dimension_count={dims} < head_dim "
-                               f"{head_dim}) are not implemented")
+def rope_from_gguf(meta: dict[str, Any], arch: str, rotary_dim: int, theta: float,
+                   rope_freqs: Sequence[float] | None,
+                   longrope: dict[str, list[float]] | None = None) -> tuple[tuple[float, ...] | None, float]:
+    """(factors, attention factor) from a GGUF's `rope_freqs.weight` values, Phi-3's
+    `rope_factors_long/short` values (`longrope`) and/or `{arch}.rope.scaling.*` keys (llama.cpp
+    multiplies rope_freqs and a linear factor). `rotary_dim`: `{arch}.rope.dimension_count`."""
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind not in ("none", "linear", "yarn"):
         raise UnsupportedModel(f"GGUF RoPE scaling {kind!r} is not implemented (supported: none, linear, yarn, "
-                               "and llama3 factors in rope_freqs.weight)")
+                               "llama3 factors in rope_freqs.weight, Phi-3's rope_factors_long/short)")
     factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    if rope_freqs is not None and len(rope_freqs) != head_dim // 2:
-        raise CorruptModelFile(f"rope_freqs.weight has {len(rope_freqs)} values, expected head_dim/2 = "
-                               f"{head_dim // 2}; the file is damaged or for another model")
+    named = {"rope_freqs.weight": rope_freqs, **{f"rope_factors_{k}.weight": v for k, v in (longrope or {}).items()}}
+    for name, values in named.items():
+        if values is not None and len(values) != rotary_dim // 2:
+            raise CorruptModelFile(f"{name} has {len(values)} values, expected rotary dims / 2 = "
+                                   f"{rotary_dim // 2}; the file is damaged or for another model")
+    if longrope:  # as llama.cpp: the long factors when the context is past the original one
+        context = int(meta.get(f"{arch}.context_length", 0))
+        original = int(meta.get(f"{arch}.rope.scaling.original_context_length") or context)
+        attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+        attention = float(attention) if attention else (
+            1.0 if context <= original else math.sqrt(1 + math.log(context / original) / math.log(original)))
+        return tuple(longrope["long"] if context > original else longrope["short"]), attention
     if kind == "yarn":
         original = int(meta.get(f"{arch}.rope.scaling.original_context_length") or meta[f"{arch}.context_length"])
         attention = meta.get(f"{arch}.rope.scaling.attn_factor")
         attention = float(attention) if attention else yarn_attention_factor(factor)
-        return yarn_factors(head_dim, theta, factor, original), attention
+        return yarn_factors(rotary_dim, theta, factor, original), attention
     linear = factor if kind == "linear" else 1.0
     if rope_freqs is None and linear == 1.0:
         return None, 1.0
-    return tuple(float(f) * linear for f in (rope_freqs or (1.0,) * (head_dim // 2))), 1.0
+    return tuple(float(f) * linear for f in (rope_freqs or (1.0,) * (rotary_dim // 2))), 1.0

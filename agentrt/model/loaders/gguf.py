@@ -26,6 +26,7 @@ from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.loaders import gguf_quant
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, check_sliding_window
+from agentrt.model.loaders.layouts import to_model_layout
 from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.rope import rope_from_gguf
@@ -44,6 +45,9 @@ _BLOCK_NAMES = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 _ROPE_FREQS = "rope_freqs.weight"  # RoPE scaling factors, not a weight (rope.py)
+# Phi-3's long-RoPE factors (not weights either), and its fused tensors' HF names
+_LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
+_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _PERMUTED_ARCHS = ("llama", "mistral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -55,7 +59,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, native: bool
     path = Path(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors}, _rope_freqs(reader))
+    config = config_from_metadata(meta, {t.name: _torch_shape(t) for t in reader.tensors}, _rope_freqs(reader),
+                                  _longrope(reader))
     try:
         weights = _load_weights(reader, config, dtype, native)
     except CorruptModelFile as exc:
@@ -91,7 +96,7 @@ def read_metadata(reader: GGUFFile) -> dict[str, Any]:
 
 
 def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]],
-                         rope_freqs: list[float] | None = None) -> ModelConfig:
+                         rope_freqs: list[float] | None = None, longrope: dict | None = None) -> ModelConfig:
     """ModelConfig from `{arch}.*` keys; `shapes` (GGUF name -> torch shape) fills gaps and
     tying; `rope_freqs`: the values of rope_freqs.weight, if the file has it."""
     arch = meta.get("general.architecture")
@@ -111,7 +116,8 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     check_sliding_window(meta.get(f"{arch}.attention.sliding_window"), context, "GGUF metadata",
                          f"{arch}.context_length")
     theta = _decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
-    factors, attention = rope_from_gguf(meta, arch, head_dim, theta, rope_freqs)
+    rotary = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    factors, attention = rope_from_gguf(meta, arch, rotary, theta, rope_freqs, longrope or {})
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -129,6 +135,7 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         qk_norm=arch == "qwen3",  # (attn_q_norm/attn_k_norm in another architecture: unexpected tensors)
         rope_freq_factors=factors,
         rope_attention_factor=attention,
+        rotary_dim=rotary if rotary != head_dim else None,
     )
 
 
@@ -146,15 +153,16 @@ def _decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """HF parameter name for a GGUF tensor name; UnsupportedModel for tensors we do not implement."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _BLOCK_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _BLOCK_NAMES:
-        raise UnsupportedModel(f"GGUF tensor {gguf_name!r} is not part of the supported Llama/Mistral/Qwen layout")
+    names = {**_BLOCK_NAMES, **_PHI3_NAMES} if arch == "phi3" else _BLOCK_NAMES
+    if match is None or match.group(2) not in names:
+        raise UnsupportedModel(f"GGUF tensor {gguf_name!r} is not part of the supported Llama/Mistral/Qwen/Phi-3 layout")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -177,8 +185,8 @@ def _torch_shape(tensor: Any) -> tuple[int, ...]:
 
 def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
                   native: bool) -> dict[str, torch.Tensor | QuantMatrix]:
-    tensors = [t for t in reader.tensors if t.name != _ROPE_FREQS]
-    names = [hf_name(t.name) for t in tensors]  # validate names before the slow part
+    tensors = [t for t in reader.tensors if t.name != _ROPE_FREQS and t.name not in _LONGROPE]
+    names = [hf_name(t.name, config.arch) for t in tensors]  # validate names before the slow part
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
     weights = {name: _unpack(t) if native and _keeps_quant(t) else _dequantize(t, dtype)
                for name, t in zip(names, tensors)}
@@ -188,7 +196,13 @@ def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
                 weights[name] = unpermute_rope_rows(weights[name], config.num_heads)
             elif ".k_proj." in name:
                 weights[name] = unpermute_rope_rows(weights[name], config.num_kv_heads)
-    return weights
+    return to_model_layout(weights, config)
+
+
+def _longrope(reader: GGUFFile) -> dict[str, list[float]]:
+    """Phi-3's rope_factors_long / _short values ({"long": [...], "short": [...]}), or {}."""
+    return {t.name.split("_")[2].split(".")[0]: _dequantize(t, torch.float32).flatten().tolist()
+            for t in reader.tensors if t.name in _LONGROPE}
 
 
 def _rope_freqs(reader: GGUFFile) -> list[float] | None:

@@ -10,10 +10,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.config import ModelConfig
 from agentrt.model.rope import partial_rotary_order
+
+
+def rows(w: Any, index: Any) -> Any:
+    """Rows `index` (a slice or an index tensor) of a weight, kept quantized for a QuantMatrix
+    (its blocks run along a row: rows are independent)."""
+    if isinstance(w, QuantMatrix):
+        return QuantMatrix(w.q[index].contiguous(), w.s[index].contiguous(),
+                           None if w.m is None else w.m[index].contiguous(), w.z, w.group, w.fmt)
+    return w[index].contiguous()
+
+
+def _split(w: Any, sizes: list[int]) -> list[Any]:
+    out, start = [], 0
+    for n in sizes:
+        out.append(rows(w, slice(start, start + n)))
+        start += n
+    return out
 
 
 def to_model_layout(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -22,11 +42,11 @@ def to_model_layout(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[
         base = name[: -len("qkv_proj.weight")]
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         weights[base + "q_proj.weight"], weights[base + "k_proj.weight"], weights[base + "v_proj.weight"] = \
-            weights.pop(name).split([q, kv, kv], dim=0)
+            _split(weights.pop(name), [q, kv, kv])
     for name in [n for n in weights if n.endswith("mlp.gate_up_proj.weight")]:
         base = name[: -len("gate_up_proj.weight")]
         weights[base + "gate_proj.weight"], weights[base + "up_proj.weight"] = \
-            weights.pop(name).split(cfg.intermediate_size, dim=0)
+            _split(weights.pop(name), [cfg.intermediate_size] * 2)
     if cfg.rotary_dim is not None and cfg.rotary_dim != cfg.head_dim:
         _reorder_heads(weights, cfg)
     return weights
@@ -43,5 +63,5 @@ def _reorder_heads(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
         if name.endswith("norm.weight"):  # one [head_dim] vector shared by the heads
             weights[name] = t[order]
             continue
-        shaped = t.reshape(heads, cfg.head_dim, *t.shape[1:])
-        weights[name] = shaped[:, order].reshape(t.shape).contiguous()
+        every = (torch.arange(heads)[:, None] * cfg.head_dim + order[None, :]).flatten()
+        weights[name] = rows(t, every)
