@@ -75,10 +75,29 @@ def make_hf(name: str):
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):  # random norms, q_norm/k_norm included (init is ones)
                 p.copy_(1 + 0.3 * torch.randn_like(p))
-            elif pname.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(3.0)  # sharper attention: positions (RoPE, its scaling) matter more
-        model.model.norm.weight.mul_(8.0)  # spread the logits: no near-ties in greedy
-    return model
+    return sharpen(model)
+
+
+def sharpen(hf):
+    """Sharper attention (q/k x3: positions, RoPE and its scaling, matter more) and spread logits
+    (final norm x8: no near-ties in greedy)."""
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if pname.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                p.mul_(3.0)
+        hf.model.norm.weight.mul_(8.0)
+    return hf
+
+
+def oracle(hf) -> tuple[list[int], torch.Tensor, list[int], torch.Tensor]:
+    """transformers' answers on the test prompt: (prompt, its logits, the greedy continuation,
+    the logits of the last DECODED positions of prompt + continuation)."""
+    prompt = torch.randint(0, COMMON["vocab_size"], (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt])).logits[0]
+        greedy = hf_greedy(hf, prompt, NEW_TOKENS)
+        tail = hf(torch.tensor([prompt + greedy])).logits[0, -DECODED:]
+    return prompt, logits, greedy, tail
 
 
 def llamacpp_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -169,12 +188,7 @@ def build(name: str, root: Path) -> Built:
     hf.save_pretrained(root / "hf", safe_serialization=True)
     write_gguf(root / "f32.gguf", hf, arch)
     write_gguf(root / "q8.gguf", hf, arch, gguf.GGMLQuantizationType.Q8_0)
-    prompt = torch.randint(0, COMMON["vocab_size"], (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        logits = hf(torch.tensor([prompt])).logits[0]
-        greedy = hf_greedy(hf, prompt, NEW_TOKENS)
-        tail = hf(torch.tensor([prompt + greedy])).logits[0, -DECODED:]
-    return Built(hf, root / "hf", root / "f32.gguf", root / "q8.gguf", prompt, logits, greedy, tail)
+    return Built(hf, root / "hf", root / "f32.gguf", root / "q8.gguf", *oracle(hf))
 
 
 @pytest.fixture(scope="module")
@@ -232,16 +246,9 @@ def test_longrope_and_dynamic_ntk_match_transformers(tmp_path, rope, path):
     """Long-RoPE past its original context (transformers then takes the long factors and the
     attention factor sqrt(1 + ln 4 / ln 64)), and dynamic NTK within max_position_embeddings."""
     torch.manual_seed(7)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters=rope)).eval()
-    with torch.no_grad():
-        for pname, p in hf.named_parameters():
-            if pname.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(3.0)
-        hf.model.norm.weight.mul_(8.0)
+    hf = sharpen(transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters=rope)).eval())
     hf.save_pretrained(tmp_path, safe_serialization=True)
-    prompt = torch.randint(0, COMMON["vocab_size"], (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        want = hf(torch.tensor([prompt])).logits[0]
+    prompt, want, _, _ = oracle(hf)
     model = load_model(str(tmp_path), quantize="none", forward=path).model
     assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
     if rope["rope_type"] == "longrope":
@@ -261,18 +268,9 @@ def test_phi3_matches_transformers(tmp_path, partial, path):
     cfg = transformers.Phi3Config(**COMMON, rope_parameters=dict(rope), partial_rotary_factor=partial, pad_token_id=0,
                                   tie_word_embeddings=partial < 1, sliding_window=None,
                                   original_max_position_embeddings=64)  # (else its default, 4096, wins)
-    hf = transformers.Phi3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for pname, p in hf.named_parameters():
-            if pname.endswith("qkv_proj.weight"):
-                p.mul_(3.0)
-        hf.model.norm.weight.mul_(8.0)
+    hf = sharpen(transformers.Phi3ForCausalLM(cfg).eval())
     hf.save_pretrained(tmp_path, safe_serialization=True)
-    prompt = torch.randint(0, COMMON["vocab_size"], (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        want = hf(torch.tensor([prompt])).logits[0]
-        greedy = hf_greedy(hf, prompt, NEW_TOKENS)
-        tail = hf(torch.tensor([prompt + greedy])).logits[0, -DECODED:]
+    prompt, want, greedy, tail = oracle(hf)
     write_phi3_gguf(tmp_path / "f32.gguf", hf, rope, rotary)
     write_phi3_gguf(tmp_path / "q8.gguf", hf, rope, rotary, gguf.GGMLQuantizationType.Q8_0)
     for src in (tmp_path, tmp_path / "f32.gguf"):

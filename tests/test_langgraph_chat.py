@@ -152,13 +152,13 @@ def test_streamed_chunks_assemble_into_the_non_streamed_calls():
 def _stream_text(text: str):
     """The validator's verdicts on text streamed in 7-character pieces, as the message
     _agenerate builds from the chunks."""
-    from agentrt.integrations.langgraph.chat_model import _result
+    from agentrt.integrations.langgraph.stream import aggregate
 
     parser = ToolCallParser(tools_to_openai([get_weather]), wrapper="hermes")
     chunks, chunker = [], Chunker("call_x")
     events = [ev for i in range(0, len(text), 7) for ev in parser.feed(text[i:i + 7])] + parser.close()
     chunks += [c for c in map(chunker, events) if c is not None]
-    return chunks, _result(chunks).generations[0].message
+    return chunks, aggregate(chunks).generations[0].message
 
 
 def test_rejected_calls_are_invalid_tool_calls_not_exceptions():

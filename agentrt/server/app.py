@@ -33,7 +33,7 @@ from .completions import TextRun
 from .config import ServerConfig
 from .metrics import Metrics
 from .backends import Backends
-from .handling import as_api_error, error_response, observe, request_id, serve, session_key, tenant_salt
+from .handling import as_api_error, error_response, finished_round, observe, request_id, serve, session_key, tenant_salt
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse
 from .responses import ResponseStore
 from .sse import EventStream, until_disconnect
@@ -198,17 +198,9 @@ async def _chat(request: Request, state: ServerState, body: bytes, caller: str, 
     if req.stream:
         return await EventStream.start(_chat_chunks(call, state, caller, t0))
 
-    async def work():
-        async with state.slot(caller):
-            end = None
-            async for ev in chat.run(call, state):
-                end = ev if isinstance(ev, RoundEnd) else end
-            return end
-
-    end = await until_disconnect(request, work)
+    end = await finished_round(request, state, call, caller, t0)
     if end is None:
         return Response(status_code=499)  # the client went away; nothing was kept for it
-    observe(state, end.usage, t0, first=None)
     return JSONResponse(chat.response(call, end))
 
 

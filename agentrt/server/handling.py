@@ -13,10 +13,13 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from agentrt.conversation.conversation import RoundEnd
 from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
                             ReplicaLost, SchemaUnsupported)
 
+from . import chat
 from .protocol import ApiError
+from .sse import until_disconnect
 
 log = logging.getLogger("agentrt.server")
 
@@ -110,3 +113,19 @@ def observe(state, usage, t0: float, first: float | None) -> None:
     state.metrics.usage(usage)
     state.metrics.latency.observe(now - t0)
     state.metrics.ttft.observe((first or now) - t0)
+
+
+async def finished_round(request: Request, state, call, caller: str, t0: float):
+    """Run a chat call (chat.run) to its RoundEnd under the caller's concurrency slot, counted in
+    the metrics; None when the client went away first (the round was cancelled)."""
+    async def work():
+        async with state.slot(caller):
+            end = None
+            async for ev in chat.run(call, state):
+                end = ev if isinstance(ev, RoundEnd) else end
+            return end
+
+    end = await until_disconnect(request, work)
+    if end is not None:
+        observe(state, end.usage, t0, first=None)
+    return end

@@ -23,8 +23,8 @@ from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
 from . import anthropic_api as api
 from . import chat
-from .handling import observe, serve, session_key, tenant_salt
-from .sse import EventStream, until_disconnect
+from .handling import finished_round, observe, serve, session_key, tenant_salt
+from .sse import EventStream
 
 
 def register(app: FastAPI, state) -> None:
@@ -54,17 +54,9 @@ async def _create(request: Request, state, body: bytes, caller: str, t0: float) 
     if req.stream:
         return await EventStream.start(_events(req, call, mid, state, caller, t0), named=True)
 
-    async def work():
-        async with state.slot(caller):
-            end = None
-            async for ev in chat.run(call, state):
-                end = ev if isinstance(ev, RoundEnd) else end
-            return end
-
-    end = await until_disconnect(request, work)
+    end = await finished_round(request, state, call, caller, t0)
     if end is None:
         return Response(status_code=499)
-    observe(state, end.usage, t0, first=None)
     return JSONResponse(_message(req, call, mid, state, end))
 
 

@@ -31,6 +31,7 @@ from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 from agentrt.toolcall.think import ReasoningDelta
 
 from . import chat
+from .handling import session_key
 from .protocol import ApiError
 from .responses_api import ResponsesRequest, chat_request
 
@@ -80,8 +81,8 @@ class ResponseRun:
     call: chat.ChatCall
     chain: list[dict]
     tenant: str
+    id: str  # resp_<hex>, named before the call (a chain's first response keys its session by it)
     end: RoundEnd | None = None  # set by finish()
-    id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def body(self, status: str, output: list[dict], end: RoundEnd | None = None) -> dict:
@@ -151,10 +152,10 @@ def prepare(req: ResponsesRequest, state, caller: str, salt: str | None) -> Resp
         prev = store.get(caller, req.previous_response_id)
         history, key = prev.chain, prev.session_key
     creq, chain = chat_request(req, history)
-    run = ResponseRun(req, None, chain, caller)  # type: ignore[arg-type]
-    if key is None and (req.store or req.prompt_cache_key):
-        key = f"{caller}:{req.prompt_cache_key or 'resp/' + run.id}"
-    run.call = chat.prepare(creq, key, state.config.model_name, salt)
+    rid = f"resp_{uuid.uuid4().hex}"
+    if key is None and (req.store or req.prompt_cache_key):  # a chain's first response keys its session
+        key = session_key(caller, req.prompt_cache_key or f"resp/{rid}", req.cache_salt)
+    run = ResponseRun(req, chat.prepare(creq, key, state.config.model_name, salt), chain, caller, rid)
     run.call.reasoning = True  # a thinking model's reasoning is an output item of its own
     return run
 

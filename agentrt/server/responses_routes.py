@@ -9,12 +9,10 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from agentrt.conversation.conversation import RoundEnd
-
-from . import chat, responses
-from .handling import observe, serve, tenant_salt
+from . import responses
+from .handling import finished_round, observe, serve, tenant_salt
 from .responses_api import parse_request
-from .sse import EventStream, until_disconnect
+from .sse import EventStream
 
 
 def register(app: FastAPI, state) -> None:
@@ -42,17 +40,9 @@ async def _create(request: Request, state, body: bytes, caller: str, t0: float) 
     if req.stream:
         return await EventStream.start(_events(run, state, caller, t0), named=True)
 
-    async def work():
-        async with state.slot(caller):
-            end = None
-            async for ev in chat.run(run.call, state):
-                end = ev if isinstance(ev, RoundEnd) else end
-            return end
-
-    end = await until_disconnect(request, work)
+    end = await finished_round(request, state, run.call, caller, t0)
     if end is None:
         return Response(status_code=499)
-    observe(state, end.usage, t0, first=None)
     return JSONResponse(responses.finish(run, state, end))
 
 

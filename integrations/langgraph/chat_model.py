@@ -20,8 +20,8 @@ from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 from langchain_core.utils import secret_from_env
@@ -36,8 +36,8 @@ from .host import EngineHost
 from .remote import RemoteServer
 from .messages import normalize_tool_choice, to_openai, tools_to_openai
 from .sessions import SessionPolicy, SessionRouter, session_key
-from .stream import CallSpec, run_call, split_rejected
-from .structured import JSON_OBJECT, check_strict, structured_output
+from .stream import CallSpec, aggregate, run_call
+from .structured import check_strict, response_schema, structured_output
 from .workflow import GraphTasks, node_name
 
 _CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens", "temperature",
@@ -170,7 +170,7 @@ class ChatAgentrt(BaseChatModel):
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
-        return _result(chunks)
+        return aggregate(chunks)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
@@ -184,7 +184,7 @@ class ChatAgentrt(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        return _result(list(self._stream(messages, stop, run_manager, **kwargs)))
+        return aggregate(list(self._stream(messages, stop, run_manager, **kwargs)))
 
     def _call(self, messages: list[BaseMessage], stop: list[str] | None,
               kwargs: dict) -> tuple[CallSpec, _Shared | None]:
@@ -215,7 +215,7 @@ class ChatAgentrt(BaseChatModel):
             messages=to_openai(messages), tools=tools, tool_choice=choice,
             parallel_tool_calls=kwargs.get("parallel_tool_calls", self.parallel_tool_calls),
             constrained=self.constrained if strict is None else strict,
-            json_schema=_response_schema(kwargs.get("response_format")), params=params,
+            json_schema=response_schema(kwargs.get("response_format")), params=params,
             stop=tuple(stop or ()), key=_key(kwargs.get("session"), config), model_name=self.model_name,
             tag=self.name or node_name(config), timeout=self.timeout, retries=self.max_retries,
             limits=CallLimits(self.stop_on_repeated_call, self.max_parallel_calls))
@@ -296,21 +296,6 @@ class ChatAgentrt(BaseChatModel):
         return {} if self._shared is None else dict(self._shared.router.sessions)
 
 
-def _response_schema(fmt: Any) -> Any:
-    """The JSON schema of a `response_format` call argument: as given (with_structured_output
-    binds the schema itself), any JSON object for OpenAI's `{"type": "json_object"}`, or
-    unwrapped from OpenAI's `{"type": "json_schema", "json_schema": {"name", "schema", ...}}`,
-    the form LangChain's `ProviderStrategy` (create_agent) binds."""
-    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_object", "text") and len(fmt) == 1:
-        return JSON_OBJECT if fmt["type"] == "json_object" else None  # OpenAI's JSON mode / plain text
-    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and "json_schema" in fmt:
-        schema = fmt["json_schema"].get("schema") if isinstance(fmt["json_schema"], Mapping) else None
-        if not isinstance(schema, Mapping):
-            raise ConfigError(f"response_format {fmt!r} has no json_schema.schema")
-        return dict(schema)
-    return fmt
-
-
 def _profile(engine, max_tokens: int) -> dict[str, Any]:
     """The LangChain model profile (what create_agent and its middleware read: context size for
     SummarizationMiddleware's fractional triggers; structured output is left to ToolStrategy,
@@ -339,23 +324,3 @@ def _routed(config: Any, kwargs: dict) -> dict:
 
 async def _one(coro) -> AsyncIterator[Any]:
     yield await coro
-
-
-def _result(chunks: list[ChatGenerationChunk]) -> ChatResult:
-    total = chunks[0]
-    for c in chunks[1:]:
-        total = total + c
-    m = total.message
-    invalid = []
-    for c in m.invalid_tool_calls:
-        args, reason = split_rejected(c.get("args") or "")
-        invalid.append({**c, "args": args, "error": reason or c.get("error")})
-    msg = AIMessage(content=m.content, tool_calls=m.tool_calls, invalid_tool_calls=invalid,
-                    usage_metadata=m.usage_metadata, response_metadata=m.response_metadata, id=m.id)
-    return ChatResult(generations=[ChatGeneration(message=msg, generation_info=total.generation_info)])
-
-
-def _errors(e: ValidationError) -> str:
-    """A pydantic ValidationError as one line: `field: what was wrong (got value)` per error."""
-    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']} (got {err.get('input')!r})"
-                     for err in e.errors())

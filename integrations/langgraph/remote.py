@@ -13,6 +13,7 @@ chunk), an unreachable server EngineClosed, the call's timeout GenerationTimeout
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -57,34 +58,37 @@ class RemoteServer:
             body["prompt_cache_key"] = spec.key
         return body
 
+    def request(self, spec: CallSpec) -> dict[str, Any]:
+        """The arguments of `client.stream(...)` for a call."""
+        return {"method": "POST", "url": f"{self.base_url}/chat/completions", "json": self.body(spec),
+                "headers": self.headers}
+
     async def astream(self, spec: CallSpec) -> AsyncIterator[ChatGenerationChunk]:
         for attempt in range(spec.retries + 1):
             sent = False
             try:
-                async with httpx.AsyncClient(timeout=_timeout(spec)) as client, client.stream(
-                        "POST", f"{self.base_url}/chat/completions", json=self.body(spec), headers=self.headers) as r:
-                    if r.status_code != 200:
-                        raise _error(r.status_code, await r.aread())
-                    chunks = Chunks(spec)
-                    async for line in r.aiter_lines():
-                        for c in chunks.line(line):
-                            sent = True
-                            yield c
+                with self._errors(spec):
+                    async with httpx.AsyncClient(timeout=_timeout(spec)) as client, \
+                            client.stream(**self.request(spec)) as r:
+                        if r.status_code != 200:
+                            raise _error(r.status_code, await r.aread())
+                        chunks = Chunks(spec)
+                        async for line in r.aiter_lines():
+                            for c in chunks.line(line):
+                                sent = True
+                                yield c
                 return
-            except PoolExhausted:
+            except PoolExhausted:  # (429 / 503) tried again until a chunk has gone out
                 if sent or attempt == spec.retries:
                     raise
-            except httpx.TimeoutException:
-                raise GenerationTimeout(f"the call to {self.base_url} ran past its timeout of {spec.timeout} s") from None
-            except httpx.TransportError as e:
-                raise EngineClosed(f"cannot reach agentrt serve at {self.base_url}: {e}") from None
 
     def stream(self, spec: CallSpec) -> Iterator[ChatGenerationChunk]:
+        """astream() for sync callers (the same request, errors and retries)."""
         for attempt in range(spec.retries + 1):
             sent = False
             try:
-                with httpx.Client(timeout=_timeout(spec)) as client, client.stream(
-                        "POST", f"{self.base_url}/chat/completions", json=self.body(spec), headers=self.headers) as r:
+                with self._errors(spec), httpx.Client(timeout=_timeout(spec)) as client, \
+                        client.stream(**self.request(spec)) as r:
                     if r.status_code != 200:
                         raise _error(r.status_code, r.read())
                     chunks = Chunks(spec)
@@ -96,10 +100,16 @@ class RemoteServer:
             except PoolExhausted:
                 if sent or attempt == spec.retries:
                     raise
-            except httpx.TimeoutException:
-                raise GenerationTimeout(f"the call to {self.base_url} ran past its timeout of {spec.timeout} s") from None
-            except httpx.TransportError as e:
-                raise EngineClosed(f"cannot reach agentrt serve at {self.base_url}: {e}") from None
+
+    @contextlib.contextmanager
+    def _errors(self, spec: CallSpec) -> Iterator[None]:
+        """httpx's timeout and transport errors as agentrt's typed errors."""
+        try:
+            yield
+        except httpx.TimeoutException:
+            raise GenerationTimeout(f"the call to {self.base_url} ran past its timeout of {spec.timeout} s") from None
+        except httpx.TransportError as e:
+            raise EngineClosed(f"cannot reach agentrt serve at {self.base_url}: {e}") from None
 
 
 def _timeout(spec: CallSpec) -> httpx.Timeout:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from langchain_core.messages import AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
-from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from agentrt.errors import AgentrtError, GenerationTimeout, PoolExhausted
 from agentrt.sampling import SamplingParams
@@ -157,3 +157,25 @@ def split_rejected(args: str) -> tuple[str, str | None]:
         return args, None
     reason, end = json.JSONDecoder().raw_decode(args, len(_REJECTED))
     return args[end + 2:], reason
+
+
+def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    """One call's chunks as its ChatResult; a rejected call's chunk args back to its raw text and
+    the validator's reason (the `error` of its invalid_tool_calls entry)."""
+    total = chunks[0]
+    for c in chunks[1:]:
+        total = total + c
+    m = total.message
+    invalid = []
+    for c in m.invalid_tool_calls:
+        args, reason = split_rejected(c.get("args") or "")
+        invalid.append({**c, "args": args, "error": reason or c.get("error")})
+    msg = AIMessage(content=m.content, tool_calls=m.tool_calls, invalid_tool_calls=invalid,
+                    usage_metadata=m.usage_metadata, response_metadata=m.response_metadata, id=m.id)
+    return ChatResult(generations=[ChatGeneration(message=msg, generation_info=total.generation_info)])
+
+
+def _errors(e: ValidationError) -> str:
+    """A pydantic ValidationError as one line: `field: what was wrong (got value)` per error."""
+    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']} (got {err.get('input')!r})"
+                     for err in e.errors())

@@ -16,6 +16,7 @@ back as instances of the class; TypedDicts and JSON schemas as dicts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -68,3 +69,18 @@ def structured_output(model: Any, schema: Any, method: str, include_raw: bool, s
     parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
     fallback = RunnablePassthrough.assign(parsed=lambda _: None)
     return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+def response_schema(fmt: Any) -> Any:
+    """The JSON schema of a `response_format` call argument: as given (with_structured_output
+    binds the schema itself), any JSON object for OpenAI's `{"type": "json_object"}`, or
+    unwrapped from OpenAI's `{"type": "json_schema", "json_schema": {"name", "schema", ...}}`,
+    the form LangChain's `ProviderStrategy` (create_agent) binds."""
+    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_object", "text") and len(fmt) == 1:
+        return JSON_OBJECT if fmt["type"] == "json_object" else None  # OpenAI's JSON mode / plain text
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and "json_schema" in fmt:
+        schema = fmt["json_schema"].get("schema") if isinstance(fmt["json_schema"], Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise ConfigError(f"response_format {fmt!r} has no json_schema.schema")
+        return dict(schema)
+    return fmt

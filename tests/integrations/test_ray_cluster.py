@@ -11,7 +11,6 @@ replica actor alive; the replicas' invariants hold.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -27,7 +26,6 @@ from tests.conftest import tiny_native_with_tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(kv_cache_tokens=4096, response_cache_size=0)
 SPEC = ModelSpec(factory=tiny_native_with_tokenizer)
 QUESTIONS = ["What is the weather in Paris?", "And in Tokyo?", "And in Oslo?"]
@@ -50,14 +48,6 @@ def agents(n: int, on_call=None) -> list[Agent]:
     settings = SamplingParams(max_tokens=40)
     return [Agent(f"a{i}", f"You are agent {i}. Use the tools.", [get_weather], tool_choice="required",
                   max_tool_rounds=1, settings=settings) for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from the history it resends, with the one-engine server's tokens.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import httpx
 import openai
@@ -24,17 +23,8 @@ from tests.conftest import tiny_native_with_tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(kv_cache_tokens=4096, response_cache_size=0)
 QUESTIONS = ["Hello there, who are you?", "What do you like?", "Tell me more."]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 def _conversations(url: str, keys: list[str], turns: int) -> dict[str, list]:
