@@ -6,7 +6,6 @@ pool, radix and tier invariants hold after every step (drain checks them)."""
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
@@ -232,10 +231,10 @@ def test_restore_tail_brings_back_a_cut_session():
     sp = SamplingParams(max_tokens=4)
     a = core.open_session(core.pool.acquire("session", 0), tag="a")
     hist = head + [rng.randrange(V) for _ in range(120)]
-    r = submit(core, hist, sp, session=a)
+    submit(core, hist, sp, session=a)
     drain(core)
     full = list(a.seq.tokens)
-    r = submit(core, [rng.randrange(V) for _ in range(180)], sp)
+    submit(core, [rng.randrange(V) for _ in range(180)], sp)
     drain(core)
     assert len(a.seq.tokens) < len(full)
     core.hierarchy.restore_tail(a)

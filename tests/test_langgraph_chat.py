@@ -12,7 +12,7 @@ from typing import Annotated
 import anyio
 import pydantic
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool as lc_tool
 from typing_extensions import TypedDict
 

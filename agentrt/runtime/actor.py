@@ -206,9 +206,6 @@ class ActorRef:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ActorStopped(f"actor {self.name!r} has stopped{self._why()}") from None
 
-    def _why(self) -> str:
-        return f" after {type(self.error).__name__}: {self.error}" if self.error is not None else ""
-
     # ---- the actor task ---------------------------------------------------------------
     async def run(self, ctx: ActorContext) -> None:
         tracker = RestartTracker(self.supervision)

@@ -324,3 +324,9 @@ def _routed(config: Any, kwargs: dict) -> dict:
 
 async def _one(coro) -> AsyncIterator[Any]:
     yield await coro
+
+
+def _errors(e: ValidationError) -> str:
+    """A pydantic ValidationError as one line: `field: what was wrong (got value)` per error."""
+    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']} (got {err.get('input')!r})"
+                     for err in e.errors())

@@ -173,9 +173,3 @@ def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
     msg = AIMessage(content=m.content, tool_calls=m.tool_calls, invalid_tool_calls=invalid,
                     usage_metadata=m.usage_metadata, response_metadata=m.response_metadata, id=m.id)
     return ChatResult(generations=[ChatGeneration(message=msg, generation_info=total.generation_info)])
-
-
-def _errors(e: ValidationError) -> str:
-    """A pydantic ValidationError as one line: `field: what was wrong (got value)` per error."""
-    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']} (got {err.get('input')!r})"
-                     for err in e.errors())
