@@ -29,7 +29,7 @@ import torch  # (imported first: loads torch's libgomp, whose thread pool the li
 from agentrt.errors import ConfigError
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("qgemm.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp")
+SOURCES = ("qgemm.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp", "moe.cpp")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
          "-ffp-contract=off", "-fno-math-errno")
 
@@ -44,6 +44,7 @@ SIGNATURES = {
     "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P, _I32], None),
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_argmax": ([_P, _I64, _I64, _I64, _P], None),
+    "agrt_moe": ([_P, _P, _I64, _I64, _P], None),
     "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64], None),
 }
 
@@ -57,9 +58,14 @@ class Linear(ctypes.Structure):  # AgrtLinear
     _fields_ = [("parts", Part * 3), ("nparts", _I32), ("precise", _I32), ("bias", _P), ("n_out", _I64)]
 
 
+class Moe(ctypes.Structure):  # AgrtMoe
+    _fields_ = [("router", _P), ("gate_up", _P), ("down", _P), ("n_experts", _I32), ("top_k", _I32),
+                ("norm_topk", _I32), ("inter", _I64)]
+
+
 class Layer(ctypes.Structure):  # AgrtLayer
     _fields_ = [("attn_norm", _P), ("mlp_norm", _P), ("qkv", Linear), ("o", Linear),
-                ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P)]
+                ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P), ("moe", _P)]
 
 
 class Dims(ctypes.Structure):  # AgrtDims

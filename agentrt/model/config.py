@@ -9,8 +9,11 @@ from agentrt.errors import ConfigError, UnsupportedModel
 
 # llama: Llama 1-3, SmolLM2; mistral: Llama's layers (full attention only); qwen2: qkv bias;
 # qwen3: per-head RMSNorm on q and k before RoPE, head_dim set explicitly; phi3: Llama's layers
-# with fused qkv / gate_up projections (split at load), long-RoPE, partial rotary (Phi-4-mini)
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3")
+# with fused qkv / gate_up projections (split at load), long-RoPE, partial rotary (Phi-4-mini);
+# mixture-of-experts (model/moe.py): qwen3_moe (Qwen3's attention), mixtral (Llama's attention),
+# olmoe (RMSNorm over the whole q and k projections)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe")
+QK_NORM_SPANS = ("head", "all")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,15 @@ class ModelConfig:
     # dimensions of each head that rotate (partial rotary; None: all). The loaders permute q/k so
     # that they are the pairs (i, i + head_dim/2), i < rotary_dim/2: see rope.partial_rotary_order
     rotary_dim: int | None = None
+    # "head": q/k norms [head_dim] per head (Qwen3); "all": over the whole projection (OLMoE)
+    qk_norm_span: str = "head"
+    # mixture-of-experts (model/moe.py; 0 experts: dense MLPs): every layer's MLP is `num_experts`
+    # experts of `expert_intermediate_size`, `experts_per_token` of them run per token, weighted by
+    # the router's softmax over all experts, renormalised over the chosen ones if `norm_topk_prob`
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -59,6 +71,17 @@ class ModelConfig:
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != rotary // 2:
             raise ConfigError(f"rope_freq_factors has {len(self.rope_freq_factors)} values; "
                               f"it needs rotary_dim / 2 = {rotary // 2}")
+
+        if self.qk_norm_span not in QK_NORM_SPANS:
+            raise ConfigError(f"qk_norm_span {self.qk_norm_span!r} must be one of {QK_NORM_SPANS}")
+        if self.num_experts and not (0 < self.experts_per_token <= self.num_experts
+                                     and self.expert_intermediate_size > 0):
+            raise ConfigError(f"a mixture-of-experts config needs 0 < experts_per_token ({self.experts_per_token}) "
+                              f"<= num_experts ({self.num_experts}) and expert_intermediate_size > 0")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def group_size(self) -> int:

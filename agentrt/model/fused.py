@@ -29,7 +29,10 @@ from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.base import AttentionMeta
 from agentrt.kernels.reference import paged_attention_rows
-from agentrt.model.quant import QLinear
+from agentrt.model.moe import MoE
+from agentrt.model.moe import describe as describe_moe
+from agentrt.model.moe import run_native as run_moe
+from agentrt.model.quant import QLinear, linear_slots
 
 PATHS = ("fused", "eager")
 KERNEL_ATTENTION_MAX_Q = 16  # without batch invariance, longer chunks attend through torch SDPA
@@ -90,7 +93,7 @@ class _Step:
         lib = self.lib
         lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
                             self.positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
-                            self.slots.data_ptr(), _ptr(attn.q_norm), _ptr(attn.k_norm),
+                            self.slots.data_ptr(), *head_norms(attn),
                             self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr(),
                             int(k.dtype == torch.float16))
         if self.short.numel():
@@ -109,6 +112,19 @@ class _Step:
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def head_norms(attn) -> tuple[int | None, int | None]:
+    """The per-head q/k norm weights the rope kernel applies (None: none, or OLMoE's whole-
+    projection norms, which `norm_projections` applies before it)."""
+    return (None, None) if attn.norm_all else (_ptr(attn.q_norm), _ptr(attn.k_norm))
+
+
+def norm_projections(attn, qkv: torch.Tensor, eps: float) -> None:
+    """OLMoE: RMSNorm over the whole q and the whole k projection, in place in `qkv` [T, ...]."""
+    hq, hk = attn.h * attn.d, attn.hkv * attn.d
+    for a, n, w in ((0, hq, attn.q_norm), (hq, hk, attn.k_norm)):
+        qkv[:, a:a + n] = torch.nn.functional.rms_norm(qkv[:, a:a + n], (n,), w, eps)
 
 
 def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> None:
@@ -144,12 +160,32 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
     st.buffers()
     for i, blk in enumerate(model.blocks):
         h = st.rmsnorm(x, blk.attn_norm, st.hbuf)
-        a = st.attention(i, kv, blk.attn, linear(blk.attn.qkv, h).contiguous())
+        qkv = linear(blk.attn.qkv, h).contiguous()
+        if blk.attn.norm_all:
+            norm_projections(blk.attn, qkv, st.cfg.rms_norm_eps)
+        a = st.attention(i, kv, blk.attn, qkv)
         linear(blk.attn.o, a, x, accumulate=True)
         h = st.rmsnorm(x, blk.mlp_norm, st.hbuf)
+        if isinstance(blk.mlp, MoE):
+            _moe(model, blk.mlp, st, h, x)
+            continue
         gu = linear(blk.mlp.gate_up, h)
         st.lib.agrt_silu_mul(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
         linear(blk.mlp.down, st.act, x, accumulate=True)
+
+
+def _moe(model, moe: MoE, st: _Step, h: torch.Tensor, x: torch.Tensor) -> None:
+    """x += moe(h): the grouped native GEMM when every expert is quantized, else torch."""
+    if not moe.quantized():
+        x.add_(moe(h))
+        return
+    key = ("moe", id(moe))
+    cached = model.fused_cache.get(key)
+    if cached is None or cached[0] is not moe or any(
+            e.gate_up is not g or e.down is not d for e, (g, d) in zip(moe.experts, cached[2])):
+        cached = (moe, describe_moe(moe, _fill_linear), [(e.gate_up, e.down) for e in moe.experts])
+        model.fused_cache[key] = cached
+    run_moe(st.lib, cached[1], h, x)
 
 
 def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
@@ -178,23 +214,30 @@ def native_layers(model):
     # the layers it was built from, which it keeps alive)
     if cached is not None and all(getattr(owner, name) is lin for owner, name, lin in cached[0]):
         return cached[1]
-    slots = tuple((owner, name, getattr(owner, name)) for b in model.blocks
-                  for owner, name in ((b.attn, "qkv"), (b.attn, "o"), (b.mlp, "gate_up"), (b.mlp, "down")))
-    lins = [tuple(lin for _, _, lin in slots[i:i + 4]) for i in range(0, len(slots), 4)]
-    ok = all(isinstance(x, QLinear) and len(x.parts) <= 3 for group in lins for x in group)
-    value = _describe(model, lins) if ok else None
+    slots = tuple((owner, name, getattr(owner, name)) for owner, name in linear_slots(model))
+    ok = all(isinstance(lin, QLinear) and len(lin.parts) <= 3 for _, _, lin in slots)
+    ok = ok and not any(b.attn.norm_all for b in model.blocks)  # (OLMoE's norms: layer by layer)
+    value = _describe(model) if ok else None
     model.fused_cache["layers"] = (slots, value)
     return value
 
 
-def _describe(model, lins):
+def _describe(model):
     cfg = model.cfg
-    arr = (native.Layer * len(lins))()
-    for i, (blk, group) in enumerate(zip(model.blocks, lins)):
+    arr = (native.Layer * len(model.blocks))()
+    moes = []  # (kept alive with the array)
+    for i, blk in enumerate(model.blocks):
         arr[i].attn_norm, arr[i].mlp_norm = blk.attn_norm.data_ptr(), blk.mlp_norm.data_ptr()
-        arr[i].q_norm, arr[i].k_norm = _ptr(blk.attn.q_norm), _ptr(blk.attn.k_norm)
-        for name, lin in zip(("qkv", "o", "gate_up", "down"), group):
-            _fill_linear(getattr(arr[i], name), lin)
+        arr[i].q_norm, arr[i].k_norm = head_norms(blk.attn)
+        _fill_linear(arr[i].qkv, blk.attn.qkv)
+        _fill_linear(arr[i].o, blk.attn.o)
+        if isinstance(blk.mlp, MoE):
+            moes.append(describe_moe(blk.mlp, _fill_linear))
+            arr[i].moe = ctypes.addressof(moes[-1])
+        else:
+            _fill_linear(arr[i].gate_up, blk.mlp.gate_up)
+            _fill_linear(arr[i].down, blk.mlp.down)
+    arr.keep = moes
     dims = native.Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                        cfg.head_dim, 0, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
     return arr, dims

@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""A Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3; mixture-of-experts
+MLPs for Qwen3-MoE, Mixtral and OLMoE, model/moe.py) over a paged KV cache.
 
 One forward runs a flattened varlen batch: many sequences, each with some new tokens (a
 prefill chunk or one decode token, or decode + draft tokens), mixed in one call. Weights use
@@ -19,6 +20,7 @@ from agentrt.kernels.packing import QuantMatrix, pack
 from agentrt.model import fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
+from agentrt.model.moe import MoE
 from agentrt.model.quant import HEAD_REFINE, QEmbedding, QLinear, linear_from
 from agentrt.model.rope import RopeTable
 
@@ -57,15 +59,20 @@ class Attention(nn.Module):
         self.o = Dense(self.h * self.d, cfg.hidden_size, False, dtype)
         self.scale = self.d ** -0.5
         self.eps = cfg.rms_norm_eps
-        # per-head RMSNorm weights of q and k (Qwen3), applied before RoPE; None elsewhere
-        self.q_norm = nn.Parameter(torch.ones(self.d, dtype=dtype)) if cfg.qk_norm else None
-        self.k_norm = nn.Parameter(torch.ones(self.d, dtype=dtype)) if cfg.qk_norm else None
+        # RMSNorm weights of q and k, applied before RoPE: per head ([head_dim], Qwen3) or over the
+        # whole projection ([heads * head_dim], OLMoE: `norm_all`); None elsewhere
+        self.norm_all = cfg.qk_norm_span == "all"
+        qn, kn = (self.h * self.d, self.hkv * self.d) if self.norm_all else (self.d, self.d)
+        self.q_norm = nn.Parameter(torch.ones(qn, dtype=dtype)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(kn, dtype=dtype)) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin, layer: int, kv: KVStore, meta: AttentionMeta, ops):
         t = x.shape[0]
         q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
-        q, k = q.view(t, self.h, self.d), k.view(t, self.hkv, self.d)
-        if self.q_norm is not None:
+        if self.norm_all:
+            q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
+        q, k = q.reshape(t, self.h, self.d), k.reshape(t, self.hkv, self.d)
+        if self.q_norm is not None and not self.norm_all:
             q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
         q = ops.rope(q, cos, sin)  # [T, H, D]
         k = ops.rope(k, cos, sin)  # [T, Hkv, D]
@@ -93,7 +100,7 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         self.attn = Attention(cfg, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MoE(cfg, dtype) if cfg.is_moe else MLP(cfg, dtype)
 
     def forward(self, x, cos, sin, layer, kv, meta, ops):
         x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, layer, kv, meta, ops)
@@ -178,8 +185,19 @@ class LlamaModel(nn.Module):
             bias = torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]) if self.cfg.attention_bias else None
             self._set_linear(blk.attn, "qkv", [w[att + f"{n}_proj.weight"] for n in "qkv"], bias)
             self._set_linear(blk.attn, "o", [w[att + "o_proj.weight"]])
+            if isinstance(blk.mlp, MoE):
+                self._copy_moe(blk.mlp, w, p + "mlp.")
+                continue
             self._set_linear(blk.mlp, "gate_up", [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
             self._set_linear(blk.mlp, "down", [w[p + "mlp.down_proj.weight"]])
+
+    def _copy_moe(self, moe: MoE, w: dict, p: str) -> None:
+        router = w[p + "gate.weight"]
+        moe.router.copy_(router.dequantize() if isinstance(router, QuantMatrix) else router)
+        for j, expert in enumerate(moe.experts):
+            e = f"{p}experts.{j}."
+            self._set_linear(expert, "gate_up", [w[e + "gate_proj.weight"], w[e + "up_proj.weight"]])
+            self._set_linear(expert, "down", [w[e + "down_proj.weight"]])
 
     @staticmethod
     def _set_linear(owner: nn.Module, name: str, parts: list, bias: torch.Tensor | None = None,

@@ -110,6 +110,17 @@ def linear_from(parts: list[torch.Tensor | QuantMatrix], bias: torch.Tensor | No
     return QLinear.from_matrices(mats, bias, precise, refine)
 
 
+def linear_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(owner, attribute) of every linear layer of the decoder blocks (a mixture-of-experts
+    MLP's experts included; its router stays float32)."""
+    slots = []
+    for block in model.blocks:
+        slots += [(block.attn, "qkv"), (block.attn, "o")]
+        mlps = block.mlp.experts if hasattr(block.mlp, "experts") else [block.mlp]
+        slots += [(mlp, name) for mlp in mlps for name in ("gate_up", "down")]
+    return slots
+
+
 def quantize(model: nn.Module, mode: str) -> nn.Module:
     """mode "int8": replace the decoder's dense linear layers (and the output head) by int8
     QLinear layers; "none": leave the model as it is."""
@@ -118,11 +129,10 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
                           "('native' and 'auto' are load_model modes)")
     if mode == "none":
         return model
-    for block in model.blocks:
-        for owner, name in ((block.attn, "qkv"), (block.attn, "o"), (block.mlp, "gate_up"), (block.mlp, "down")):
-            layer = getattr(owner, name)
-            if not isinstance(layer, QLinear):
-                setattr(owner, name, linear_from([layer.weight], layer.bias))
+    for owner, name in linear_slots(model):
+        layer = getattr(owner, name)
+        if not isinstance(layer, QLinear):
+            setattr(owner, name, linear_from([layer.weight], layer.bias))
     if not isinstance(model.lm_head, QLinear):
         model.lm_head = linear_from([model.lm_head.weight], None, refine=HEAD_REFINE)
     return model

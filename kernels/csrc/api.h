@@ -24,6 +24,8 @@ void agrt_attention(const float* q, const void* k_cache, const void* v_cache, co
                     int32_t kv_half);
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
+struct AgrtMoe;
+void agrt_moe(const AgrtMoe* moe, const float* h, int64_t T, int64_t hidden, float* x);
 }
 
 // One quantized weight part / linear layer / decoder layer, as laid out by kernels/native.py.
@@ -37,7 +39,18 @@ struct AgrtLinear {
 struct AgrtLayer {
   const float* attn_norm; const float* mlp_norm; AgrtLinear qkv, o, gate_up, down;
   const float* q_norm; const float* k_norm;  // per-head q/k RMSNorm weights [head_dim] (Qwen3), or null
+  const struct AgrtMoe* moe;  // mixture-of-experts MLP (csrc/moe.cpp) instead of gate_up/down, or null
 };
+// A mixture-of-experts MLP: router [n_experts, hidden] fp32, the experts' gate_up [2 * inter
+// out] and down [hidden out] linears (n_experts each).
+struct AgrtMoe {
+  const float* router; const AgrtLinear* gate_up; const AgrtLinear* down;
+  int32_t n_experts, top_k, norm_topk; int64_t inter;
+};
+namespace agrt {
+// y (+)= x @ W^T of a linear layer (each part in turn; layers.cpp)
+void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy, bool accumulate);
+}  // namespace agrt
 struct AgrtDims {
   int32_t hidden, inter, heads, kv_heads, head_dim, page_size; float eps, scale;
   int32_t kv_half;  // the KV caches hold IEEE half (else float)

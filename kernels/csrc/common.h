@@ -76,7 +76,8 @@ namespace {
 enum AgrtSlot {
   kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs, kSlotBlockZs,
   kSlotPreciseX, kSlotPreciseQ, kSlotPreciseSx, kSlotPreciseSum, kSlotPreciseY,
-  kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotKvRow, kSlotCount
+  kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotKvRow,
+  kSlotMoeRoute, kSlotMoeRows, kSlotMoeX, kSlotMoeGu, kSlotMoeAct, kSlotMoeY, kSlotCount
 };
 
 inline void* agrt_scratch_bytes(int slot, size_t bytes) {

@@ -5,10 +5,8 @@
 #include "common.h"
 #include "api.h"
 
-namespace {
-
-void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
-            bool accumulate) {
+void agrt::linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
+                  bool accumulate) {
   int64_t off = 0;
   for (int i = 0; i < l.nparts; ++i) {
     const AgrtPart& p = l.parts[i];
@@ -17,8 +15,6 @@ void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* 
     off += p.n;
   }
 }
-
-}  // namespace
 
 extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, const AgrtDims* d,
                                     float* x, int64_t T, const int64_t* pos, const float* cos_t,
@@ -37,15 +33,19 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
   for (int32_t i = 0; i < nlayers; ++i) {
     const AgrtLayer& L = layers[i];
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h);
-    linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
+    agrt::linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
     agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots, L.q_norm,
                     L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_half);
     agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
                    nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_half);
-    linear(L.o, att, T, hd, x, d->hidden, true);
+    agrt::linear(L.o, att, T, hd, x, d->hidden, true);
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h);
-    linear(L.gate_up, h, T, d->hidden, gu, 2LL * d->inter, false);
+    if (L.moe) {
+      agrt_moe(L.moe, h, T, d->hidden, x);
+      continue;
+    }
+    agrt::linear(L.gate_up, h, T, d->hidden, gu, 2LL * d->inter, false);
     agrt_silu_mul(gu, T, d->inter, act);
-    linear(L.down, act, T, d->inter, x, d->hidden, true);
+    agrt::linear(L.down, act, T, d->inter, x, d->hidden, true);
   }
 }

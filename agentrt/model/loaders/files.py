@@ -114,17 +114,28 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes |= {
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (config.intermediate_size, h),
-            p + "mlp.up_proj.weight": (config.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, config.intermediate_size),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         }
+        shapes |= _mlp_shapes(config, p + "mlp.")
         if config.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (config.head_dim,),
-                       p + "self_attn.k_norm.weight": (config.head_dim,)}
+            whole = config.qk_norm_span == "all"
+            shapes |= {p + "self_attn.q_norm.weight": (q if whole else config.head_dim,),
+                       p + "self_attn.k_norm.weight": (kv if whole else config.head_dim,)}
         if config.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                        p + "self_attn.v_proj.bias": (kv,)}
+    return shapes
+
+
+def _mlp_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    h = config.hidden_size
+    if not config.is_moe:
+        i = config.intermediate_size
+        return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
+    i, shapes = config.expert_intermediate_size, {p + "gate.weight": (config.num_experts, h)}
+    for j in range(config.num_experts):
+        e = f"{p}experts.{j}."
+        shapes |= {e + "gate_proj.weight": (i, h), e + "up_proj.weight": (i, h), e + "down_proj.weight": (h, i)}
     return shapes
 
 

@@ -26,6 +26,7 @@ from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.loaders import gguf_quant
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, check_sliding_window
+from agentrt.model.loaders.layouts import rows as layout_rows
 from agentrt.model.loaders.layouts import to_model_layout
 from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
@@ -48,7 +49,13 @@ _ROPE_FREQS = "rope_freqs.weight"  # RoPE scaling factors, not a weight (rope.py
 # Phi-3's long-RoPE factors (not weights either), and its fused tensors' HF names
 _LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 _PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_PERMUTED_ARCHS = ("llama", "mistral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
+_PERMUTED_ARCHS = ("llama", "mistral", "mixtral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
+# mixture-of-experts: the router, and each of gate/up/down as one [experts, out, in] tensor
+_MOE_NAMES = {"ffn_gate_inp": "mlp.gate"}
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+_ARCH_NAMES = {"qwen3moe": "qwen3_moe"}  # GGUF architecture -> ours (llama + experts: "mixtral")
+# top-k weights renormalised, as llama.cpp runs each family (unless {arch}.expert_weights_norm says)
+_NORM_TOPK = {"qwen3_moe": True, "mixtral": True, "olmoe": False}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -100,8 +107,12 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     """ModelConfig from `{arch}.*` keys; `shapes` (GGUF name -> torch shape) fills gaps and
     tying; `rope_freqs`: the values of rope_freqs.weight, if the file has it."""
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModel(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    ours = _ARCH_NAMES.get(arch, arch)
+    if ours == "llama" and int(meta.get("llama.expert_count") or 0):
+        ours = "mixtral"  # (llama.cpp's converter writes Mixtral as llama with experts)
+    if ours not in SUPPORTED_ARCHS:
+        supported = sorted({*SUPPORTED_ARCHS, *_ARCH_NAMES} - {*_ARCH_NAMES.values(), "mixtral"})
+        raise UnsupportedModel(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(supported)}")
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in meta:
@@ -118,11 +129,12 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     theta = _decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
     rotary = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     factors, attention = rope_from_gguf(meta, arch, rotary, theta, rope_freqs, longrope or {})
+    experts = _experts(meta, arch, ours, need)
     return ModelConfig(
-        arch=arch,
+        arch=ours,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
+        intermediate_size=int(meta.get(f"{arch}.feed_forward_length") or 0) if experts else int(need("feed_forward_length")),
         num_layers=int(need("block_count")),
         num_heads=heads,
         num_kv_heads=_kv_heads(meta.get(f"{arch}.attention.head_count_kv", heads)),
@@ -132,11 +144,25 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in shapes,
         attention_bias=any(name.endswith("attn_q.bias") for name in shapes),
-        qk_norm=arch == "qwen3",  # (attn_q_norm/attn_k_norm in another architecture: unexpected tensors)
+        # (attn_q_norm/attn_k_norm in another architecture: unexpected tensors)
+        qk_norm=ours in ("qwen3", "qwen3_moe", "olmoe"),
+        qk_norm_span="all" if ours == "olmoe" else "head",
         rope_freq_factors=factors,
         rope_attention_factor=attention,
         rotary_dim=rotary if rotary != head_dim else None,
+        **experts,
     )
+
+
+def _experts(meta: dict[str, Any], arch: str, ours: str, need) -> dict[str, Any]:
+    """The mixture-of-experts fields of ModelConfig from `{arch}.expert_*` keys (none: dense)."""
+    count = int(meta.get(f"{arch}.expert_count") or 0)
+    if not count:
+        return {}
+    inter = meta.get(f"{arch}.expert_feed_forward_length") or need("feed_forward_length")
+    norm = meta.get(f"{arch}.expert_weights_norm", _NORM_TOPK.get(ours, True))
+    return {"num_experts": count, "experts_per_token": int(need("expert_used_count")),
+            "expert_intermediate_size": int(inter), "norm_topk_prob": bool(norm)}
 
 
 def _kv_heads(value: int | list[int]) -> int:
@@ -159,10 +185,12 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
         return _GLOBAL_NAMES[gguf_name]
     match = _BLOCK_RE.fullmatch(gguf_name)
     names = {**_BLOCK_NAMES, **_PHI3_NAMES} if arch == "phi3" else _BLOCK_NAMES
+    names = {**names, **_MOE_NAMES, **{k: f"mlp.experts.{{}}.{v}" for k, v in _EXPERT_NAMES.items()}}
     if match is None or match.group(2) not in names:
-        raise UnsupportedModel(f"GGUF tensor {gguf_name!r} is not part of the supported Llama/Mistral/Qwen/Phi-3 layout")
+        raise UnsupportedModel(f"GGUF tensor {gguf_name!r} is not part of the supported "
+                               "Llama/Mistral/Qwen/Phi-3/mixture-of-experts layout")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{names[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"  # (experts: "{}" where the expert's index goes)
 
 
 def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -188,8 +216,15 @@ def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
     tensors = [t for t in reader.tensors if t.name != _ROPE_FREQS and t.name not in _LONGROPE]
     names = [hf_name(t.name, config.arch) for t in tensors]  # validate names before the slow part
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
-    weights = {name: _unpack(t) if native and _keeps_quant(t) else _dequantize(t, dtype)
-               for name, t in zip(names, tensors)}
+    weights = {}
+    for name, t in zip(names, tensors):
+        value = _unpack(t) if native and _keeps_quant(t) else _dequantize(t, dtype)
+        if "{}" in name:  # [experts, out, in]: one matrix per expert
+            rows = value.shape[0] // config.num_experts
+            for j in range(config.num_experts):
+                weights[name.format(j)] = layout_rows(value, slice(j * rows, (j + 1) * rows))
+        else:
+            weights[name] = value
     if config.arch in _PERMUTED_ARCHS:
         for name in list(weights):
             if ".q_proj." in name:
@@ -212,11 +247,13 @@ def _rope_freqs(reader: GGUFFile) -> list[float] | None:
 
 
 def _keeps_quant(tensor: Any) -> bool:
-    return len(tensor.shape) == 2 and gguf_quant.supported(tensor.tensor_type)
+    return len(tensor.shape) in (2, 3) and gguf_quant.supported(tensor.tensor_type)
 
 
 def _unpack(tensor: Any) -> QuantMatrix:
-    rows, cols = _torch_shape(tensor)
+    """A quantized matrix ([experts, out, in] stacked as [experts * out, in])."""
+    *outer, cols = _torch_shape(tensor)
+    rows = int(np.prod(outer))
     qm = gguf_quant.unpack_gguf(tensor.data, tensor.tensor_type, rows, cols)
     # the integers cannot be wrong in a way we can see; the blocks' fp16 scales (d, dmin) can
     check_finite(tensor, qm.s.numpy(), "block scales")
@@ -252,6 +289,8 @@ def _dequantize(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
             "use a file quantized as F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K or similar"
         ) from exc
     # own the memory (F32 tensors come back as read-only views of the memory map)
-    array = np.array(array, dtype=np.float32, copy=True).reshape(_torch_shape(tensor))
+    shape = _torch_shape(tensor)  # (experts stacked as rows: [experts * out, in])
+    array = np.array(array, dtype=np.float32, copy=True).reshape(-1, shape[-1]) if len(shape) == 3 \
+        else np.array(array, dtype=np.float32, copy=True).reshape(shape)
     check_finite(tensor, array, "weights")
     return torch.from_numpy(array).to(dtype)

@@ -23,7 +23,8 @@ from agentrt.model.rope import rope_from_hf
 from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}
+                  "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
@@ -69,10 +70,12 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "olmoe"),
+            qk_norm_span="all" if model_type == "olmoe" else "head",
             rope_freq_factors=factors,
             rope_attention_factor=attention,
             rotary_dim=rotary if rotary != head_dim else None,
+            **_experts(raw, model_type),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):  # (a ValueError too: the sliding-window check)
@@ -95,8 +98,24 @@ def _check_architecture(raw: dict[str, Any]) -> str:
 def _check_unsupported(raw: dict[str, Any], model_type: str) -> None:
     if model_type in ("llama", "mistral", "phi3") and (raw.get("attention_bias") or raw.get("mlp_bias")):
         raise UnsupportedModel(f"{model_type} checkpoints with attention/MLP biases are not supported")
-    if model_type == "qwen3" and raw.get("attention_bias"):
-        raise UnsupportedModel("Qwen3 checkpoints with attention biases (q/k/v/o) are not supported")
+    if model_type in ("qwen3", "qwen3_moe", "olmoe") and raw.get("attention_bias"):
+        raise UnsupportedModel(f"{model_type} checkpoints with attention biases (q/k/v/o) are not supported")
+    if model_type == "qwen3_moe" and (int(raw.get("decoder_sparse_step") or 1) != 1 or raw.get("mlp_only_layers")):
+        raise UnsupportedModel("Qwen3-MoE checkpoints with dense layers (decoder_sparse_step != 1 or "
+                               "mlp_only_layers) are not supported; every layer must be a mixture of experts")
+    if model_type == "olmoe" and raw.get("clip_qkv") is not None:
+        raise UnsupportedModel("OLMoE checkpoints with clip_qkv are not supported")
+
+
+def _experts(raw: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of ModelConfig (none for a dense model)."""
+    if model_type not in ("qwen3_moe", "mixtral", "olmoe"):
+        return {}
+    count = raw.get("num_local_experts") or raw.get("num_experts")  # (v5 writes num_local_experts)
+    inter = raw.get("moe_intermediate_size") if model_type == "qwen3_moe" else raw.get("intermediate_size")
+    norm = True if model_type == "mixtral" else bool(raw.get("norm_topk_prob", False))
+    return {"num_experts": int(count), "experts_per_token": int(raw["num_experts_per_tok"]),
+            "expert_intermediate_size": int(inter), "norm_topk_prob": norm}
 
 
 def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
@@ -104,7 +123,7 @@ def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
     every layer; Qwen2/3 only with use_sliding_window, from layer max_window_layers on (v5
     lists it per layer in layer_types)."""
     window = raw.get("sliding_window")
-    if model_type in ("mistral", "phi3") or window is None:
+    if model_type in ("mistral", "phi3", "mixtral") or window is None:
         return window
     if raw.get("layer_types"):
         uses = "sliding_attention" in raw["layer_types"]

@@ -2,6 +2,10 @@
 
 * Phi-3's fused projections are split: `self_attn.qkv_proj` into q/k/v (rows [q | k | v]) and
   `mlp.gate_up_proj` into gate/up (rows [gate | up]).
+* Mixture-of-experts: Mixtral's `block_sparse_moe.{gate, experts.j.w1/w3/w2}` become
+  `mlp.{gate, experts.j.gate_proj/up_proj/down_proj}` (Qwen3-MoE's and OLMoE's names), and
+  transformers v5's stacked `mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I] one
+  matrix per expert.
 * Partial rotary (only the first `rotary_dim` dims of each head rotate, as pairs (i, i + R/2)):
   q/k rows (and q/k norms) of every head are reordered by `rope.partial_rotary_order`, so the
   kernels' full rotate-half RoPE applies, with the pass-through dims turning at frequency 0.
@@ -36,8 +40,31 @@ def _split(w: Any, sizes: list[int]) -> list[Any]:
     return out
 
 
+_MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def _expert_names(weights: dict[str, Any]) -> None:
+    for name in [n for n in weights if ".block_sparse_moe." in n]:
+        new = name.replace(".block_sparse_moe.", ".mlp.")
+        parts = new.split(".")
+        if len(parts) > 2 and parts[-2] in _MIXTRAL:
+            parts[-2] = _MIXTRAL[parts[-2]]
+        weights[".".join(parts)] = weights.pop(name)
+    for name in [n for n in weights if n.endswith("mlp.experts.gate_up_proj")]:  # [E, 2I, H]
+        base = name[: -len("gate_up_proj")]
+        for j, fused in enumerate(weights.pop(name)):
+            weights[f"{base}{j}.gate_proj.weight"], weights[f"{base}{j}.up_proj.weight"] = fused.chunk(2)
+    for name in [n for n in weights if n.endswith("mlp.experts.down_proj")]:  # [E, H, I]
+        base = name[: -len("down_proj")]
+        for j, down in enumerate(weights.pop(name)):
+            weights[f"{base}{j}.down_proj.weight"] = down
+
+
 def to_model_layout(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """`weights` with fused projections split and partial-rotary heads reordered (in place)."""
+    """`weights` with fused projections split, expert names unified and partial-rotary heads
+    reordered (in place)."""
+    if cfg.is_moe:
+        _expert_names(weights)
     for name in [n for n in weights if n.endswith("self_attn.qkv_proj.weight")]:
         base = name[: -len("qkv_proj.weight")]
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
