@@ -41,7 +41,8 @@ SIGNATURES = {
     "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _P], None),
     "agrt_rmsnorm": ([_P, _I64, _I64, _I64, _P, _F32, _P], None),
     "agrt_rope_store": ([_P, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _F32, _P, _P, _P, _I32], None),
-    "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P, _I32], None),
+    "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P, _I32, _I32],
+                       None),
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_argmax": ([_P, _I64, _I64, _I64, _P], None),
     "agrt_moe": ([_P, _P, _I64, _I64, _P], None),
@@ -65,7 +66,8 @@ class Moe(ctypes.Structure):  # AgrtMoe
 
 class Layer(ctypes.Structure):  # AgrtLayer
     _fields_ = [("attn_norm", _P), ("mlp_norm", _P), ("qkv", Linear), ("o", Linear),
-                ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P), ("moe", _P)]
+                ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P), ("moe", _P),
+                ("window", _I32)]
 
 
 class Dims(ctypes.Structure):  # AgrtDims

@@ -42,10 +42,13 @@ def attend(q, k, v, mask, scale):
 SDPA_MIN_QUERIES = 48  # from this many queries on, the fused kernel wins (bench: 250 queries over 2300 keys 42 -> 15 ms)
 
 
-def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale):
+def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale, window: int = 0):
     # q: [Bd, H, D] one query per sequence, all batched with a key-padding mask.
     keep = meta.decode_keep  # [Bd, 1, 1, max_kv]
     max_kv = keep.shape[-1]
+    if window:  # (a sequence's query sits at kv_len - 1: keys kv_len - window .. kv_len - 1)
+        lens = meta.kv_lens_t[torch.tensor(meta.decode_rows, dtype=torch.long)].to(keep.device)
+        keep = keep & (torch.arange(max_kv, device=keep.device) >= (lens - window)[:, None])[:, None, None, :]
     k = gather_pages(k_cache, meta.decode_pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
     v = gather_pages(v_cache, meta.decode_pages)[:, :, :max_kv]
     ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
@@ -53,7 +56,7 @@ def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale):
     return out.squeeze(2)  # [Bd, H, D]
 
 
-def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
+def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale, window: int = 0):
     # q: [H, Lq, D] the last Lq positions of a kv_len-long sequence
     n_pages = -(-kv_len // k_cache.shape[1])
     k = gather_pages(k_cache, pages[:n_pages])[:, :kv_len]  # [Hkv, kv_len, D]
@@ -61,37 +64,39 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale):
     ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
     k, v = k.to(ct), v.to(ct)
     lq = q.shape[1]
+    qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
+    mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
+    if window:
+        mask &= torch.arange(kv_len).unsqueeze(0) > qpos - window
     if lq < SDPA_MIN_QUERIES:
-        qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
-        mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
         return attend(q.to(k.dtype), k, v, mask[None], scale)
     # long chunks: the fused (flash) CPU kernel, which torch only picks for 4-D inputs with
     # equal head counts (enable_gqa falls back to the slow math path), so kv heads repeat
     g = q.shape[0] // k.shape[0]
     k4, v4 = k.repeat_interleave(g, 0)[None], v.repeat_interleave(g, 0)[None]
     q4 = q.to(k.dtype)[None]
-    if lq == kv_len:
+    if lq == kv_len and not window:
         return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale)[0]
-    qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
-    mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
     return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale)[0]
 
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float) -> torch.Tensor:
-    out = paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
+def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0) -> torch.Tensor:
+    out = paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows, window)
     if meta.decode_rows:
         tok = meta.decode_tok
-        out[tok] = _decode_attention(q[tok], k_cache, v_cache, meta, scale).to(out.dtype)
+        out[tok] = _decode_attention(q[tok], k_cache, v_cache, meta, scale, window).to(out.dtype)
     return out
 
 
-def paged_attention_rows(q, k_cache, v_cache, meta: AttentionMeta, scale: float, rows) -> torch.Tensor:
-    """Attention for the sequences in `rows` one by one; other rows of the result are unset."""
+def paged_attention_rows(q, k_cache, v_cache, meta: AttentionMeta, scale: float, rows,
+                         window: int = 0) -> torch.Tensor:
+    """Attention for the sequences in `rows` one by one; other rows of the result are unset.
+    window > 0: each query attends only its last `window` keys."""
     out = torch.empty_like(q)  # [T, H, D]
     for r in rows:
         a, b = meta.cu_q[r], meta.cu_q[r + 1]
         res = _prefill_attention(q[a:b].transpose(0, 1), k_cache, v_cache, meta.kv_lens[r],
-                                 meta.page_table[r], scale)
+                                 meta.page_table[r], scale, window)
         out[a:b] = res.transpose(0, 1).to(out.dtype)
     return out
 

@@ -99,8 +99,11 @@ def decode_attention(q, k_cache, v_cache, page_table, kv_lens, scale) -> torch.T
     return out.to(q.dtype)
 
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float) -> torch.Tensor:
-    """Decode rows by the triton kernel; prefill rows (several queries) by the reference."""
+def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0) -> torch.Tensor:
+    """Decode rows by the triton kernel; prefill rows (several queries) by the reference (and
+    every row of a sliding-window layer: the triton kernel attends all keys)."""
+    if window:
+        return reference.paged_attention(q, k_cache, v_cache, meta, scale, window)
     out = reference.paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
     if meta.decode_rows:
         idx = torch.tensor(meta.decode_rows, dtype=torch.long, device=q.device)

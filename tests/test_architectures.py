@@ -420,19 +420,23 @@ def _raw(hf_dir: Path) -> dict:
     return json.loads((hf_dir / "config.json").read_text())
 
 
-def test_sliding_window_smaller_than_the_context_is_refused(models, tmp_path):
+def test_sliding_window_config_from_each_source(models, tmp_path):
+    """A window smaller than the context slides the layers each family names; one that covers
+    the context is plain causal attention (tests/test_sliding_window.py runs them)."""
     built = models("mistral")
     raw = _raw(built.hf_dir)
-    with pytest.raises(ConfigError, match="max_position_embeddings to at most 64"):
-        config_from_hf({**raw, "sliding_window": 64})
-    assert config_from_hf({**raw, "sliding_window": 256}).max_position_embeddings == 256  # covers it all
+    cfg = config_from_hf({**raw, "sliding_window": 64})
+    assert (cfg.sliding_window, cfg.window_layers, cfg.window(0), cfg.window(1)) == (64, None, 64, 64)
+    assert config_from_hf({**raw, "sliding_window": 256}).sliding_window == 0  # covers it all
     qwen = {**raw, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "sliding_window": 64}
-    assert config_from_hf({**qwen, "use_sliding_window": False}).arch == "qwen2"
-    with pytest.raises(ConfigError, match="sliding-window"):
-        config_from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 0})
+    assert config_from_hf({**qwen, "use_sliding_window": False}).sliding_window == 0
+    cfg = config_from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 1})
+    assert (cfg.window(0), cfg.window(1)) == (0, 64)
+    cfg = config_from_hf({**qwen, "use_sliding_window": True,
+                          "layer_types": ["sliding_attention", "full_attention"]})
+    assert (cfg.window(0), cfg.window(1)) == (64, 0)
     write_gguf(tmp_path / "swa.gguf", built.hf, "mistral", extra_kv={"mistral.attention.sliding_window": 64})
-    with pytest.raises(ConfigError, match="mistral.context_length"):
-        load_model(str(tmp_path / "swa.gguf"))
+    assert load_model(str(tmp_path / "swa.gguf")).config.sliding_window == 64
 
 
 def test_unsupported_rope_scaling(models, tmp_path):

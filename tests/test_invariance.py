@@ -76,10 +76,13 @@ def test_a_rows_logits_are_bitwise_the_same_alone_chunked_cached_and_batched(arc
         assert torch.equal(row[0], whole[i]), i
 
 
+@pytest.mark.parametrize("window", [0, 5, 21, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 16), (4, 4, 64), (8, 2, 64), (4, 2, 128), (3, 1, 48),
                                               (4, 2, 12)])
-def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads, d):
+def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads, d, window):
+    """Full causal attention and sliding windows (a query sees its last `window` keys) against
+    torch, and each row the same bits whatever chunk it is computed in."""
     lib, g = native.load(), torch.Generator().manual_seed(0)
     n, page = 75, 8
     kc = torch.randn(12, page, kv_heads, d, generator=g).to(dtype)
@@ -94,14 +97,17 @@ def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads
         lens, seqs = m.kv_lens_t.to(torch.int64).contiguous(), torch.tensor([0], dtype=torch.int64)
         lib.agrt_attention(qq.data_ptr(), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), table.shape[1],
                            cu.data_ptr(), lens.data_ptr(), seqs.data_ptr(), 1, heads, kv_heads, d, page,
-                           d ** -0.5, out.data_ptr(), int(dtype == torch.float16))
+                           d ** -0.5, out.data_ptr(), int(dtype == torch.float16), window)
         return out
 
     whole = attend(0, n)
     k = kc.float()[pages].flatten(0, 1).repeat_interleave(heads // kv_heads, 1)  # [n, H, D]
     v = vc.float()[pages].flatten(0, 1).repeat_interleave(heads // kv_heads, 1)
     s = torch.einsum("qhd,khd->hqk", q, k[:n]) * d ** -0.5
-    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if window:
+        hidden |= torch.ones(n, n, dtype=torch.bool).tril(-window)
+    s = s.masked_fill(hidden, float("-inf"))
     ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[:n])
     torch.testing.assert_close(whole, ref, atol=2e-5, rtol=1e-4)
     for start, rows in ((0, 1), (5, 1), (16, 17), (40, 35), (74, 1)):

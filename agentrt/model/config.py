@@ -53,6 +53,10 @@ class ModelConfig:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    # sliding-window attention: a query at position p attends keys (p - sliding_window, p] on the
+    # layers `window_layers` marks (None: every layer); 0: full attention everywhere
+    sliding_window: int = 0
+    window_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -79,6 +83,15 @@ class ModelConfig:
             raise ConfigError(f"a mixture-of-experts config needs 0 < experts_per_token ({self.experts_per_token}) "
                               f"<= num_experts ({self.num_experts}) and expert_intermediate_size > 0")
 
+        if self.window_layers is not None and len(self.window_layers) != self.num_layers:
+            raise ConfigError(f"window_layers has {len(self.window_layers)} entries for {self.num_layers} layers")
+
+    def window(self, layer: int) -> int:
+        """The keys a query of `layer` attends (0: all of them)."""
+        if self.sliding_window <= 0 or (self.window_layers is not None and not self.window_layers[layer]):
+            return 0
+        return self.sliding_window
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -91,13 +104,9 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-def check_sliding_window(window: int | None, context: int, source: str, context_key: str) -> None:
-    """Sliding-window attention is not implemented: a window that covers the whole context is
-    plain causal attention (accepted); a smaller one is a ConfigError saying what to do."""
-    if window is None or int(window) <= 0 or int(window) >= context:
-        return
-    raise ConfigError(
-        f"{source}: sliding-window attention (window {window} < context {context}) is not supported; "
-        f"set {context_key} to at most {window} to run the model exactly (no attention then reaches "
-        "past the window), or use a checkpoint without a sliding window"
-    )
+def window_fields(window: int | None, context: int, layers: tuple[bool, ...] | None) -> dict:
+    """ModelConfig's sliding-window fields: none when no layer slides or the window covers the
+    whole context (plain causal attention then)."""
+    if window is None or int(window) <= 0 or int(window) >= context or (layers is not None and not any(layers)):
+        return {}
+    return {"sliding_window": int(window), "window_layers": None if layers is None or all(layers) else layers}

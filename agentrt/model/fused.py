@@ -100,10 +100,11 @@ class _Step:
             lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), self.table.data_ptr(),
                                self.table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
                                self.short.data_ptr(), self.short.numel(), self.h, self.hkv, self.d,
-                               k.shape[1], scale, self.attn.data_ptr(), int(k.dtype == torch.float16))
+                               k.shape[1], scale, self.attn.data_ptr(), int(k.dtype == torch.float16),
+                               attn.window)
         if self.long:
             q3 = self.q.view(t, self.h, self.d)
-            res = paged_attention_rows(q3, k, v, self.meta, scale, self.long)
+            res = paged_attention_rows(q3, k, v, self.meta, scale, self.long, attn.window)
             for b in self.long:
                 a, e = self.meta.cu_q[b], self.meta.cu_q[b + 1]
                 self.attn[a:e] = res[a:e].reshape(e - a, -1)
@@ -229,6 +230,7 @@ def _describe(model):
     for i, blk in enumerate(model.blocks):
         arr[i].attn_norm, arr[i].mlp_norm = blk.attn_norm.data_ptr(), blk.mlp_norm.data_ptr()
         arr[i].q_norm, arr[i].k_norm = head_norms(blk.attn)
+        arr[i].window = blk.attn.window
         _fill_linear(arr[i].qkv, blk.attn.qkv)
         _fill_linear(arr[i].o, blk.attn.o)
         if isinstance(blk.mlp, MoE):

@@ -51,8 +51,9 @@ class Dense(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, layer: int = 0):
         super().__init__()
+        self.window = cfg.window(layer)  # sliding window (0: full causal attention)
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         out = (self.h + 2 * self.hkv) * self.d
         self.qkv = Dense(cfg.hidden_size, out, cfg.attention_bias, dtype)
@@ -77,7 +78,7 @@ class Attention(nn.Module):
         q = ops.rope(q, cos, sin)  # [T, H, D]
         k = ops.rope(k, cos, sin)  # [T, Hkv, D]
         ops.store_kv(kv.k[layer], kv.v[layer], k, v.view(t, self.hkv, self.d), meta.slot_mapping)
-        a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale)
+        a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale, self.window)
         return self.o(a.reshape(t, self.h * self.d))
 
 
@@ -94,12 +95,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, layer: int = 0):
         super().__init__()
         self.eps = cfg.rms_norm_eps
         self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
-        self.attn = Attention(cfg, dtype)
+        self.attn = Attention(cfg, dtype, layer)
         self.mlp = MoE(cfg, dtype) if cfg.is_moe else MLP(cfg, dtype)
 
     def forward(self, x, cos, sin, layer, kv, meta, ops):
@@ -119,7 +120,7 @@ class LlamaModel(nn.Module):
         # (no random init: the weights are loaded next; native quantization replaces it unwritten)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
             cfg.vocab_size, cfg.hidden_size, dtype=dtype), _freeze=True)
-        self.blocks = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(Block(cfg, dtype, i) for i in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         # tied embeddings: the head keeps its own [in, out] copy (faster layout, see Dense)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)

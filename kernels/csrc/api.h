@@ -21,7 +21,7 @@ void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_
 void agrt_attention(const float* q, const void* k_cache, const void* v_cache, const int64_t* page_table,
                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens, const int64_t* seqs,
                     int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out,
-                    int32_t kv_half);
+                    int32_t kv_half, int32_t window);
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
 struct AgrtMoe;
@@ -40,6 +40,7 @@ struct AgrtLayer {
   const float* attn_norm; const float* mlp_norm; AgrtLinear qkv, o, gate_up, down;
   const float* q_norm; const float* k_norm;  // per-head q/k RMSNorm weights [head_dim] (Qwen3), or null
   const struct AgrtMoe* moe;  // mixture-of-experts MLP (csrc/moe.cpp) instead of gate_up/down, or null
+  int32_t window;  // sliding-window attention: the keys each query sees (0: all)
 };
 // A mixture-of-experts MLP: router [n_experts, hidden] fp32, the experts' gate_up [2 * inter
 // out] and down [hidden out] linears (n_experts each).

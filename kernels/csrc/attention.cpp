@@ -9,6 +9,11 @@
 // decide which rows share the loads of a key block: never the order of any row's sums. So a
 // prompt gives the same numbers cold, after a radix hit, chunked any way, batched with anything,
 // and verified as a draft (tests/test_invariance.py).
+//
+// Sliding window (window > 0): a row with n keys attends keys [n - window, n). Its sums start at
+// the 16-aligned block holding key n - window, the keys before n - window there scored -inf
+// (probability exactly 0): adding exact zeros changes no sum, so the result is the same as a
+// scan from key 0 with those keys masked, and still a function of the row alone.
 #include "common.h"
 #include "api.h"
 
@@ -55,7 +60,10 @@ struct Task {
   const float* q; float* out; int64_t ldq;     // rows' first query head / output; row stride
   int64_t n0, nr, nmax;                        // keys of the first row; rows; keys of the last
   int group, D; float scale; float* sc;
+  int64_t window;                              // sliding window (0: none)
   int64_t n(int64_t r) const { return n0 + r; }
+  int64_t cut(int64_t r) const { return window > 0 ? std::max<int64_t>(0, n(r) - window) : 0; }  // first key
+  int64_t start(int64_t r) const { return cut(r) / 16 * 16; }  // its block (kBlock = 16)
   const T* row(const T* cache, int64_t j) const {
     return cache + pt[j / S] * S * row_stride + (j % S) * row_stride + head_off;
   }
@@ -123,11 +131,11 @@ inline __m512 score_block(const __m512* qs, const float* kf) {
 
 template <int NV, typename T>
 void scores_avx(const Task<T>& t, float* kf) {
-  for (int64_t j0 = 0; j0 < t.nmax; j0 += kBlock) {
+  for (int64_t j0 = t.start(0); j0 < t.nmax; j0 += kBlock) {
     key_block(t, j0, kf);
     for (int64_t r = 0; r < t.nr; ++r) {
       const int64_t live = std::min<int64_t>(kBlock, t.n(r) - j0);
-      if (live <= 0) continue;
+      if (live <= 0 || j0 < t.start(r)) continue;
       const __mmask16 mask = (__mmask16)((1u << live) - 1u);
       for (int h = 0; h < t.group; ++h) {
         const float* qh = t.q + r * t.ldq + h * t.D;
@@ -170,11 +178,11 @@ void values_units(const Task<T>& t, const int64_t* ur, const int* uh, int64_t j0
 
 // values_units for cnt <= U units (a template per count: accumulators stay in registers)
 template <int NV, int U, typename T>
-void values_some(const Task<T>& t, int cnt, const int64_t* ur, const int* uh, int64_t j1) {
+void values_some(const Task<T>& t, int cnt, const int64_t* ur, const int* uh, int64_t j0, int64_t j1) {
   if constexpr (U > 1) {
-    if (cnt < U) return values_some<NV, U - 1>(t, cnt, ur, uh, j1);
+    if (cnt < U) return values_some<NV, U - 1>(t, cnt, ur, uh, j0, j1);
   }
-  values_units<NV, U>(t, ur, uh, 0, j1, false);
+  values_units<NV, U>(t, ur, uh, j0, j1, false);
 }
 
 // Units in groups of U share each value row up to the group's fewest keys; each then finishes
@@ -191,7 +199,7 @@ void values_avx(const Task<T>& t) {
       ur[i] = u / t.group, uh[i] = (int)(u % t.group);
     }
     const int64_t shared = t.n(ur[0]);  // units are row-major: the first row has the fewest keys
-    values_some<NV, U>(t, cnt, ur, uh, shared);
+    values_some<NV, U>(t, cnt, ur, uh, t.start(0), shared);
     for (int i = 0; i < cnt; ++i)
       if (t.n(ur[i]) > shared) values_units<NV, 1>(t, ur + i, uh + i, shared, t.n(ur[i]), true);
   }
@@ -202,10 +210,10 @@ void values_avx(const Task<T>& t) {
 template <typename T>
 void scores_generic(const Task<T>& t, float* kf) {
   float lanes[16][16];
-  for (int64_t j0 = 0; j0 < t.nmax; j0 += kBlock) {
+  for (int64_t j0 = t.start(0); j0 < t.nmax; j0 += kBlock) {
     key_block(t, j0, kf);
     for (int64_t r = 0; r < t.nr; ++r) {
-      const int64_t live = std::min<int64_t>(kBlock, t.n(r) - j0);
+      const int64_t live = j0 < t.start(r) ? 0 : std::min<int64_t>(kBlock, t.n(r) - j0);
       for (int h = 0; h < t.group && live > 0; ++h) {
         const float* qh = t.q + r * t.ldq + h * t.D;
         for (int64_t i = 0; i < live; ++i) {
@@ -231,7 +239,7 @@ void values_generic(const Task<T>& t) {
       float* o = t.out + r * t.ldq + h * t.D;
       const float* p = t.scores(r, h);
       std::fill(o, o + t.D, 0.f);
-      for (int64_t j = 0; j < t.n(r); ++j) {
+      for (int64_t j = t.start(r); j < t.n(r); ++j) {
         const T* vr = t.row(t.v, j);
         for (int d = 0; d < t.D; ++d) o[d] = std::fma(p[j], to_float(vr[d]), o[d]);
       }
@@ -253,7 +261,12 @@ void run_task(const Task<T>& t) {
   scores_generic(t, kf);
 #endif
   for (int64_t r = 0; r < t.nr; ++r)
-    for (int h = 0; h < t.group; ++h) softmax_inplace(t.scores(r, h), t.n(r));
+    for (int h = 0; h < t.group; ++h) {
+      float* p = t.scores(r, h);
+      std::fill(p + t.start(r), p + t.cut(r), -INFINITY);  // (in the window's first block)
+      softmax_inplace(p + t.start(r), t.n(r) - t.start(r));
+      std::fill(p + t.start(0), p + t.start(r), 0.f);  // (rows sharing value loads from start(0))
+    }
 #ifdef __AVX512F__
   if (t.D == 64) return values_avx<4, 6>(t);
   if (t.D == 128) return values_avx<8, 3>(t);
@@ -266,7 +279,7 @@ constexpr int64_t kRowsPerTask = 16;  // rows sharing each key block's loads (no
 struct AttnArgs {
   const float* q; const int64_t* page_table; int64_t max_pages; const int64_t* cu_q;
   const int64_t* kv_lens; const int64_t* seqs; int64_t nseq; int32_t H, Hkv, D, S; float scale;
-  float* out;
+  float* out; int64_t window;
 };
 
 // One task = up to kRowsPerTask query rows of a sequence x one KV head, with the H/Hkv query
@@ -290,7 +303,7 @@ void attention(const AttnArgs& a, const T* k_cache, const T* v_cache) {
     float* sc = agrt_scratch<float>(kSlotScores, (size_t)(nr * group * (n0 + nr - 1)));
     const Task<T> t{k_cache, v_cache, a.page_table + b * a.max_pages, a.S, (int64_t)a.Hkv * a.D,
                     hk * a.D, a.q + (row0 * a.H + hk * group) * a.D, a.out + (row0 * a.H + hk * group) * a.D,
-                    (int64_t)a.H * a.D, n0, nr, n0 + nr - 1, group, a.D, a.scale, sc};
+                    (int64_t)a.H * a.D, n0, nr, n0 + nr - 1, group, a.D, a.scale, sc, a.window};
     run_task(t);
   }
 }
@@ -302,12 +315,13 @@ extern "C" {
 // Causal attention over paged KV (float, or IEEE half when kv_half) for the sequences listed in
 // seqs[nseq]: sequence b has q_len = cu_q[b+1] - cu_q[b] queries (rows cu_q[b].. of q [T, H, D])
 // at the last q_len of its kv_lens[b] positions, whose pages are page_table[b, :]. Writes the
-// same rows of out [T, H, D].
+// same rows of out [T, H, D]. window > 0: each query attends its last `window` keys only.
 void agrt_attention(const float* q, const void* k_cache, const void* v_cache,
                     const int64_t* page_table, int64_t max_pages, const int64_t* cu_q,
                     const int64_t* kv_lens, const int64_t* seqs, int64_t nseq, int32_t H,
-                    int32_t Hkv, int32_t D, int32_t S, float scale, float* out, int32_t kv_half) {
-  const AttnArgs a{q, page_table, max_pages, cu_q, kv_lens, seqs, nseq, H, Hkv, D, S, scale, out};
+                    int32_t Hkv, int32_t D, int32_t S, float scale, float* out, int32_t kv_half,
+                    int32_t window) {
+  const AttnArgs a{q, page_table, max_pages, cu_q, kv_lens, seqs, nseq, H, Hkv, D, S, scale, out, window};
   if (kv_half)
     attention(a, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache));
   else

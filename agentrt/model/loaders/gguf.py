@@ -8,8 +8,8 @@ Qwen2/Qwen3 files are written without the permutation (llama.cpp runs them with 
 Mistral: llama.cpp converts MistralForCausalLM to architecture "llama" (loaded as Llama: the
 same computation). A file whose architecture is "mistral" (which llama.cpp does not write, and
 transformers cannot load back) is read with the llama layout, Q/K rows permuted. Llama 3 RoPE
-scaling arrives as the `rope_freqs.weight` tensor (see rope.py); a sliding window smaller than
-the context (`{arch}.attention.sliding_window`) is a ConfigError.
+scaling arrives as the `rope_freqs.weight` tensor (see rope.py); `{arch}.attention.sliding_window`
+(smaller than the context) slides every layer.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.loaders import gguf_quant
-from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, check_sliding_window
+from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, window_fields
 from agentrt.model.loaders.layouts import rows as layout_rows
 from agentrt.model.loaders.layouts import to_model_layout
 from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
@@ -124,8 +124,6 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     vocab = meta.get(f"{arch}.vocab_size") or shapes.get("token_embd.weight", (len(tokens),))[0]
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     context = int(meta.get(f"{arch}.context_length", 2048))
-    check_sliding_window(meta.get(f"{arch}.attention.sliding_window"), context, "GGUF metadata",
-                         f"{arch}.context_length")
     theta = _decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
     rotary = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     factors, attention = rope_from_gguf(meta, arch, rotary, theta, rope_freqs, longrope or {})
@@ -151,6 +149,7 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         rope_attention_factor=attention,
         rotary_dim=rotary if rotary != head_dim else None,
         **experts,
+        **window_fields(meta.get(f"{arch}.attention.sliding_window"), context, None),
     )
 
 

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
-from agentrt.model.config import ModelConfig, check_sliding_window
+from agentrt.model.config import ModelConfig, window_fields
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.loaders.layouts import to_model_layout
 from agentrt.model.rope import rope_from_hf
@@ -52,7 +52,6 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         max_pos = int(raw.get("max_position_embeddings", 2048))
-        check_sliding_window(_sliding_window(raw, model_type), max_pos, "config.json", "max_position_embeddings")
         partial = float(raw.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0)
         rotary = int(head_dim * partial)
         factors, attention = rope_from_hf(rope, rotary, theta, max_pos)
@@ -76,6 +75,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             rope_attention_factor=attention,
             rotary_dim=rotary if rotary != head_dim else None,
             **_experts(raw, model_type),
+            **window_fields(*_sliding_window(raw, model_type, max_pos)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):  # (a ValueError too: the sliding-window check)
@@ -118,19 +118,19 @@ def _experts(raw: dict[str, Any], model_type: str) -> dict[str, Any]:
             "expert_intermediate_size": int(inter), "norm_topk_prob": norm}
 
 
-def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
-    """The window some layer attends through, or None. Mistral applies `sliding_window` to
-    every layer; Qwen2/3 only with use_sliding_window, from layer max_window_layers on (v5
-    lists it per layer in layer_types)."""
+def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> tuple:
+    """(window, context, which layers slide: None = all): window_fields' arguments. Mistral, Mixtral and Phi-3 apply
+    `sliding_window` to every layer; Qwen2/3 only with use_sliding_window, on the layers v5's
+    layer_types marks "sliding_attention" (v4: from layer max_window_layers on)."""
     window = raw.get("sliding_window")
     if model_type in ("mistral", "phi3", "mixtral") or window is None:
-        return window
+        return window, context, None
+    if not raw.get("use_sliding_window"):
+        return None, context, None
     if raw.get("layer_types"):
-        uses = "sliding_attention" in raw["layer_types"]
-    else:  # (v4: the layers from max_window_layers on)
-        first = int(raw.get("max_window_layers") or 0)
-        uses = raw.get("use_sliding_window") and first < int(raw["num_hidden_layers"])
-    return window if uses else None
+        return window, context, tuple(t == "sliding_attention" for t in raw["layer_types"])
+    first = int(raw.get("max_window_layers") or 0)
+    return window, context, tuple(i >= first for i in range(int(raw["num_hidden_layers"])))
 
 
 def _load_weights(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -1,0 +1,182 @@
+"""The mixture-of-experts case of bench_model: a random-weight Qwen3-MoE GGUF of a realistic
+shape, run by agentrt (experts kept as Q4_K, the grouped native GEMM) and llama-cpp-python on the
+same file, in one run.
+
+The file: 24 layers, hidden 1024, 16 heads / 4 KV heads of 64, 8 experts of 1024, top 2 (~0.72B
+parameters, ~0.26B active per token), every matrix Q4_K (random blocks, mins centring each
+block: gguf has no K quantizer), router and norms F32, the SmolLM2 tokenizer copied from the
+embedded GGUF so that llama.cpp loads it as it would a real one. Written once per shape into
+the kernel cache folder's neighbour (~/.cache/agentrt/bench).
+
+    python bench/moe_case.py [--quick]     (bench_model.py runs it too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPE = dict(layers=24, hidden=1024, heads=16, kv_heads=4, head_dim=64, experts=8, used=2, expert_ff=1024)
+CACHE = Path.home() / ".cache" / "agentrt" / "bench"
+
+
+def moe_gguf(shape: dict = SHAPE) -> Path:
+    """The benchmark's MoE GGUF (written on first use)."""
+    name = "moe-" + "-".join(f"{k}{v}" for k, v in shape.items()) + ".Q4_K.gguf"
+    path = CACHE / name
+    if not path.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        _write(tmp, shape)
+        tmp.replace(path)
+    return path
+
+
+def _q4k(rows: int, cols: int, rng) -> np.ndarray:
+    """Random Q4_K blocks [rows, bytes]: d ~ U(1e-4, 5e-4), dmin = 7.5 d (weights centred)."""
+    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+    d = rng.uniform(1e-4, 5e-4, blocks.shape[0]).astype(np.float32)
+    blocks[:, 0:4] = np.stack([d, 7.5 * d], 1).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _write(path: Path, s: dict) -> None:
+    import gguf
+
+    from agentrt.model.loaders.files import resolve_source
+    from agentrt.model.loaders.gguf_reader import GGUFFile
+
+    tok = GGUFFile(resolve_source("smollm2-135m")).fields
+    q4k, f32 = gguf.GGMLQuantizationType.Q4_K, np.float32
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_name("agentrt-bench-moe")
+    w.add_block_count(s["layers"])
+    w.add_context_length(8192)
+    w.add_embedding_length(s["hidden"])
+    w.add_feed_forward_length(s["expert_ff"])
+    w.add_expert_feed_forward_length(s["expert_ff"])
+    w.add_expert_count(s["experts"])
+    w.add_expert_used_count(s["used"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
+    w.add_pad_token_id(tok["tokenizer.ggml.padding_token_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(tok["tokenizer.chat_template"])
+    h, hd, e, ff = s["hidden"], s["head_dim"], s["experts"], s["expert_ff"]
+    vocab = len(tok["tokenizer.ggml.tokens"])
+    w.add_tensor("token_embd.weight", _q4k(vocab, h, rng), raw_dtype=q4k)
+    w.add_tensor("output_norm.weight", np.ones(h, f32))
+    for i in range(s["layers"]):
+        b = f"blk.{i}."
+        for name in ("attn_norm", "ffn_norm"):
+            w.add_tensor(b + name + ".weight", np.ones(h, f32))
+        for name in ("attn_q_norm", "attn_k_norm"):
+            w.add_tensor(b + name + ".weight", np.ones(hd, f32))
+        for name, (rows, cols) in {"attn_q": (s["heads"] * hd, h), "attn_k": (s["kv_heads"] * hd, h),
+                                   "attn_v": (s["kv_heads"] * hd, h), "attn_output": (h, s["heads"] * hd)}.items():
+            w.add_tensor(b + name + ".weight", _q4k(rows, cols, rng), raw_dtype=q4k)
+        w.add_tensor(b + "ffn_gate_inp.weight", (rng.standard_normal((e, h)) * 0.05).astype(f32))
+        for name, (rows, cols) in {"ffn_gate_exps": (ff, h), "ffn_up_exps": (ff, h), "ffn_down_exps": (h, ff)}.items():
+            w.add_tensor(b + name + ".weight", _q4k(e * rows, cols, rng).reshape(e, rows, -1), raw_dtype=q4k)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+_RSS = """
+import resource, sys
+if sys.argv[1] == "agentrt":
+    from agentrt.model.loaders.load import load_model
+    from agentrt.model.generate import generate
+    from agentrt.sampling import SamplingParams
+    lm = load_model(sys.argv[2], quantize="native")
+    generate(lm.model, list(range(5, 69)), SamplingParams(max_tokens=4))
+else:
+    from llama_cpp import Llama
+    llm = Llama(model_path=sys.argv[2], n_ctx=4096, n_threads=2, verbose=False)
+    llm.eval(list(range(5, 69)))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def peak_rss_mb(system: str, path: Path) -> float | None:
+    """Peak RSS (MB) of a fresh process loading `path` and decoding a few tokens."""
+    out = subprocess.run([sys.executable, "-c", _RSS, system, str(path)], capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+
+
+def run(rounds: int, steps: int) -> dict:
+    """The MoE rows and keys of model.json."""
+    from bench.bench_model import LlamaCpp, Ours, interleaved
+    from bench.peers.llamacpp_peer import llama_cpp_missing
+    from agentrt.model.loaders.load import load_model
+
+    path = moe_gguf()
+    lm = load_model(str(path), quantize="native")
+    cfg = lm.model.cfg
+    total = sum(p.numel() for p in lm.model.parameters())  # (QLinear weights are not parameters)
+    systems = {"agentrt native": Ours(lm, "fused")}
+    missing = llama_cpp_missing()
+    if missing is None:
+        systems["llama.cpp"] = LlamaCpp(str(path))
+    b1 = interleaved(systems, "decode_round", rounds, 1, steps)
+    b8 = interleaved({"agentrt native": systems["agentrt native"]}, "decode_round", rounds, 8, steps)
+    pre = interleaved(systems, "prefill_round", rounds, 256)
+    res = {
+        "moe_model": {**SHAPE, "file": path.name, "file_bytes": path.stat().st_size, "arch": cfg.arch,
+                      "dense_parameters": total},
+        "moe_llama_cpp": missing or "llama-cpp-python, same GGUF, 2 threads",
+        "moe_decode_b1_step_ms": {k: v * 1e3 for k, v in b1.items()},
+        "moe_decode_b8_step_ms": {k: v * 1e3 for k, v in b8.items()},
+        "moe_prefill_256_tok_s": {k: 256 / v for k, v in pre.items()},
+        "moe_decode_b8_step_over_b1_step": b8["agentrt native"] / b1["agentrt native"],
+        "moe_peak_rss_mb": {"agentrt native": peak_rss_mb("agentrt", path)},
+    }
+    if missing is None:
+        res["moe_decode_b1_speedup_vs_llamacpp"] = b1["llama.cpp"] / b1["agentrt native"]
+        res["moe_prefill_256_speedup_vs_llamacpp"] = pre["llama.cpp"] / pre["agentrt native"]
+        res["moe_peak_rss_mb"]["llama.cpp"] = peak_rss_mb("llama.cpp", path)
+    return res
+
+
+def main() -> None:
+    from bench.common import RESULTS, machine, print_table, write_results
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    res = run(*((3, 16) if args.quick else (7, 32)))
+    rows = [[k, v, res["moe_decode_b8_step_ms"].get(k, "-"), res["moe_prefill_256_tok_s"][k],
+             res["moe_peak_rss_mb"].get(k, "-")] for k, v in res["moe_decode_b1_step_ms"].items()]
+    print_table("mixture of experts (Qwen3-MoE layout, 8 experts top 2, Q4_K)",
+                ["system", "decode b1 ms/step", "decode b8 ms/step", "prefill 256 tok/s", "peak RSS MB"], rows)
+    print(json.dumps({k: v for k, v in res.items() if k.endswith("vs_llamacpp")}, indent=1))
+    old = RESULTS / "model.json"  # merged into bench_model's results
+    merged = {**(json.loads(old.read_text()) if old.is_file() else {}), **res, "moe_machine": machine()}
+    print("wrote", write_results("model", merged))
+
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    main()
