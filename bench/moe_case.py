@@ -105,7 +105,7 @@ def _write(path: Path, s: dict) -> None:
 
 
 _RSS = """
-import resource, sys
+import re, sys
 if sys.argv[1] == "agentrt":
     from agentrt.model.loaders.load import load_model
     from agentrt.model.generate import generate
@@ -116,12 +116,13 @@ else:
     from llama_cpp import Llama
     llm = Llama(model_path=sys.argv[2], n_ctx=4096, n_threads=2, verbose=False)
     llm.eval(list(range(5, 69)))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+# VmHWM: this process's own peak (ru_maxrss carries the parent's peak across fork + exec)
+print(int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024)
 """
 
 
 def peak_rss_mb(system: str, path: Path) -> float | None:
-    """Peak RSS (MB) of a fresh process loading `path` and decoding a few tokens."""
+    """Peak RSS (MB, VmHWM) of a fresh process loading `path` and decoding a few tokens."""
     out = subprocess.run([sys.executable, "-c", _RSS, system, str(path)], capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
 

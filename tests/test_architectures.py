@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrt.errors import ConfigError, CorruptModelFile, UnsupportedModel
+from agentrt.errors import CorruptModelFile, UnsupportedModel
 from agentrt.kernels import native
 from agentrt.model import fused
 from agentrt.model.batch import SeqChunk, build_batch

@@ -24,6 +24,7 @@ from torch import nn
 
 from agentrt.kernels import native
 from agentrt.model.config import ModelConfig
+from agentrt.model.dense import Dense
 from agentrt.model.quant import QLinear
 
 
@@ -32,8 +33,6 @@ class Expert(nn.Module):
 
     def __init__(self, hidden: int, inter: int, dtype: torch.dtype):
         super().__init__()
-        from agentrt.model.llama import Dense  # (llama.py imports this module)
-
         self.inter = inter
         self.gate_up = Dense(hidden, 2 * inter, False, dtype)
         self.down = Dense(inter, hidden, False, dtype)
