@@ -111,7 +111,7 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     if ours == "llama" and int(meta.get("llama.expert_count") or 0):
         ours = "mixtral"  # (llama.cpp's converter writes Mixtral as llama with experts)
     if ours not in SUPPORTED_ARCHS:
-        supported = sorted({*SUPPORTED_ARCHS, *_ARCH_NAMES} - {*_ARCH_NAMES.values(), "mixtral"})
+        supported = [a for a in SUPPORTED_ARCHS if a not in (*_ARCH_NAMES.values(), "mixtral")] + list(_ARCH_NAMES)
         raise UnsupportedModel(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(supported)}")
 
     def need(key: str) -> Any:
