@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from agentrt.errors import CorruptModelFile
 from agentrt.model.loaders.gguf import check_finite, load_gguf
+from agentrt.model.loaders.load import load_model
 from agentrt.model.loaders.gguf_reader import GGUFFile
 from tests.test_gguf_loader import _gguf_name, _tiny, _write_gguf
 
@@ -77,13 +78,16 @@ def test_nan_in_f32_tensor_raises_corrupt_model_file(tmp_path, native):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_inf_scale_in_q8_0_block_raises_corrupt_model_file(q8_file, native):
-    files = load_gguf(q8_file, native=native)  # intact: loads
-    assert files.weights["model.layers.0.mlp.up_proj.weight"] is not None
+    """Dequantized: when the file is read. Kept quantized: when the model reads the matrix
+    (loaders/lazy.py: matrices are read as they are packed), with the file's path."""
+    load = (lambda: load_model(str(q8_file), quantize="native")) if native else (lambda: load_gguf(q8_file))
+    load()  # intact: loads
     block = 3  # the fp16 d of the 4th block: +Inf
     _poke(q8_file, Q8_NAME, 34 * block, np.array([np.inf], dtype=np.float16).tobytes())
     what = "block scales" if native else "weights"
-    with pytest.raises(CorruptModelFile, match=rf"{Q8_NAME}.*Q8_0.*NaN/Inf {what}.*re-download"):
-        load_gguf(q8_file, native=native)
+    with pytest.raises(CorruptModelFile, match=rf"{Q8_NAME}.*Q8_0.*NaN/Inf {what}.*re-download") as err:
+        load()
+    assert str(q8_file) in str(err.value)
 
 
 def test_inf_in_f16_tensor_raises(tmp_path):
@@ -113,6 +117,7 @@ def test_check_on_the_embedded_model_is_one_pass_per_array():
     at most three arrays per tensor, each seen once (its cost is printed, never asserted)."""
     from agentrt.model.loaders.files import resolve_source
     from agentrt.model.loaders import gguf as gguf_loader
+    from agentrt.model.loaders import lazy
     from gguf import GGUFReader
 
     try:
@@ -129,13 +134,13 @@ def test_check_on_the_embedded_model_is_one_pass_per_array():
         finally:
             calls.append((tensor.name, time.perf_counter() - t))
 
-    gguf_loader.check_finite = timed
+    gguf_loader.check_finite = lazy.check_finite = timed  # (dense tensors; quantized ones as read)
     try:
         t = time.perf_counter()
-        load_gguf(path, native=True)
+        load_model(str(path), quantize="native")
         total = time.perf_counter() - t
     finally:
-        gguf_loader.check_finite = original
+        gguf_loader.check_finite = lazy.check_finite = original
     spent = sum(dt for _, dt in calls)
     print(f"integrity check: {spent * 1e3:.1f} ms of {total * 1e3:.0f} ms load ({len(calls)} arrays)")
     names = {t.name for t in GGUFReader(str(path)).tensors}

@@ -21,6 +21,7 @@ from agentrt.model import fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.dense import Dense
 from agentrt.model.kv import KVStore
+from agentrt.model.loaders.lazy import LazyQuant, materialize
 from agentrt.model.moe import MoE
 from agentrt.model.quant import HEAD_REFINE, QEmbedding, QLinear, linear_from
 from agentrt.model.rope import RopeTable
@@ -131,7 +132,7 @@ class LlamaModel(nn.Module):
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
-        w = {k: v if isinstance(v, QuantMatrix) else v.to(self.dtype) for k, v in weights.items()}
+        w = {k: v if isinstance(v, (QuantMatrix, LazyQuant)) else v.to(self.dtype) for k, v in weights.items()}
         try:
             with torch.no_grad():
                 self._copy_all(w)
@@ -139,7 +140,7 @@ class LlamaModel(nn.Module):
             raise ModelLoadError(f"weights are missing tensor {e.args[0]!r}") from e
 
     def _copy_all(self, w: dict) -> None:
-        emb = w["model.embed_tokens.weight"]
+        emb = materialize(w["model.embed_tokens.weight"])
         if isinstance(emb, QuantMatrix):
             self.embed = QEmbedding(pack(emb))
         else:
@@ -149,8 +150,7 @@ class LlamaModel(nn.Module):
         if tied and isinstance(emb, QuantMatrix):  # the head reads the same packed table
             self.lm_head = QLinear([self.embed.packed], refine=HEAD_REFINE)
         else:
-            self._set_linear(self, "lm_head", [w["model.embed_tokens.weight" if tied else "lm_head.weight"]],
-                             refine=HEAD_REFINE)
+            self._set_linear(self, "lm_head", [emb if tied else w["lm_head.weight"]], refine=HEAD_REFINE)
         for i, blk in enumerate(self.blocks):
             p = f"model.layers.{i}."
             att = p + "self_attn."
@@ -169,7 +169,7 @@ class LlamaModel(nn.Module):
             self._set_linear(blk.mlp, "down", [w[p + "mlp.down_proj.weight"]])
 
     def _copy_moe(self, moe: MoE, w: dict, p: str) -> None:
-        router = w[p + "gate.weight"]
+        router = materialize(w[p + "gate.weight"])
         moe.router.copy_(router.dequantize() if isinstance(router, QuantMatrix) else router)
         for j, expert in enumerate(moe.experts):
             e = f"{p}experts.{j}."
@@ -180,7 +180,8 @@ class LlamaModel(nn.Module):
     def _set_linear(owner: nn.Module, name: str, parts: list, bias: torch.Tensor | None = None,
                     refine: int = 0) -> None:
         """Dense parts are concatenated into the Dense layer; any quantized part makes the
-        layer a QLinear (and frees the never-written dense one)."""
+        layer a QLinear (and frees the never-written dense one). Lazy parts are read here."""
+        parts = [materialize(p) for p in parts]
         if any(isinstance(p, QuantMatrix) for p in parts):
             setattr(owner, name, linear_from(parts, bias, refine=refine))
         else:

@@ -25,6 +25,7 @@ import torch
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.loaders import gguf_quant
+from agentrt.model.loaders.lazy import LazyQuant, check_finite
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, window_fields
 from agentrt.model.loaders.layouts import rows as layout_rows
 from agentrt.model.loaders.layouts import to_model_layout
@@ -61,7 +62,8 @@ _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
     """Read config, weights and tokenizer from a GGUF file. Weights are dequantized to `dtype`,
-    or with `native=True` quantized matrices stay quantized (QuantMatrix, see gguf_quant.py)."""
+    or with `native=True` quantized matrices stay quantized, unread until the model packs them
+    (LazyQuant, loaders/lazy.py: a load's memory peaks at one layer's unpacked matrices)."""
     check_dtype(dtype)
     path = Path(path)
     reader = open_gguf(path)
@@ -198,9 +200,8 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     w: [n_heads * head_dim, ...] (weight or bias). The converter did
     reshape(n, 2, d/2, ...).swapaxes(1, 2); the inverse swaps the same axes back.
     """
-    if isinstance(w, QuantMatrix):  # a row permutation: the same one on q and the group params
-        f = lambda a: None if a is None else unpermute_rope_rows(a, n_heads)  # noqa: E731
-        return QuantMatrix(f(w.q), f(w.s), f(w.m), w.z, w.group, w.fmt)
+    if isinstance(w, (QuantMatrix, LazyQuant)):  # a row permutation: the same one on q and the group params
+        return layout_rows(w, unpermute_rope_rows(torch.arange(w.shape[0]), n_heads))
     rows = w.shape[0]
     half = rows // n_heads // 2
     return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
@@ -217,7 +218,7 @@ def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
     weights = {}
     for name, t in zip(names, tensors):
-        value = _unpack(t) if native and _keeps_quant(t) else _dequantize(t, dtype)
+        value = LazyQuant(t, source=str(reader.path), release=reader.release) if native and _keeps_quant(t) else _dequantize(t, dtype)
         if "{}" in name:  # [experts, out, in]: one matrix per expert
             rows = value.shape[0] // config.num_experts
             for j in range(config.num_experts):
@@ -247,35 +248,6 @@ def _rope_freqs(reader: GGUFFile) -> list[float] | None:
 
 def _keeps_quant(tensor: Any) -> bool:
     return len(tensor.shape) in (2, 3) and gguf_quant.supported(tensor.tensor_type)
-
-
-def _unpack(tensor: Any) -> QuantMatrix:
-    """A quantized matrix ([experts, out, in] stacked as [experts * out, in])."""
-    *outer, cols = _torch_shape(tensor)
-    rows = int(np.prod(outer))
-    qm = gguf_quant.unpack_gguf(tensor.data, tensor.tensor_type, rows, cols)
-    # the integers cannot be wrong in a way we can see; the blocks' fp16 scales (d, dmin) can
-    check_finite(tensor, qm.s.numpy(), "block scales")
-    if qm.m is not None:
-        check_finite(tensor, qm.m.numpy(), "block minimums")
-    return qm
-
-
-def check_finite(tensor: Any, values: np.ndarray, what: str = "values") -> None:
-    """CorruptModelFile naming the tensor unless every value is finite: damaged bytes of the right
-    size (a bad download or disk) decode as NaN/Inf in a weight or a block scale. One sum in the
-    array's dtype (NaN/Inf propagate through it) is the fast path; only a non-finite sum, which an
-    overflow of finite values could also give, is checked element by element."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        if values.size == 0 or np.isfinite(values.sum()):
-            return
-    bad = ~np.isfinite(values)
-    n_bad = int(bad.sum())
-    if n_bad:
-        first = np.unravel_index(int(np.argmax(bad)), values.shape)
-        raise CorruptModelFile(
-            f"tensor {tensor.name} ({tensor.tensor_type.name}) has {n_bad} NaN/Inf {what} (first at index "
-            f"{tuple(int(i) for i in first)}): the file is damaged; re-download it")
 
 
 def _dequantize(tensor: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -86,12 +86,22 @@ class GGUFFile:
     """`fields`: metadata key -> value; `tensors`: TensorInfo in file order."""
 
     def __init__(self, path: str | Path):
+        self.path = Path(path)
         with open(path, "rb") as fh:
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self._parse(memoryview(self._map))
         except (struct.error, ValueError, KeyError, IndexError, OverflowError, MemoryError) as exc:
             raise GGUFFormatError(str(exc) or type(exc).__name__) from exc
+
+    def release(self, offset: int, n_bytes: int) -> None:
+        """Drop this process's pages of bytes [offset, offset + n_bytes) of the file (read, and
+        copied: a later read faults them in again from the page cache), so that what a load has
+        read does not stay in its resident set."""
+        page = mmap.PAGESIZE
+        start, end = offset // page * page, -(-(offset + n_bytes) // page) * page
+        if end > start and hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_DONTNEED, start, min(end, len(self._map)) - start)
 
     def _parse(self, buf) -> None:
         cur = _Cursor(buf)

@@ -19,13 +19,16 @@ from typing import Any
 import torch
 
 from agentrt.kernels.packing import QuantMatrix
+from agentrt.model.loaders.lazy import LazyQuant
 from agentrt.model.config import ModelConfig
 from agentrt.model.rope import partial_rotary_order
 
 
 def rows(w: Any, index: Any) -> Any:
     """Rows `index` (a slice or an index tensor) of a weight, kept quantized for a QuantMatrix
-    (its blocks run along a row: rows are independent)."""
+    (its blocks run along a row: rows are independent), still unread for a LazyQuant."""
+    if isinstance(w, LazyQuant):
+        return w.select(index)
     if isinstance(w, QuantMatrix):
         return QuantMatrix(w.q[index].contiguous(), w.s[index].contiguous(),
                            None if w.m is None else w.m[index].contiguous(), w.z, w.group, w.fmt)
