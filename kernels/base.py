@@ -69,9 +69,10 @@ class KernelBackend(Protocol):
         """Write k, v [T, Hkv, D] into caches [P, page_size, Hkv, D] at slot_mapping [T]."""
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMeta, scale: float, window: int = 0) -> torch.Tensor:
+                        meta: AttentionMeta, scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
         """Causal attention of q [T, H, D] over each sequence's pages; returns [T, H, D].
-        window > 0: a query attends only its last `window` keys (sliding window)."""
+        window > 0: a query attends only its last `window` keys (sliding window); softcap > 0:
+        scores become softcap * tanh(scores / softcap) (Gemma 2)."""
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy token ids [B] of logits [B, V], on the logits' device (no host sync)."""

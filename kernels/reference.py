@@ -22,19 +22,22 @@ def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     return g.transpose(-3, -2)
 
 
-def attend(q, k, v, mask, scale):
+def attend(q, k, v, mask, scale, softcap: float = 0.0):
     """Grouped-query attention by explicit matmuls (fast at small sizes on CPU, where the
     fused SDPA kernel has a large fixed cost). q [..., H, Lq, D]; k, v [..., Hkv, L, D];
-    mask bool, broadcastable to [..., H, Lq, L]; returns [..., H, Lq, D]."""
+    mask bool, broadcastable to [..., H, Lq, L]; returns [..., H, Lq, D]. softcap > 0: scores
+    become softcap * tanh(scores / softcap) (Gemma 2)."""
     h, hkv = q.shape[-3], k.shape[-3]
     if h != hkv:  # [.., Hkv, G*Lq, D]: each kv head serves G query heads
         g, lq = h // hkv, q.shape[-2]
         qg = q.reshape(*q.shape[:-3], hkv, g * lq, q.shape[-1])
         m = mask.expand(*mask.shape[:-3], h, lq, mask.shape[-1]) if mask.dim() >= 3 else mask
         m = m.reshape(*m.shape[:-3], hkv, g * lq, m.shape[-1]) if mask.dim() >= 3 else mask
-        out = attend(qg, k, v, m, scale)
+        out = attend(qg, k, v, m, scale, softcap)
         return out.reshape(q.shape)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
@@ -42,7 +45,7 @@ def attend(q, k, v, mask, scale):
 SDPA_MIN_QUERIES = 48  # from this many queries on, the fused kernel wins (bench: 250 queries over 2300 keys 42 -> 15 ms)
 
 
-def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale, window: int = 0):
+def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale, window: int = 0, softcap: float = 0.0):
     # q: [Bd, H, D] one query per sequence, all batched with a key-padding mask.
     keep = meta.decode_keep  # [Bd, 1, 1, max_kv]
     max_kv = keep.shape[-1]
@@ -52,11 +55,11 @@ def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale, window: i
     k = gather_pages(k_cache, meta.decode_pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
     v = gather_pages(v_cache, meta.decode_pages)[:, :, :max_kv]
     ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
-    out = attend(q.unsqueeze(2).to(ct), k.to(ct), v.to(ct), keep, scale)
+    out = attend(q.unsqueeze(2).to(ct), k.to(ct), v.to(ct), keep, scale, softcap)
     return out.squeeze(2)  # [Bd, H, D]
 
 
-def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale, window: int = 0):
+def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale, window: int = 0, softcap: float = 0.0):
     # q: [H, Lq, D] the last Lq positions of a kv_len-long sequence
     n_pages = -(-kv_len // k_cache.shape[1])
     k = gather_pages(k_cache, pages[:n_pages])[:, :kv_len]  # [Hkv, kv_len, D]
@@ -68,8 +71,8 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale, window: int = 
     mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
     if window:
         mask &= torch.arange(kv_len).unsqueeze(0) > qpos - window
-    if lq < SDPA_MIN_QUERIES:
-        return attend(q.to(k.dtype), k, v, mask[None], scale)
+    if lq < SDPA_MIN_QUERIES or softcap:  # (SDPA has no softcap)
+        return attend(q.to(k.dtype), k, v, mask[None], scale, softcap)
     # long chunks: the fused (flash) CPU kernel, which torch only picks for 4-D inputs with
     # equal head counts (enable_gqa falls back to the slow math path), so kv heads repeat
     g = q.shape[0] // k.shape[0]
@@ -80,23 +83,24 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale, window: int = 
     return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale)[0]
 
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0) -> torch.Tensor:
-    out = paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows, window)
+def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0,
+                    softcap: float = 0.0) -> torch.Tensor:
+    out = paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows, window, softcap)
     if meta.decode_rows:
         tok = meta.decode_tok
-        out[tok] = _decode_attention(q[tok], k_cache, v_cache, meta, scale, window).to(out.dtype)
+        out[tok] = _decode_attention(q[tok], k_cache, v_cache, meta, scale, window, softcap).to(out.dtype)
     return out
 
 
 def paged_attention_rows(q, k_cache, v_cache, meta: AttentionMeta, scale: float, rows,
-                         window: int = 0) -> torch.Tensor:
+                         window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Attention for the sequences in `rows` one by one; other rows of the result are unset.
     window > 0: each query attends only its last `window` keys."""
     out = torch.empty_like(q)  # [T, H, D]
     for r in rows:
         a, b = meta.cu_q[r], meta.cu_q[r + 1]
         res = _prefill_attention(q[a:b].transpose(0, 1), k_cache, v_cache, meta.kv_lens[r],
-                                 meta.page_table[r], scale, window)
+                                 meta.page_table[r], scale, window, softcap)
         out[a:b] = res.transpose(0, 1).to(out.dtype)
     return out
 

@@ -99,11 +99,12 @@ def decode_attention(q, k_cache, v_cache, page_table, kv_lens, scale) -> torch.T
     return out.to(q.dtype)
 
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0,
+                    softcap: float = 0.0) -> torch.Tensor:
     """Decode rows by the triton kernel; prefill rows (several queries) by the reference (and
-    every row of a sliding-window layer: the triton kernel attends all keys)."""
-    if window:
-        return reference.paged_attention(q, k_cache, v_cache, meta, scale, window)
+    every row of a sliding-window or softcapped layer: the triton kernel has neither)."""
+    if window or softcap:
+        return reference.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
     out = reference.paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
     if meta.decode_rows:
         idx = torch.tensor(meta.decode_rows, dtype=torch.long, device=q.device)

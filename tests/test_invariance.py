@@ -97,7 +97,7 @@ def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads
         lens, seqs = m.kv_lens_t.to(torch.int64).contiguous(), torch.tensor([0], dtype=torch.int64)
         lib.agrt_attention(qq.data_ptr(), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), table.shape[1],
                            cu.data_ptr(), lens.data_ptr(), seqs.data_ptr(), 1, heads, kv_heads, d, page,
-                           d ** -0.5, out.data_ptr(), int(dtype == torch.float16), window)
+                           d ** -0.5, out.data_ptr(), int(dtype == torch.float16), window, 0.0)
         return out
 
     whole = attend(0, n)

@@ -12,7 +12,12 @@ from agentrt.errors import ConfigError, UnsupportedModel
 # with fused qkv / gate_up projections (split at load), long-RoPE, partial rotary (Phi-4-mini);
 # mixture-of-experts (model/moe.py): qwen3_moe (Qwen3's attention), mixtral (Llama's attention),
 # olmoe (RMSNorm over the whole q and k projections)
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe")
+# gemma2 / gemma3 (text): embeddings scaled by sqrt(hidden), GeGLU, norms before and after attention
+# and MLP, a query scale of their own; Gemma 2 softcaps attention scores and final logits, Gemma 3
+# has q/k head norms and a RoPE base of its own on its sliding-window layers
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe", "gemma2",
+                   "gemma3")
+MLP_ACTS = ("silu", "gelu_tanh")
 QK_NORM_SPANS = ("head", "all")
 
 
@@ -57,6 +62,15 @@ class ModelConfig:
     # layers `window_layers` marks (None: every layer); 0: full attention everywhere
     sliding_window: int = 0
     window_layers: tuple[bool, ...] | None = None
+    local_rope_theta: float = 0.0  # RoPE base of the sliding-window layers, unscaled (0: the global table)
+    # Gemma: x * embed_scale after the embedding; gate activation; norms after attention and MLP
+    # too ("sandwich"); attention scale query_scale ** -0.5 (0: head_dim); tanh softcaps (0: none)
+    embed_scale: float = 1.0
+    mlp_act: str = "silu"
+    sandwich_norms: bool = False
+    query_scale: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -76,6 +90,8 @@ class ModelConfig:
             raise ConfigError(f"rope_freq_factors has {len(self.rope_freq_factors)} values; "
                               f"it needs rotary_dim / 2 = {rotary // 2}")
 
+        if self.mlp_act not in MLP_ACTS:
+            raise ConfigError(f"mlp_act {self.mlp_act!r} must be one of {MLP_ACTS}")
         if self.qk_norm_span not in QK_NORM_SPANS:
             raise ConfigError(f"qk_norm_span {self.qk_norm_span!r} must be one of {QK_NORM_SPANS}")
         if self.num_experts and not (0 < self.experts_per_token <= self.num_experts
@@ -91,6 +107,14 @@ class ModelConfig:
         if self.sliding_window <= 0 or (self.window_layers is not None and not self.window_layers[layer]):
             return 0
         return self.sliding_window
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_scale or self.head_dim) ** -0.5
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether `layer` turns by the local RoPE table (a sliding-window layer of Gemma 3)."""
+        return bool(self.local_rope_theta) and self.window(layer) > 0
 
     @property
     def is_moe(self) -> bool:

@@ -65,6 +65,7 @@ class _Step:
         self.positions = positions.to(torch.int64).contiguous()
         self.slots = meta.slot_mapping.contiguous()
         self.cos, self.sin = model.rope.cos, model.rope.sin
+        self.local = model.rope_local  # (Gemma 3's sliding-window layers; else model.rope)
         self.meta = meta
         cut = None if getattr(model, "batch_invariant", True) else KERNEL_ATTENTION_MAX_Q
         short = [b for b, q in enumerate(meta.q_lens) if cut is None or q <= cut]
@@ -91,8 +92,9 @@ class _Step:
     def attention(self, layer: int, kv, attn, qkv: torch.Tensor) -> torch.Tensor:
         k, v, t, scale = kv.k[layer], kv.v[layer], self.q.shape[0], attn.scale
         lib = self.lib
+        cos, sin = (self.local.cos, self.local.sin) if attn.local_rope else (self.cos, self.sin)
         lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
-                            self.positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
+                            self.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                             self.slots.data_ptr(), *head_norms(attn),
                             self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr(),
                             int(k.dtype == torch.float16))
@@ -101,10 +103,10 @@ class _Step:
                                self.table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
                                self.short.data_ptr(), self.short.numel(), self.h, self.hkv, self.d,
                                k.shape[1], scale, self.attn.data_ptr(), int(k.dtype == torch.float16),
-                               attn.window)
+                               attn.window, attn.softcap)
         if self.long:
             q3 = self.q.view(t, self.h, self.d)
-            res = paged_attention_rows(q3, k, v, self.meta, scale, self.long, attn.window)
+            res = paged_attention_rows(q3, k, v, self.meta, scale, self.long, attn.window, attn.softcap)
             for b in self.long:
                 a, e = self.meta.cu_q[b], self.meta.cu_q[b + 1]
                 self.attn[a:e] = res[a:e].reshape(e - a, -1)
@@ -145,6 +147,8 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: A
             logits_rows: torch.Tensor | None) -> torch.Tensor:
     check_bounds(model, positions, kv, meta)
     x = model.embed(input_ids).float().contiguous()  # [T, hidden], the residual stream
+    if model.cfg.embed_scale != 1.0:
+        x.mul_(torch.tensor(model.cfg.embed_scale, dtype=x.dtype))
     st = _Step(model, positions, meta, x.shape[0])
     layers = None if st.long else native_layers(model)
     if layers is not None:  # every layer in one call (decode / verify steps, quantized weights)
@@ -154,7 +158,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: A
     if logits_rows is not None:
         x = x[logits_rows].contiguous()
     h = st.rmsnorm(x, model.norm, torch.empty_like(x))  # (rmsnorm needs no buffers())
-    return linear(model.lm_head, h).float()
+    return softcap_logits(linear(model.lm_head, h).float(), model.cfg.final_softcap)
 
 
 def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
@@ -165,14 +169,31 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
         if blk.attn.norm_all:
             norm_projections(blk.attn, qkv, st.cfg.rms_norm_eps)
         a = st.attention(i, kv, blk.attn, qkv)
-        linear(blk.attn.o, a, x, accumulate=True)
+        _residual(st, blk.attn.o, a, x, blk.attn_post_norm)
         h = st.rmsnorm(x, blk.mlp_norm, st.hbuf)
         if isinstance(blk.mlp, MoE):
             _moe(model, blk.mlp, st, h, x)
             continue
         gu = linear(blk.mlp.gate_up, h)
+        if blk.mlp.gelu or blk.mlp_post_norm is not None:  # (Gemma: GeGLU, the MLP's output normed)
+            _residual(st, blk.mlp.down, blk.mlp.act(*gu.split(blk.mlp.inter, -1)), x, blk.mlp_post_norm)
+            continue
         st.lib.agrt_silu_mul(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
         linear(blk.mlp.down, st.act, x, accumulate=True)
+
+
+def softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's final logits: cap * tanh(logits / cap) (cap 0: as they are; both paths)."""
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _residual(st: _Step, lin, a: torch.Tensor, x: torch.Tensor, post_norm: torch.Tensor | None) -> None:
+    """x += lin(a), or x += rmsnorm(lin(a)) with Gemma's post-norm."""
+    if post_norm is None:
+        linear(lin, a, x, accumulate=True)
+        return
+    y = linear(lin, a.contiguous())
+    x.add_(st.rmsnorm(y, post_norm, torch.empty_like(y)))
 
 
 def _moe(model, moe: MoE, st: _Step, h: torch.Tensor, x: torch.Tensor) -> None:
@@ -217,7 +238,10 @@ def native_layers(model):
         return cached[1]
     slots = tuple((owner, name, getattr(owner, name)) for owner, name in linear_slots(model))
     ok = all(isinstance(lin, QLinear) and len(lin.parts) <= 3 for _, _, lin in slots)
-    ok = ok and not any(b.attn.norm_all for b in model.blocks)  # (OLMoE's norms: layer by layer)
+    # (layer by layer: OLMoE's whole-projection norms; Gemma's post-norms, GeGLU, softcap, local RoPE)
+    cfg = model.cfg
+    ok = ok and not any(b.attn.norm_all for b in model.blocks) and not cfg.sandwich_norms \
+        and cfg.mlp_act == "silu" and not cfg.attn_softcap and not cfg.local_rope_theta
     value = _describe(model) if ok else None
     model.fused_cache["layers"] = (slots, value)
     return value

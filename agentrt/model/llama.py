@@ -31,11 +31,13 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, layer: int = 0):
         super().__init__()
         self.window = cfg.window(layer)  # sliding window (0: full causal attention)
+        self.local_rope = cfg.local_rope(layer)  # turns by LlamaModel.rope_local (Gemma 3's local layers)
+        self.softcap = cfg.attn_softcap  # scores -> softcap * tanh(scores / softcap) (Gemma 2; 0: none)
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         out = (self.h + 2 * self.hkv) * self.d
         self.qkv = Dense(cfg.hidden_size, out, cfg.attention_bias, dtype)
         self.o = Dense(self.h * self.d, cfg.hidden_size, False, dtype)
-        self.scale = self.d ** -0.5
+        self.scale = cfg.attention_scale
         self.eps = cfg.rms_norm_eps
         # RMSNorm weights of q and k, applied before RoPE: per head ([head_dim], Qwen3) or over the
         # whole projection ([heads * head_dim], OLMoE: `norm_all`); None elsewhere
@@ -44,8 +46,10 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(qn, dtype=dtype)) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(torch.ones(kn, dtype=dtype)) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, layer: int, kv: KVStore, meta: AttentionMeta, ops):
+    def forward(self, x, rot, layer: int, kv: KVStore, meta: AttentionMeta, ops):
+        """rot: (cos, sin) of the global and of the local RoPE table at the batch's positions."""
         t = x.shape[0]
+        cos, sin = rot[1] if self.local_rope else rot[0]
         q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
         if self.norm_all:
             q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
@@ -55,7 +59,7 @@ class Attention(nn.Module):
         q = ops.rope(q, cos, sin)  # [T, H, D]
         k = ops.rope(k, cos, sin)  # [T, Hkv, D]
         ops.store_kv(kv.k[layer], kv.v[layer], k, v.view(t, self.hkv, self.d), meta.slot_mapping)
-        a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale, self.window)
+        a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale, self.window, self.softcap)
         return self.o(a.reshape(t, self.h * self.d))
 
 
@@ -63,12 +67,15 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.inter = cfg.intermediate_size
+        self.gelu = cfg.mlp_act == "gelu_tanh"  # GeGLU (Gemma), else SwiGLU
         self.gate_up = Dense(cfg.hidden_size, 2 * self.inter, False, dtype)
         self.down = Dense(self.inter, cfg.hidden_size, False, dtype)
 
+    def act(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return (nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)) * up
+
     def forward(self, x):
-        gate, up = self.gate_up(x).split(self.inter, -1)
-        return self.down(nn.functional.silu(gate) * up)
+        return self.down(self.act(*self.gate_up(x).split(self.inter, -1)))
 
 
 class Block(nn.Module):
@@ -79,10 +86,16 @@ class Block(nn.Module):
         self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         self.attn = Attention(cfg, dtype, layer)
         self.mlp = MoE(cfg, dtype) if cfg.is_moe else MLP(cfg, dtype)
+        # Gemma: norms of the attention's and the MLP's outputs too, before the residual adds
+        sandwich = cfg.sandwich_norms
+        self.attn_post_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype)) if sandwich else None
+        self.mlp_post_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype)) if sandwich else None
 
-    def forward(self, x, cos, sin, layer, kv, meta, ops):
-        x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, layer, kv, meta, ops)
-        return x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+    def forward(self, x, rot, layer, kv, meta, ops):
+        h = self.attn(ops.rms_norm(x, self.attn_norm, self.eps), rot, layer, kv, meta, ops)
+        x = x + (h if self.attn_post_norm is None else ops.rms_norm(h, self.attn_post_norm, self.eps))
+        h = self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+        return x + (h if self.mlp_post_norm is None else ops.rms_norm(h, self.mlp_post_norm, self.eps))
 
 
 class LlamaModel(nn.Module):
@@ -103,6 +116,9 @@ class LlamaModel(nn.Module):
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)
         self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_freq_factors,
                               cfg.rope_attention_factor, cfg.rotary_dim)
+        # the sliding-window layers' own table (Gemma 3: base 10,000, unscaled), or the same one
+        self.rope_local = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.local_rope_theta) \
+            if cfg.local_rope_theta else self.rope
         self.forward_path = "fused"  # "fused" runs only where the compiled kernels are available
         # every row computed in an order of its own (model/fused.py): output independent of batching
         self.batch_invariant = True
@@ -122,13 +138,15 @@ class LlamaModel(nn.Module):
 
     def forward_eager(self, input_ids, positions, kv, meta, logits_rows=None) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, hidden]
-        cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # [T, D]
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        rot = tuple((r.cos[positions], r.sin[positions]) for r in (self.rope, self.rope_local))  # [T, D]
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, i, kv, meta, self.ops)
+            x = block(x, rot, i, kv, meta, self.ops)
         if logits_rows is not None:
             x = x[logits_rows]
         x = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
-        return self.lm_head(x).float()  # [L, V]
+        return fused.softcap_logits(self.lm_head(x).float(), self.cfg.final_softcap)  # [L, V]
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
@@ -155,7 +173,12 @@ class LlamaModel(nn.Module):
             p = f"model.layers.{i}."
             att = p + "self_attn."
             blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
-            blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
+            if self.cfg.sandwich_norms:  # (Gemma's post_attention_layernorm follows the attention)
+                blk.attn_post_norm.copy_(w[p + "post_attention_layernorm.weight"])
+                blk.mlp_norm.copy_(w[p + "pre_feedforward_layernorm.weight"])
+                blk.mlp_post_norm.copy_(w[p + "post_feedforward_layernorm.weight"])
+            else:
+                blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
             if self.cfg.qk_norm:
                 blk.attn.q_norm.copy_(w[att + "q_norm.weight"])
                 blk.attn.k_norm.copy_(w[att + "k_norm.weight"])

@@ -21,7 +21,7 @@ void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_
 void agrt_attention(const float* q, const void* k_cache, const void* v_cache, const int64_t* page_table,
                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens, const int64_t* seqs,
                     int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out,
-                    int32_t kv_half, int32_t window);
+                    int32_t kv_half, int32_t window, float softcap);
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
 struct AgrtMoe;

@@ -61,6 +61,7 @@ struct Task {
   int64_t n0, nr, nmax;                        // keys of the first row; rows; keys of the last
   int group, D; float scale; float* sc;
   int64_t window;                              // sliding window (0: none)
+  float softcap;                               // scores -> softcap * tanh(scores / softcap) (0: none)
   int64_t n(int64_t r) const { return n0 + r; }
   int64_t cut(int64_t r) const { return window > 0 ? std::max<int64_t>(0, n(r) - window) : 0; }  // first key
   int64_t start(int64_t r) const { return cut(r) / 16 * 16; }  // its block (kBlock = 16)
@@ -263,6 +264,8 @@ void run_task(const Task<T>& t) {
   for (int64_t r = 0; r < t.nr; ++r)
     for (int h = 0; h < t.group; ++h) {
       float* p = t.scores(r, h);
+      if (t.softcap > 0.f)  // (Gemma 2: before the mask, as its reference does)
+        for (int64_t j = t.cut(r); j < t.n(r); ++j) p[j] = t.softcap * std::tanh(p[j] / t.softcap);
       std::fill(p + t.start(r), p + t.cut(r), -INFINITY);  // (in the window's first block)
       softmax_inplace(p + t.start(r), t.n(r) - t.start(r));
       std::fill(p + t.start(0), p + t.start(r), 0.f);  // (rows sharing value loads from start(0))
@@ -279,7 +282,7 @@ constexpr int64_t kRowsPerTask = 16;  // rows sharing each key block's loads (no
 struct AttnArgs {
   const float* q; const int64_t* page_table; int64_t max_pages; const int64_t* cu_q;
   const int64_t* kv_lens; const int64_t* seqs; int64_t nseq; int32_t H, Hkv, D, S; float scale;
-  float* out; int64_t window;
+  float* out; int64_t window; float softcap;
 };
 
 // One task = up to kRowsPerTask query rows of a sequence x one KV head, with the H/Hkv query
@@ -303,7 +306,7 @@ void attention(const AttnArgs& a, const T* k_cache, const T* v_cache) {
     float* sc = agrt_scratch<float>(kSlotScores, (size_t)(nr * group * (n0 + nr - 1)));
     const Task<T> t{k_cache, v_cache, a.page_table + b * a.max_pages, a.S, (int64_t)a.Hkv * a.D,
                     hk * a.D, a.q + (row0 * a.H + hk * group) * a.D, a.out + (row0 * a.H + hk * group) * a.D,
-                    (int64_t)a.H * a.D, n0, nr, n0 + nr - 1, group, a.D, a.scale, sc, a.window};
+                    (int64_t)a.H * a.D, n0, nr, n0 + nr - 1, group, a.D, a.scale, sc, a.window, a.softcap};
     run_task(t);
   }
 }
@@ -315,13 +318,15 @@ extern "C" {
 // Causal attention over paged KV (float, or IEEE half when kv_half) for the sequences listed in
 // seqs[nseq]: sequence b has q_len = cu_q[b+1] - cu_q[b] queries (rows cu_q[b].. of q [T, H, D])
 // at the last q_len of its kv_lens[b] positions, whose pages are page_table[b, :]. Writes the
-// same rows of out [T, H, D]. window > 0: each query attends its last `window` keys only.
+// same rows of out [T, H, D]. window > 0: each query attends its last `window` keys only;
+// softcap > 0: scores pass through softcap * tanh(score / softcap) before the softmax.
 void agrt_attention(const float* q, const void* k_cache, const void* v_cache,
                     const int64_t* page_table, int64_t max_pages, const int64_t* cu_q,
                     const int64_t* kv_lens, const int64_t* seqs, int64_t nseq, int32_t H,
                     int32_t Hkv, int32_t D, int32_t S, float scale, float* out, int32_t kv_half,
-                    int32_t window) {
-  const AttnArgs a{q, page_table, max_pages, cu_q, kv_lens, seqs, nseq, H, Hkv, D, S, scale, out, window};
+                    int32_t window, float softcap) {
+  const AttnArgs a{q, page_table, max_pages, cu_q, kv_lens, seqs, nseq, H, Hkv, D, S, scale, out, window,
+                   softcap};
   if (kv_half)
     attention(a, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache));
   else

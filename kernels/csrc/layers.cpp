@@ -38,7 +38,7 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
                     L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_half);
     agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
                    nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_half,
-                   L.window);
+                   L.window, 0.f);
     agrt::linear(L.o, att, T, hd, x, d->hidden, true);
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h);
     if (L.moe) {

@@ -117,6 +117,8 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         }
         shapes |= _mlp_shapes(config, p + "mlp.")
+        if config.sandwich_norms:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
         if config.qk_norm:
             whole = config.qk_norm_span == "all"
             shapes |= {p + "self_attn.q_norm.weight": (q if whole else config.head_dim,),

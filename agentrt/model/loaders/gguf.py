@@ -24,7 +24,7 @@ import torch
 
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
-from agentrt.model.loaders import gguf_quant
+from agentrt.model.loaders import gemma, gguf_quant
 from agentrt.model.loaders.lazy import LazyQuant, check_finite
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, window_fields
 from agentrt.model.loaders.layouts import rows as layout_rows
@@ -130,12 +130,16 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     rotary = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     factors, attention = rope_from_gguf(meta, arch, rotary, theta, rope_freqs, longrope or {})
     experts = _experts(meta, arch, ours, need)
+    n_layers = int(need("block_count"))
+    family, windows = {"qk_norm": ours in ("qwen3", "qwen3_moe", "olmoe")}, None
+    if ours in gemma.PATTERN:
+        family, windows = gemma.gguf_fields(meta, arch), gemma.sliding_layers(ours, n_layers)
     return ModelConfig(
         arch=ours,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(meta.get(f"{arch}.feed_forward_length") or 0) if experts else int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
+        num_layers=n_layers,
         num_heads=heads,
         num_kv_heads=_kv_heads(meta.get(f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -144,14 +148,13 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
         max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in shapes,
         attention_bias=any(name.endswith("attn_q.bias") for name in shapes),
-        # (attn_q_norm/attn_k_norm in another architecture: unexpected tensors)
-        qk_norm=ours in ("qwen3", "qwen3_moe", "olmoe"),
         qk_norm_span="all" if ours == "olmoe" else "head",
         rope_freq_factors=factors,
         rope_attention_factor=attention,
         rotary_dim=rotary if rotary != head_dim else None,
         **experts,
-        **window_fields(meta.get(f"{arch}.attention.sliding_window"), context, None),
+        **window_fields(meta.get(f"{arch}.attention.sliding_window"), context, windows),
+        **family,  # (attn_q_norm/attn_k_norm where qk_norm is False: unexpected tensors)
     )
 
 
@@ -185,7 +188,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _BLOCK_RE.fullmatch(gguf_name)
-    names = {**_BLOCK_NAMES, **_PHI3_NAMES} if arch == "phi3" else _BLOCK_NAMES
+    names = {**_BLOCK_NAMES, **_PHI3_NAMES} if arch == "phi3" else \
+        {**_BLOCK_NAMES, **gemma.GGUF_NORMS} if arch in gemma.PATTERN else _BLOCK_NAMES
     names = {**names, **_MOE_NAMES, **{k: f"mlp.experts.{{}}.{v}" for k, v in _EXPERT_NAMES.items()}}
     if match is None or match.group(2) not in names:
         raise UnsupportedModel(f"GGUF tensor {gguf_name!r} is not part of the supported "

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, TokenizerError, UnsupportedModel
 from agentrt.model.config import ModelConfig, window_fields
+from agentrt.model.loaders import gemma
 from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.loaders.layouts import to_model_layout
 from agentrt.model.rope import rope_from_hf
@@ -24,7 +25,8 @@ from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                   "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFiles:
@@ -36,6 +38,8 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelFi
     raw = _read_json(path / "config.json", required=True)
     config = config_from_hf(raw)
     weights = to_model_layout(_load_weights(path, dtype), config)
+    if config.arch in gemma.PATTERN:
+        gemma.add_one_to_norms(weights)
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     check_weights(config, weights, str(path))
@@ -49,14 +53,18 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         head_dim = int(raw.get("head_dim") or hidden // heads)
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        arch = gemma.HF_TYPES.get(model_type, model_type)
+        rope, local_theta = gemma.hf_rope(raw, arch) if arch in gemma.PATTERN else \
+            (raw.get("rope_parameters") or raw.get("rope_scaling") or {}, 0.0)
         theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         max_pos = int(raw.get("max_position_embeddings", 2048))
         partial = float(raw.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0)
         rotary = int(head_dim * partial)
         factors, attention = rope_from_hf(rope, rotary, theta, max_pos)
+        family = gemma.hf_fields(raw, arch, local_theta) if arch in gemma.PATTERN else \
+            {"qk_norm": model_type in ("qwen3", "qwen3_moe", "olmoe")}
         return ModelConfig(
-            arch=model_type,
+            arch=arch,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(raw["intermediate_size"]),
@@ -67,15 +75,15 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             rope_theta=theta,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch in gemma.PATTERN)),
             attention_bias=model_type == "qwen2",
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "olmoe"),
             qk_norm_span="all" if model_type == "olmoe" else "head",
             rope_freq_factors=factors,
             rope_attention_factor=attention,
             rotary_dim=rotary if rotary != head_dim else None,
             **_experts(raw, model_type),
-            **window_fields(*_sliding_window(raw, model_type, max_pos)),
+            **window_fields(*_sliding_window(raw, arch, max_pos)),
+            **family,
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):  # (a ValueError too: the sliding-window check)
@@ -123,6 +131,9 @@ def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> tuple
     `sliding_window` to every layer; Qwen2/3 only with use_sliding_window, on the layers v5's
     layer_types marks "sliding_attention" (v4: from layer max_window_layers on)."""
     window = raw.get("sliding_window")
+    if model_type in gemma.PATTERN:
+        n = int(raw["num_hidden_layers"])
+        return window, context, gemma.sliding_layers(model_type, n, raw.get("layer_types"))
     if model_type in ("mistral", "phi3", "mixtral") or window is None:
         return window, context, None
     if not raw.get("use_sliding_window"):

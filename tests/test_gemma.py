@@ -1,0 +1,155 @@
+"""Gemma 2 and Gemma 3 (text) against transformers, from safetensors and from GGUF.
+
+Tiny random models with a sliding window (24) far under the 120-token prompt: Gemma 2's
+alternating local/global layers with attention and final-logit softcapping, Gemma 3's five local
+layers per global one with q/k head norms, a local RoPE base of 10,000 and a linearly scaled
+global one. The GGUF is written as llama.cpp's converter writes it (norm weights + 1, its norm
+names, NeoX RoPE order). Eager and fused paths: transformers' logits and greedy tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from agentrt.kernels import native
+from agentrt.model.generate import generate, prompt_logits
+from agentrt.model.loaders.load import load_model
+from agentrt.sampling import SamplingParams
+from tests.test_architectures import COMMON, NEW_TOKENS, decode_logits, oracle, sharpen
+
+transformers = pytest.importorskip("transformers")
+needs_native = pytest.mark.skipif(not native.available(), reason="compiled CPU kernels not built")
+WINDOW = 24
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
+CASES = {
+    "gemma2": ("Gemma2", dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                              attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "gemma3": ("Gemma3Text", dict(num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                                  rope_parameters=GEMMA3_ROPE)),
+}
+_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+          "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+_LINEAR = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+           "mlp.down_proj": "ffn_down"}
+
+
+def make(name: str):
+    prefix, overrides = CASES[name]
+    torch.manual_seed(51 + list(CASES).index(name))
+    cfg = getattr(transformers, prefix + "Config")(**{**COMMON, **overrides, "pad_token_id": 0, "bos_token_id": 1,
+                                                     "eos_token_id": 2})
+    hf = getattr(transformers, ("Gemma3" if name == "gemma3" else prefix) + "ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if pname.endswith("norm.weight"):  # Gemma's norms are (1 + w), w initialised to 0
+                p.copy_(0.3 * torch.randn_like(p))
+            if pname.endswith("embed_tokens.weight"):  # (scaled by sqrt(hidden) = 8 on the way in)
+                p.mul_(0.125)
+    return sharpen(hf)
+
+
+def write_gemma_gguf(path: Path, hf, arch: str) -> None:
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_sliding_window(c.sliding_window)
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    sd = {k: v.detach().float() for k, v in hf.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"].numpy())
+    w.add_tensor("output_norm.weight", (sd["model.norm.weight"] + 1).numpy())  # (the converter's + 1)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for hf_name, g in _NORMS.items():
+            if p + hf_name + ".weight" in sd:
+                w.add_tensor(f"blk.{i}.{g}.weight", (sd[p + hf_name + ".weight"] + 1).numpy())
+        for hf_name, g in _LINEAR.items():
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[p + hf_name + ".weight"].numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    name = request.param
+    root = tmp_path_factory.mktemp(name)
+    hf = make(name)
+    hf.save_pretrained(root / "hf", safe_serialization=True)
+    write_gemma_gguf(root / "f32.gguf", hf, name)
+    return name, hf, root, oracle(hf)
+
+
+@pytest.mark.parametrize("path", ["eager", pytest.param("fused", marks=needs_native)])
+@pytest.mark.parametrize("source", ["hf", "f32.gguf"])
+def test_gemma_matches_transformers(case, source, path):
+    name, hf, root, (prompt, want, greedy, tail) = case
+    model = load_model(str(root / source), quantize="none", forward=path).model
+    cfg = model.cfg
+    assert cfg.arch == name and cfg.sandwich_norms and cfg.mlp_act == "gelu_tanh"
+    windows = [b.attn.window for b in model.blocks]
+    assert windows == ([WINDOW, 0, WINDOW] if name == "gemma2" else [WINDOW] * 5 + [0])
+    assert (cfg.attn_softcap, cfg.final_softcap) == ((50.0, 30.0) if name == "gemma2" else (0.0, 0.0))
+    assert [b.attn.local_rope for b in model.blocks] == ([False] * 3 if name == "gemma2" else [True] * 5 + [False])
+    assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
+    assert generate(model, prompt, SamplingParams(max_tokens=NEW_TOKENS)) == greedy
+    assert (decode_logits(model, prompt + greedy, path) - tail).abs().max().item() < 1e-4
+
+
+@needs_native
+def test_gemma_int8_on_the_kernels_stays_close(case):
+    """Every matrix int8 (the quantized kernels, softcapped and windowed attention in C):
+    within the activation-rounding bound of transformers, greedy mostly the same."""
+    name, hf, root, (prompt, want, _, _) = case
+    model = load_model(str(root / "hf"), quantize="int8").model
+    ours = prompt_logits(model, prompt)
+    assert (ours - want).abs().max().item() < 0.05 * want.abs().max().item()
+    assert (ours.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.9
+
+
+def test_softcapped_attention_reference_matches_the_kernel():
+    """The torch reference and the C kernel agree on softcapped, windowed attention."""
+    if not native.available():
+        pytest.skip("compiled CPU kernels not built")
+    from agentrt.kernels import reference
+    from agentrt.model.batch import SeqChunk, build_batch
+
+    g = torch.Generator().manual_seed(4)
+    h, hkv, d, page, n = 4, 2, 64, 8, 40
+    kc, vc = torch.randn(6, page, hkv, d, generator=g) * 3, torch.randn(6, page, hkv, d, generator=g)
+    q = torch.randn(n, h, d, generator=g) * 3
+    meta = build_batch([SeqChunk([0] * n, 0, list(range(5)))], page).meta
+    want = reference.paged_attention(q, kc, vc, meta, d ** -0.5, 9, 5.0)
+    out = torch.empty(n, h, d)
+    table, cu = meta.page_table.contiguous(), torch.tensor(meta.cu_q, dtype=torch.int64)
+    lens, seqs = meta.kv_lens_t.to(torch.int64).contiguous(), torch.tensor([0], dtype=torch.int64)
+    native.load().agrt_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), table.shape[1],
+                                 cu.data_ptr(), lens.data_ptr(), seqs.data_ptr(), 1, h, hkv, d, page, d ** -0.5,
+                                 out.data_ptr(), 0, 9, 5.0)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    plain = reference.paged_attention(q, kc, vc, meta, d ** -0.5, 9)
+    assert (plain - want).abs().max().item() > 1e-2  # (the cap bites at these scores)
+    assert np.isfinite(out.numpy()).all()
