@@ -120,3 +120,29 @@ def test_an_engine_without_session_ids_is_a_clear_error():
                 await ref.ask("look up key x")
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("session", ["keep", "reset"])
+def test_an_agent_crashing_past_its_restart_budget_releases_its_session(session):
+    """Crashes within the budget restart the agent (keeping or resetting its session); the crash
+    past it stops the agent for good, and its session id goes back to the pool (found by the
+    surface fuzzer: a kept session leaked when the restart never came)."""
+    from agentrt import Supervision
+
+    lm = tiny_native_with_tokenizer()
+    cfg = EngineConfig(kv_cache_tokens=2048, max_session_seqs=3, debug_invariants=True)
+
+    async def main():
+        async with Engine(lm, cfg) as eng:
+            async with Runtime(eng, shutdown_timeout=5) as rt:
+                ref = await rt.spawn(_agent(0), supervision=Supervision(max_restarts=1, window_s=60, backoff_s=0,
+                                                                         session=session))
+                for _ in range(2):  # 5 is not a message: a ConfigError crash, then a restart, then stop
+                    with pytest.raises(AgentrtError):
+                        await ref.ask(5)
+                with anyio.fail_after(10):
+                    await rt.actors[ref.name].join()
+                assert eng.core.pool.num_free("session") == cfg.max_session_seqs
+                await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
+
+    anyio.run(main)

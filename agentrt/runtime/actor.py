@@ -210,7 +210,7 @@ class ActorRef:
     async def run(self, ctx: ActorContext) -> None:
         tracker = RestartTracker(self.supervision)
         try:
-            while await self._run_once(ctx):
+            while await self._run_once(ctx, tracker):
                 delay = tracker.next_delay()
                 if delay is None:
                     log.warning("actor stopped after failure", actor=self.name, restarts=tracker.total)
@@ -225,9 +225,11 @@ class ActorRef:
                 self._recv.close()
             self._stopped.set()
 
-    async def _run_once(self, ctx: ActorContext) -> bool:
+    async def _run_once(self, ctx: ActorContext, tracker: RestartTracker) -> bool:
         """Run until the mailbox closes (False) or a handler crashes (True: maybe restart). A start
-        that fails is a crash too (the runtime and the other actors go on)."""
+        that fails is a crash too (the runtime and the other actors go on). The behaviour's stop
+        hears `restarting=True` only when supervision will restart it: a crash past the restart
+        budget stops it for good, and it releases what it holds (an agent's session)."""
         if hasattr(self.behavior, "start"):
             try:
                 await self.behavior.start(ctx)
@@ -247,7 +249,7 @@ class ActorRef:
                 # shielded (a cancelled actor still releases what it holds), but bounded
                 bound = getattr(ctx.runtime, "shutdown_timeout", math.inf)
                 with anyio.CancelScope(shield=True, deadline=anyio.current_time() + bound) as scope:
-                    await self.behavior.stop(ctx, restarting=crashed)
+                    await self.behavior.stop(ctx, restarting=crashed and tracker.can_restart())
                 if scope.cancelled_caught:
                     log.warning("actor stop did not finish within shutdown_timeout", actor=self.name)
 

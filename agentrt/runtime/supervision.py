@@ -41,6 +41,14 @@ class RestartTracker:
         self._times: deque[float] = deque()
         self.total = 0
 
+    def can_restart(self) -> bool:
+        """Whether a crash now would be restarted (next_delay would not be None), without counting it."""
+        p = self.policy
+        if p.strategy == "stop":
+            return False
+        now = time.monotonic()
+        return sum(1 for t in self._times if now - t <= p.window_s) < p.max_restarts
+
     def next_delay(self) -> float | None:
         """Delay before the next restart, or None when the actor must stop."""
         p = self.policy
