@@ -11,7 +11,8 @@ each in a fresh process. Batch invariance: prefill of the default (invariant) pa
 load_model(batch_invariant=False) (long chunks through torch SDPA), also for a chunk after a long
 cached prefix, and `deterministic` with the invariance cases checked on the embedded model
 (bench/invariance_case.py). The mixture-of-experts case (bench/moe_case.py): a random Q4_K
-Qwen3-MoE GGUF beside llama.cpp (moe_* keys). Writes bench/results/model.json.
+Qwen3-MoE GGUF beside llama.cpp (moe_* keys); the sliding-window case (bench/swa_case.py): a
+random Gemma 3 GGUF at 4x its window (swa_* keys). Writes bench/results/model.json.
 
     python bench/bench_model.py [--quick]
 """
@@ -212,9 +213,10 @@ def main() -> None:
         "prefill_1024_fraction_of_int8_gemm_peak": native_ops / int8_peak,
         "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path": fp32_ops / peaks["fp32_gemm_flops"],
     })
-    from bench import moe_case  # (a module of its own: it imports this one)
+    from bench import moe_case, swa_case  # (modules of their own: moe_case imports this one)
 
     res.update(moe_case.run(rounds, steps))
+    res.update(swa_case.run(rounds, steps))
     if "llama.cpp" in systems:
         res["decode_b1_speedup_vs_llamacpp"] = b1["llama.cpp"] / b1["agentrt native"]
         res["prefill_1024_speedup_vs_llamacpp"] = pre[1024]["llama.cpp"] / pre[1024]["agentrt native"]

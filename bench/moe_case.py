@@ -5,8 +5,7 @@ same file, in one run.
 The file: 24 layers, hidden 1024, 16 heads / 4 KV heads of 64, 8 experts of 1024, top 2 (~0.72B
 parameters, ~0.26B active per token), every matrix Q4_K (random blocks, mins centring each
 block: gguf has no K quantizer), router and norms F32, the SmolLM2 tokenizer copied from the
-embedded GGUF so that llama.cpp loads it as it would a real one. Written once per shape into
-the kernel cache folder's neighbour (~/.cache/agentrt/bench).
+embedded GGUF so that llama.cpp loads it as it would a real one (bench/synthetic.py).
 
     python bench/moe_case.py [--quick]     (bench_model.py runs it too)
 """
@@ -24,37 +23,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, q4k_blocks  # noqa: E402
+
 SHAPE = dict(layers=24, hidden=1024, heads=16, kv_heads=4, head_dim=64, experts=8, used=2, expert_ff=1024)
-CACHE = Path.home() / ".cache" / "agentrt" / "bench"
 
 
 def moe_gguf(shape: dict = SHAPE) -> Path:
     """The benchmark's MoE GGUF (written on first use)."""
     name = "moe-" + "-".join(f"{k}{v}" for k, v in shape.items()) + ".Q4_K.gguf"
-    path = CACHE / name
-    if not path.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        _write(tmp, shape)
-        tmp.replace(path)
-    return path
-
-
-def _q4k(rows: int, cols: int, rng) -> np.ndarray:
-    """Random Q4_K blocks [rows, bytes]: d ~ U(1e-4, 5e-4), dmin = 7.5 d (weights centred)."""
-    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
-    d = rng.uniform(1e-4, 5e-4, blocks.shape[0]).astype(np.float32)
-    blocks[:, 0:4] = np.stack([d, 7.5 * d], 1).astype(np.float16).view(np.uint8)
-    return blocks.reshape(rows, -1)
+    return cached_gguf(name, lambda path: _write(path, shape))
 
 
 def _write(path: Path, s: dict) -> None:
     import gguf
 
-    from agentrt.model.loaders.files import resolve_source
-    from agentrt.model.loaders.gguf_reader import GGUFFile
-
-    tok = GGUFFile(resolve_source("smollm2-135m")).fields
     q4k, f32 = gguf.GGMLQuantizationType.Q4_K, np.float32
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), "qwen3moe")
@@ -72,19 +54,9 @@ def _write(path: Path, s: dict) -> None:
     w.add_value_length(s["head_dim"])
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model(tok["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
-    w.add_token_list(tok["tokenizer.ggml.tokens"])
-    w.add_token_types(tok["tokenizer.ggml.token_type"])
-    w.add_token_merges(tok["tokenizer.ggml.merges"])
-    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
-    w.add_pad_token_id(tok["tokenizer.ggml.padding_token_id"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(tok["tokenizer.chat_template"])
+    vocab = add_smollm2_tokenizer(w)
     h, hd, e, ff = s["hidden"], s["head_dim"], s["experts"], s["expert_ff"]
-    vocab = len(tok["tokenizer.ggml.tokens"])
-    w.add_tensor("token_embd.weight", _q4k(vocab, h, rng), raw_dtype=q4k)
+    w.add_tensor("token_embd.weight", q4k_blocks(vocab, h, rng), raw_dtype=q4k)
     w.add_tensor("output_norm.weight", np.ones(h, f32))
     for i in range(s["layers"]):
         b = f"blk.{i}."
@@ -94,14 +66,11 @@ def _write(path: Path, s: dict) -> None:
             w.add_tensor(b + name + ".weight", np.ones(hd, f32))
         for name, (rows, cols) in {"attn_q": (s["heads"] * hd, h), "attn_k": (s["kv_heads"] * hd, h),
                                    "attn_v": (s["kv_heads"] * hd, h), "attn_output": (h, s["heads"] * hd)}.items():
-            w.add_tensor(b + name + ".weight", _q4k(rows, cols, rng), raw_dtype=q4k)
+            w.add_tensor(b + name + ".weight", q4k_blocks(rows, cols, rng), raw_dtype=q4k)
         w.add_tensor(b + "ffn_gate_inp.weight", (rng.standard_normal((e, h)) * 0.05).astype(f32))
         for name, (rows, cols) in {"ffn_gate_exps": (ff, h), "ffn_up_exps": (ff, h), "ffn_down_exps": (h, ff)}.items():
-            w.add_tensor(b + name + ".weight", _q4k(e * rows, cols, rng).reshape(e, rows, -1), raw_dtype=q4k)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            w.add_tensor(b + name + ".weight", q4k_blocks(e * rows, cols, rng).reshape(e, rows, -1), raw_dtype=q4k)
+    finish(w)
 
 
 _RSS = """

@@ -44,6 +44,7 @@ SIGNATURES = {
     "agrt_attention": ([_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _F32, _P, _I32, _I32,
                         _F32], None),
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
+    "agrt_gelu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_argmax": ([_P, _I64, _I64, _I64, _P], None),
     "agrt_moe": ([_P, _P, _I64, _I64, _P], None),
     "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64], None),
@@ -67,7 +68,8 @@ class Moe(ctypes.Structure):  # AgrtMoe
 class Layer(ctypes.Structure):  # AgrtLayer
     _fields_ = [("attn_norm", _P), ("mlp_norm", _P), ("qkv", Linear), ("o", Linear),
                 ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P), ("moe", _P),
-                ("window", _I32)]
+                ("window", _I32), ("attn_post_norm", _P), ("mlp_post_norm", _P), ("cos", _P), ("sin", _P),
+                ("gelu", _I32), ("softcap", _F32)]
 
 
 class Dims(ctypes.Structure):  # AgrtDims

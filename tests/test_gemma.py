@@ -153,3 +153,27 @@ def test_softcapped_attention_reference_matches_the_kernel():
     plain = reference.paged_attention(q, kc, vc, meta, d ** -0.5, 9)
     assert (plain - want).abs().max().item() > 1e-2  # (the cap bites at these scores)
     assert np.isfinite(out.numpy()).all()
+
+
+@needs_native
+def test_all_layers_call_equals_layer_by_layer(case, monkeypatch):
+    """Quantized Gemma decode steps run every layer in one native call (post-norms, GeGLU,
+    softcap, local RoPE tables in C): the same numbers as the layer-by-layer fused path."""
+    from agentrt.model import fused
+
+    name, hf, root, (prompt, _, greedy, _) = case
+    model = load_model(str(root / "hf"), quantize="int8").model
+    assert fused.native_layers(model) is not None
+    one_call = decode_logits(model, prompt + greedy, "fused")
+    monkeypatch.setattr(fused, "native_layers", lambda m: None)
+    assert torch.equal(decode_logits(model, prompt + greedy, "fused"), one_call)
+
+
+@needs_native
+def test_gelu_mul_kernel_against_torch():
+    g = torch.Generator().manual_seed(2)
+    gu = torch.randn(7, 2 * 300, generator=g) * 3
+    out = torch.empty(7, 300)
+    native.load().agrt_gelu_mul(gu.data_ptr(), 7, 300, out.data_ptr())
+    gate, up = gu.split(300, -1)
+    torch.testing.assert_close(out, torch.nn.functional.gelu(gate, approximate="tanh") * up, atol=1e-5, rtol=1e-5)

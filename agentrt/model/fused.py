@@ -175,11 +175,9 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
             _moe(model, blk.mlp, st, h, x)
             continue
         gu = linear(blk.mlp.gate_up, h)
-        if blk.mlp.gelu or blk.mlp_post_norm is not None:  # (Gemma: GeGLU, the MLP's output normed)
-            _residual(st, blk.mlp.down, blk.mlp.act(*gu.split(blk.mlp.inter, -1)), x, blk.mlp_post_norm)
-            continue
-        st.lib.agrt_silu_mul(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
-        linear(blk.mlp.down, st.act, x, accumulate=True)
+        act = st.lib.agrt_gelu_mul if blk.mlp.gelu else st.lib.agrt_silu_mul  # (GeGLU: Gemma)
+        act(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
+        _residual(st, blk.mlp.down, st.act, x, blk.mlp_post_norm)
 
 
 def softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -238,10 +236,7 @@ def native_layers(model):
         return cached[1]
     slots = tuple((owner, name, getattr(owner, name)) for owner, name in linear_slots(model))
     ok = all(isinstance(lin, QLinear) and len(lin.parts) <= 3 for _, _, lin in slots)
-    # (layer by layer: OLMoE's whole-projection norms; Gemma's post-norms, GeGLU, softcap, local RoPE)
-    cfg = model.cfg
-    ok = ok and not any(b.attn.norm_all for b in model.blocks) and not cfg.sandwich_norms \
-        and cfg.mlp_act == "silu" and not cfg.attn_softcap and not cfg.local_rope_theta
+    ok = ok and not any(b.attn.norm_all for b in model.blocks)  # (OLMoE's norms: layer by layer)
     value = _describe(model) if ok else None
     model.fused_cache["layers"] = (slots, value)
     return value
@@ -254,7 +249,11 @@ def _describe(model):
     for i, blk in enumerate(model.blocks):
         arr[i].attn_norm, arr[i].mlp_norm = blk.attn_norm.data_ptr(), blk.mlp_norm.data_ptr()
         arr[i].q_norm, arr[i].k_norm = head_norms(blk.attn)
-        arr[i].window = blk.attn.window
+        arr[i].window, arr[i].softcap = blk.attn.window, blk.attn.softcap
+        arr[i].gelu = int(getattr(blk.mlp, "gelu", False))
+        arr[i].attn_post_norm, arr[i].mlp_post_norm = _ptr(blk.attn_post_norm), _ptr(blk.mlp_post_norm)
+        if blk.attn.local_rope:  # (Gemma 3's local layers turn by their own table)
+            arr[i].cos, arr[i].sin = model.rope_local.cos.data_ptr(), model.rope_local.sin.data_ptr()
         _fill_linear(arr[i].qkv, blk.attn.qkv)
         _fill_linear(arr[i].o, blk.attn.o)
         if isinstance(blk.mlp, MoE):

@@ -24,6 +24,7 @@ void agrt_attention(const float* q, const void* k_cache, const void* v_cache, co
                     int32_t kv_half, int32_t window, float softcap);
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
+void agrt_gelu_mul(const float* gu, int64_t T, int64_t I, float* out);
 struct AgrtMoe;
 void agrt_moe(const AgrtMoe* moe, const float* h, int64_t T, int64_t hidden, float* x);
 }
@@ -41,6 +42,10 @@ struct AgrtLayer {
   const float* q_norm; const float* k_norm;  // per-head q/k RMSNorm weights [head_dim] (Qwen3), or null
   const struct AgrtMoe* moe;  // mixture-of-experts MLP (csrc/moe.cpp) instead of gate_up/down, or null
   int32_t window;  // sliding-window attention: the keys each query sees (0: all)
+  // Gemma: norms of the attention's / MLP's output before the residual add (or null), this
+  // layer's RoPE tables (Gemma 3's local layers; null: the call's), GeGLU, attention softcap
+  const float* attn_post_norm; const float* mlp_post_norm; const float* cos; const float* sin;
+  int32_t gelu; float softcap;
 };
 // A mixture-of-experts MLP: router [n_experts, hidden] fp32, the experts' gate_up [2 * inter
 // out] and down [hidden out] linears (n_experts each).

@@ -30,23 +30,32 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
   float* att = agrt_scratch<float>(kSlotAtt, (size_t)(T * hd));
   float* gu = agrt_scratch<float>(kSlotGu, (size_t)(T * 2 * d->inter));
   float* act = agrt_scratch<float>(kSlotAct, (size_t)(T * d->inter));
+  float* post = agrt_scratch<float>(kSlotPost, (size_t)(T * d->hidden));
+  // x += y(in), or x += rmsnorm(y(in)) where the layer norms its output (Gemma)
+  auto residual = [&](const AgrtLinear& l, const float* in, int64_t ld, const float* norm) {
+    if (!norm) return agrt::linear(l, in, T, ld, x, d->hidden, true);
+    agrt::linear(l, in, T, ld, post, d->hidden, false);
+    agrt_rmsnorm(post, T, d->hidden, d->hidden, norm, d->eps, post);
+    for (int64_t i = 0; i < T * d->hidden; ++i) x[i] += post[i];
+  };
   for (int32_t i = 0; i < nlayers; ++i) {
     const AgrtLayer& L = layers[i];
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h);
     agrt::linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
-    agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, cos_t, sin_t, slots, L.q_norm,
+    agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, L.cos ? L.cos : cos_t, L.sin ? L.sin : sin_t,
+                    slots, L.q_norm,
                     L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_half);
     agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
                    nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_half,
-                   L.window, 0.f);
-    agrt::linear(L.o, att, T, hd, x, d->hidden, true);
+                   L.window, L.softcap);
+    residual(L.o, att, hd, L.attn_post_norm);
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h);
     if (L.moe) {
       agrt_moe(L.moe, h, T, d->hidden, x);
       continue;
     }
     agrt::linear(L.gate_up, h, T, d->hidden, gu, 2LL * d->inter, false);
-    agrt_silu_mul(gu, T, d->inter, act);
-    agrt::linear(L.down, act, T, d->inter, x, d->hidden, true);
+    (L.gelu ? agrt_gelu_mul : agrt_silu_mul)(gu, T, d->inter, act);
+    residual(L.down, act, d->inter, L.mlp_post_norm);
   }
 }

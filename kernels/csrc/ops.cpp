@@ -161,4 +161,20 @@ void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out) {
   }
 }
 
+// out[t, :] = gelu_tanh(gu[t, :I]) * gu[t, I:] (GeGLU, Gemma): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))),
+// torch's gelu(approximate="tanh")
+void agrt_gelu_mul(const float* gu, int64_t T, int64_t I, float* out) {
+  const float beta = 0.7978845608028654f, kappa = 0.044715f;
+#pragma omp parallel for schedule(static) if (T * I > 1 << 18)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = gu + t * 2 * I;
+    const float* u = g + I;
+    float* o = out + t * I;
+    for (int64_t i = 0; i < I; ++i) {
+      const float x = g[i], inner = beta * (x + kappa * x * x * x);
+      o[i] = 0.5f * x * (1.f + std::tanh(inner)) * u[i];
+    }
+  }
+}
+
 }  // extern "C"

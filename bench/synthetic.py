@@ -1,0 +1,58 @@
+"""Random-weight GGUF files of realistic shapes for the benchmarks: written with gguf's writer,
+tokenized by the embedded SmolLM2 tokenizer (copied into each file), so llama.cpp loads them as
+it would a real model. Files go to ~/.cache/agentrt/bench, written once per shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+CACHE = Path.home() / ".cache" / "agentrt" / "bench"
+
+
+def cached_gguf(name: str, write: Callable[[Path], None]) -> Path:
+    """CACHE/name, written by `write(path)` on first use (atomically)."""
+    path = CACHE / name
+    if not path.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        write(tmp)
+        tmp.replace(path)
+    return path
+
+
+def add_smollm2_tokenizer(w) -> int:
+    """Copy the embedded SmolLM2 GGUF's tokenizer and chat template into writer `w`; its vocab size."""
+    from agentrt.model.loaders.files import resolve_source
+    from agentrt.model.loaders.gguf_reader import GGUFFile
+
+    tok = GGUFFile(resolve_source("smollm2-135m")).fields
+    w.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
+    w.add_pad_token_id(tok["tokenizer.ggml.padding_token_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(tok["tokenizer.chat_template"])
+    return len(tok["tokenizer.ggml.tokens"])
+
+
+def q4k_blocks(rows: int, cols: int, rng) -> np.ndarray:
+    """Random Q4_K blocks [rows, bytes] (gguf has no K quantizer): d ~ U(1e-4, 5e-4) and
+    dmin = 7.5 d, so that weights centre on 0."""
+    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+    d = rng.uniform(1e-4, 5e-4, blocks.shape[0]).astype(np.float32)
+    blocks[:, 0:4] = np.stack([d, 7.5 * d], 1).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def finish(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
