@@ -79,7 +79,7 @@ def test_a_rows_logits_are_bitwise_the_same_alone_chunked_cached_and_batched(arc
 @pytest.mark.parametrize("window", [0, 5, 21, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 16), (4, 4, 64), (8, 2, 64), (4, 2, 128), (3, 1, 48),
-                                              (4, 2, 12)])
+                                              (4, 2, 12), (4, 1, 256)])
 def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads, d, window):
     """Full causal attention and sliding windows (a query sees its last `window` keys) against
     torch, and each row the same bits whatever chunk it is computed in."""

@@ -14,6 +14,8 @@
 // the 16-aligned block holding key n - window, the keys before n - window there scored -inf
 // (probability exactly 0): adding exact zeros changes no sum, so the result is the same as a
 // scan from key 0 with those keys masked, and still a function of the row alone.
+#include <omp.h>
+
 #include "common.h"
 #include "api.h"
 
@@ -255,6 +257,8 @@ void run_task(const Task<T>& t) {
     scores_avx<4>(t, kf);
   } else if (t.D == 128) {
     scores_avx<8>(t, kf);
+  } else if (t.D == 256) {  // (Gemma)
+    scores_avx<16>(t, kf);
   } else {
     scores_generic(t, kf);
   }
@@ -273,6 +277,7 @@ void run_task(const Task<T>& t) {
 #ifdef __AVX512F__
   if (t.D == 64) return values_avx<4, 6>(t);
   if (t.D == 128) return values_avx<8, 3>(t);
+  if (t.D == 256) return values_avx<16, 1>(t);
 #endif
   values_generic(t);
 }
@@ -286,7 +291,9 @@ struct AttnArgs {
 };
 
 // One task = up to kRowsPerTask query rows of a sequence x one KV head, with the H/Hkv query
-// heads that share it. Tasks go to threads round-robin (a causal chunk's later rows cost more).
+// heads that share it (all of them, or a share of them when there are fewer tasks than threads:
+// a decode step of a model with one KV head, Gemma's, is otherwise one task). Tasks go to threads
+// round-robin (a causal chunk's later rows cost more). No row's sums depend on the split.
 template <typename T>
 void attention(const AttnArgs& a, const T* k_cache, const T* v_cache) {
   int64_t* first = agrt_scratch<int64_t>(kSlotTasks, (size_t)(a.nseq + 1));
@@ -295,18 +302,23 @@ void attention(const AttnArgs& a, const T* k_cache, const T* v_cache) {
     const int64_t b = a.seqs[i];
     first[i + 1] = first[i] + (a.cu_q[b + 1] - a.cu_q[b] + kRowsPerTask - 1) / kRowsPerTask * a.Hkv;
   }
-  const int group = a.H / a.Hkv;
-#pragma omp parallel for schedule(static, 1) if (first[a.nseq] > 1)
-  for (int64_t task = 0; task < first[a.nseq]; ++task) {
-    const int64_t i = std::upper_bound(first, first + a.nseq + 1, task) - first - 1;
-    const int64_t b = a.seqs[i], local = task - first[i];
-    const int64_t q0 = local / a.Hkv * kRowsPerTask, hk = local % a.Hkv;
+  const int group = a.H / a.Hkv, threads = omp_get_max_threads();
+  int split = 1;  // query-head shares per KV head
+  while (first[a.nseq] * split < threads && group % (split * 2) == 0) split *= 2;
+  const int sub = group / split;
+  const int64_t ntasks = first[a.nseq] * split;
+#pragma omp parallel for schedule(static, 1) if (ntasks > 1)
+  for (int64_t task = 0; task < ntasks; ++task) {
+    const int64_t i = std::upper_bound(first, first + a.nseq + 1, task / split) - first - 1;
+    const int64_t b = a.seqs[i], local = task - first[i] * split;
+    const int64_t q0 = local / (a.Hkv * split) * kRowsPerTask, hk = local / split % a.Hkv;
+    const int64_t head0 = hk * group + local % split * sub;  // this task's first query head
     const int64_t qlen = a.cu_q[b + 1] - a.cu_q[b], nr = std::min<int64_t>(kRowsPerTask, qlen - q0);
     const int64_t n0 = a.kv_lens[b] - qlen + q0 + 1, row0 = a.cu_q[b] + q0;  // row q0 sees keys 0..n0-1
-    float* sc = agrt_scratch<float>(kSlotScores, (size_t)(nr * group * (n0 + nr - 1)));
+    float* sc = agrt_scratch<float>(kSlotScores, (size_t)(nr * sub * (n0 + nr - 1)));
     const Task<T> t{k_cache, v_cache, a.page_table + b * a.max_pages, a.S, (int64_t)a.Hkv * a.D,
-                    hk * a.D, a.q + (row0 * a.H + hk * group) * a.D, a.out + (row0 * a.H + hk * group) * a.D,
-                    (int64_t)a.H * a.D, n0, nr, n0 + nr - 1, group, a.D, a.scale, sc, a.window, a.softcap};
+                    hk * a.D, a.q + (row0 * a.H + head0) * a.D, a.out + (row0 * a.H + head0) * a.D,
+                    (int64_t)a.H * a.D, n0, nr, n0 + nr - 1, sub, a.D, a.scale, sc, a.window, a.softcap};
     run_task(t);
   }
 }
