@@ -154,3 +154,27 @@ def test_requests_that_cannot_fit_together_fail_instead_of_livelocking():
     with pytest.raises(OutOfKVMemory, match="high-water"):
         core.add_request([1] * 240, SamplingParams(max_tokens=8), events.append,
                          seq_id=core.pool.acquire("transient", 0))
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_sessions_of_equal_length_with_different_histories_are_never_grouped(radix):
+    """Two sessions hold different histories of the same length; their next turns, admitted in
+    one step, begin with the same 20 tokens. Prefix grouping must not make one alias the other's
+    KV (it once keyed candidates on the match point and the next tokens only): each reply equals
+    naive decoding of its own history, and no page is listed under two token runs."""
+    model = tiny_model("llama")
+    core = EngineCore(model, EngineConfig(kv_cache_tokens=4096, enable_radix_cache=radix, prefix_group_k=8))
+    rng = random.Random(5)
+    hists = [[rng.randrange(V) for _ in range(40)] for _ in range(2)]
+    sessions = [core.open_session(core.pool.acquire("session", 0), tag=f"s{i}") for i in range(2)]
+    for h, s in zip(hists, sessions):  # first turns, one at a time: each session holds its 40 tokens
+        submit(core, h, SamplingParams(max_tokens=1), session=s)
+        drain(core)
+        assert s.seq.num_cached == 40
+    common = [rng.randrange(V) for _ in range(20)]
+    sp = SamplingParams(max_tokens=6)
+    reqs = [submit(core, h + common, sp, session=s) for h, s in zip(hists, sessions)]
+    drain(core)
+    for r, h in zip(reqs, hists):
+        assert r.output == generate(model, h + common, sp)
+    assert core.counters.grouped_tokens == 0

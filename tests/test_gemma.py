@@ -177,3 +177,15 @@ def test_gelu_mul_kernel_against_torch():
     native.load().agrt_gelu_mul(gu.data_ptr(), 7, 300, out.data_ptr())
     gate, up = gu.split(300, -1)
     torch.testing.assert_close(out, torch.nn.functional.gelu(gate, approximate="tanh") * up, atol=1e-5, rtol=1e-5)
+
+
+def test_window_pattern_from_gguf_metadata():
+    """`{arch}.attention.sliding_window_pattern` where a file has it (every n-th layer global,
+    or one flag per layer), else the family's pattern."""
+    from agentrt.model.loaders.gemma import sliding_layers
+
+    assert sliding_layers("gemma3", 7) == (True,) * 5 + (False, True)
+    assert sliding_layers("gemma2", 4) == (True, False, True, False)
+    assert sliding_layers("gemma3", 4, pattern=2) == (True, False, True, False)
+    assert sliding_layers("gemma3", 3, pattern=[True, False, False]) == (True, False, False)
+    assert sliding_layers("gemma2", 2, layer_types=["full_attention", "sliding_attention"]) == (False, True)

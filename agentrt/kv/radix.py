@@ -260,8 +260,12 @@ class RadixCache(TierMoves):
                    for p in n.pages if self.alloc.refcount(p) == 1)
 
     def check_invariants(self) -> None:
-        entries = []
+        entries, owner = [], {}
         for n in self._nodes():
+            for p in n.pages:  # a page holds one run of tokens: one node lists it
+                if owner.setdefault(p, n) is not n:
+                    raise AssertionError(f"radix page {p} is listed by two nodes (tags {owner[p].tag!r}, {n.tag!r}, "
+                                         f"starts {owner[p].start}, {n.start})")
             if n.resident and len(n.key) != len(n.pages) * self.ps:
                 raise AssertionError("radix node key/pages length mismatch")
             if n.host is not None:

@@ -46,20 +46,22 @@ def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,
 
 
 def group_new_requests(reqs: list[Request], k: int) -> None:
-    """Among requests admitted together, make followers of requests whose next k tokens past
-    their match point hash alike and are truly identical: a follower waits until its leader
-    holds the shared block, then aliases it instead of prefilling it again."""
-    leaders: dict[tuple, Request] = {}
+    """Among requests admitted together, make followers of requests whose targets are identical
+    from token 0 to at least k tokens past their match point: a follower waits until its leader
+    holds the shared block, then aliases the leader's pages for all of it (so the tokens before
+    the match point must be the same too: two sessions at the same length with different
+    histories share nothing). Candidates are found by a hash of the next k tokens and checked
+    from token 0."""
+    leaders: dict[tuple, list[Request]] = {}
     for r in reqs:
         start, tgt = r.seq.num_cached, r.target
         if len(tgt) - start <= k:
             continue
-        key = (r.cache_salt, start, fnv1a(tgt[start:start + k]))
-        lead = leaders.get(key)
-        if lead is None:
-            leaders[key] = r
-            continue
-        shared = start + common_prefix(lead.target[start:], tgt[start:])
-        shared = min(shared, len(tgt) - 1, len(lead.target) - 1)
-        if shared - start >= k:
-            r.leader, r.share_end = lead, shared
+        candidates = leaders.setdefault((r.cache_salt, start, fnv1a(tgt[start:start + k])), [])
+        for lead in candidates:
+            shared = min(common_prefix(lead.target, tgt), len(tgt) - 1, len(lead.target) - 1)
+            if shared - start >= k:
+                r.leader, r.share_end = lead, shared
+                break
+        else:
+            candidates.append(r)

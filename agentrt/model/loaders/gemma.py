@@ -28,10 +28,17 @@ GGUF_NORMS = {"attn_norm": "input_layernorm", "post_attention_norm": "post_atten
               "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 
 
-def sliding_layers(arch: str, n: int, layer_types: list[str] | None = None) -> tuple[bool, ...]:
+def sliding_layers(arch: str, n: int, layer_types: list[str] | None = None,
+                   pattern: int | list | None = None) -> tuple[bool, ...]:
+    """Which of n layers slide: config.json's layer_types, else a GGUF's
+    `{arch}.attention.sliding_window_pattern` (every pattern-th layer global, or one flag per
+    layer), else the family's pattern."""
     if layer_types:
         return tuple(t == "sliding_attention" for t in layer_types)
-    return tuple(bool((i + 1) % PATTERN[arch]) for i in range(n))
+    if isinstance(pattern, list) and len(pattern) == n:
+        return tuple(bool(x) for x in pattern)
+    every = int(pattern) if isinstance(pattern, int) and pattern > 0 else PATTERN[arch]
+    return tuple(bool((i + 1) % every) for i in range(n))
 
 
 def hf_rope(raw: dict[str, Any], arch: str) -> tuple[dict[str, Any], float]:

@@ -133,7 +133,8 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     n_layers = int(need("block_count"))
     family, windows = {"qk_norm": ours in ("qwen3", "qwen3_moe", "olmoe")}, None
     if ours in gemma.PATTERN:
-        family, windows = gemma.gguf_fields(meta, arch), gemma.sliding_layers(ours, n_layers)
+        family = gemma.gguf_fields(meta, arch)
+        windows = gemma.sliding_layers(ours, n_layers, pattern=meta.get(f"{arch}.attention.sliding_window_pattern"))
     return ModelConfig(
         arch=ours,
         vocab_size=int(vocab),
