@@ -103,3 +103,39 @@ def test_engine_past_the_window_matches_one_sequence(case, quantize):
     assert core.counters.prompt_cached > 0
     for r, (p, sp) in zip(reqs, work):
         assert r.output == generate(model, p, sp, path="eager" if quantize == "none" else None)
+
+
+@needs_native
+def test_session_fork_rollback_and_snapshot_past_the_window(case):
+    """The operations that need history beyond the window (a rollback to before it, a fork
+    that continues from a point, a snapshot restored elsewhere) stay exact: the KV keeps every
+    position. Each continuation equals generate() on its own token history."""
+    from agentrt.config import EngineConfig
+    from agentrt.engine.core import EngineCore
+    from tests.engine_util import drain, submit
+
+    _, _, root, _ = case
+    model = load_model(str(root / "hf"), quantize="int8").model
+    core = EngineCore(model, EngineConfig(kv_cache_tokens=4096, chunk_min=16, chunk_max=16, response_cache_size=0))
+    g = torch.Generator().manual_seed(13)
+    hist = torch.randint(0, 320, (90,), generator=g).tolist()  # almost 4 windows
+    sp = SamplingParams(max_tokens=12)
+    es = core.open_session(core.pool.acquire("session", 0), tag="main")
+    r = submit(core, hist, sp, session=es)
+    drain(core)
+    assert r.output == generate(model, hist, sp)
+    fork = core.fork_session(es, core.pool.acquire("session", 0), tag="fork")
+    data = core.export_session(es)
+    core.rollback_session(es, 10)  # back to before the window of every later position
+    more = torch.randint(0, 320, (30,), generator=g).tolist()
+    for session, prompt in ((es, hist[:10] + more), (fork, hist + r.output[:-1] + more)):
+        q = submit(core, prompt, sp, session=session)
+        drain(core)
+        assert q.output == generate(model, prompt, sp)
+    restored = core.import_session(core.pool.acquire("session", 0), data, tag="restored", cache_salt=None)
+    q = submit(core, hist + r.output[:-1] + more[:5], sp, session=restored)
+    drain(core)
+    assert q.output == generate(model, hist + r.output[:-1] + more[:5], sp)
+    for s in (es, fork, restored):
+        core.close_session(s)
+    core.check_invariants()
