@@ -2,7 +2,9 @@
 
 Per layer: rmsnorm -> qkv GEMM -> rope + KV store (Qwen3: each q/k head RMS-normalised first, in
 the same call) -> paged attention -> o GEMM added into the residual -> rmsnorm -> gate_up GEMM ->
-silu*up -> down GEMM added into the residual. When every layer is quantized and every sequence
+silu*up -> down GEMM added into the residual (Gemma: gelu*up, and the attention's and the MLP's
+outputs RMS-normed before they are added; a mixture-of-experts layer: routing and the grouped
+expert GEMMs in one call, model/moe.py). When every layer is quantized and every sequence
 attends in the kernel, all layers run in one native call (`agrt_decoder_layers`, same kernels,
 same order); otherwise layer by layer from Python. The eager torch forward
 (`LlamaModel.forward_eager`) issues ~40 small ops per layer; on a 2-core CPU their dispatch
