@@ -182,3 +182,27 @@ def test_an_agent_whose_tool_asks_that_agent_gets_a_tool_error_not_a_deadlock():
     assert result.tool_results and all(r.is_error and "AskCycle" in r.content for r in result.tool_results)
     assert "a -> a" in result.tool_results[0].content
     assert again.rounds >= 1
+
+
+def test_a_crash_on_a_failed_engine_is_not_restarted():
+    """EngineFailed (and EngineClosed) cannot be fixed by a restart: the actor stops at once,
+    its stop told it is not restarting, instead of backing off through its restart budget."""
+    from agentrt.errors import EngineFailed
+
+    class Dead(Echo):
+        async def stop(self, ctx, restarting):
+            self.stops += 1
+            self.restarting = restarting
+
+        async def handle(self, msg, ctx):
+            raise EngineFailed("the engine's step thread stopped")
+
+    async def fn(rt):
+        b = Dead()
+        ref = await rt.spawn(b, name="d", supervision=Supervision(max_restarts=5, window_s=60, backoff_s=1.0))
+        with pytest.raises(EngineFailed):
+            await ref.ask("x")
+        with anyio.fail_after(0.5):  # (a restart would first sleep backoff_s)
+            await ref.join()
+        assert b.starts == 1 and b.stops == 1 and b.restarting is False
+    run(fn)

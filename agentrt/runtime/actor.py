@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from agentrt.errors import ActorStopped, AskCycle, AskTimeout, ConfigError, MailboxFull, RequestCancelled
+from agentrt.errors import (ActorStopped, AskCycle, AskTimeout, ConfigError, EngineClosed, EngineFailed, MailboxFull,
+                            RequestCancelled)
 from agentrt.runtime.supervision import RestartTracker, Supervision
 from agentrt.workflow import TaskContext, current_task, new_task_id, task_scope
 
@@ -211,7 +212,7 @@ class ActorRef:
         tracker = RestartTracker(self.supervision)
         try:
             while await self._run_once(ctx, tracker):
-                delay = tracker.next_delay()
+                delay = tracker.next_delay() if self._restartable() else None
                 if delay is None:
                     log.warning("actor stopped after failure", actor=self.name, restarts=tracker.total)
                     return
@@ -224,6 +225,11 @@ class ActorRef:
                     env.fail(ActorStopped(f"actor {self.name!r} has stopped{self._why()}"))
                 self._recv.close()
             self._stopped.set()
+
+    def _restartable(self) -> bool:
+        """A crash on a closed or failed engine is not restarted: nothing a restart does brings
+        the engine back, and the backoff would only delay every ask's error."""
+        return not isinstance(self.error, (EngineClosed, EngineFailed))
 
     async def _run_once(self, ctx: ActorContext, tracker: RestartTracker) -> bool:
         """Run until the mailbox closes (False) or a handler crashes (True: maybe restart). A start
@@ -249,7 +255,7 @@ class ActorRef:
                 # shielded (a cancelled actor still releases what it holds), but bounded
                 bound = getattr(ctx.runtime, "shutdown_timeout", math.inf)
                 with anyio.CancelScope(shield=True, deadline=anyio.current_time() + bound) as scope:
-                    await self.behavior.stop(ctx, restarting=crashed and tracker.can_restart())
+                    await self.behavior.stop(ctx, restarting=crashed and self._restartable() and tracker.can_restart())
                 if scope.cancelled_caught:
                     log.warning("actor stop did not finish within shutdown_timeout", actor=self.name)
 
