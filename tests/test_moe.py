@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (Qwen3-MoE, Mixtral, OLMoE) against transformers, and the grouped
+"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral, OLMoE) against transformers, and the grouped
 native expert GEMM against a per-token reference.
 
 Each family is a tiny random transformers model (4 experts, top 2), saved with save_pretrained
@@ -36,6 +36,9 @@ IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 FAMILIES = {
     "qwen3_moe": ("Qwen3Moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, head_dim=32,
                                    norm_topk_prob=True, tie_word_embeddings=True), "qwen3moe"),
+    "qwen2_moe": ("Qwen2Moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                   shared_expert_intermediate_size=96, norm_topk_prob=False,
+                                   tie_word_embeddings=False), "qwen2moe"),
     "mixtral": ("Mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
                                 tie_word_embeddings=False), "llama"),
     "olmoe": ("Olmoe", dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False),
@@ -43,7 +46,9 @@ FAMILIES = {
 }
 _LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
+          "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+          "mlp.shared_expert.down_proj": "ffn_down_shexp"}
 
 
 def make_hf(name: str, **overrides):
@@ -86,8 +91,10 @@ def write_moe_gguf(path: Path, hf, arch: str, experts_q: dict | None = None, qty
     n_experts = getattr(c, "num_local_experts", None) or c.num_experts
     w.add_expert_count(n_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     for name, array in _gguf_tensors(hf, arch, experts_q or {}):
         if isinstance(array, tuple):
             w.add_tensor(name, array[0], raw_dtype=array[1])
@@ -117,6 +124,10 @@ def _gguf_tensors(hf, arch: str, experts_q: dict):
             if arch == "llama" and hf_name in ("self_attn.q_proj", "self_attn.k_proj"):
                 t = llamacpp_permute(t, c.num_attention_heads if "q_" in hf_name else c.num_key_value_heads)
             yield f"blk.{i}.{g_name}.weight", t.numpy()
+            if p + hf_name + ".bias" in sd:  # (Qwen2-MoE's q/k/v biases)
+                yield f"blk.{i}.{g_name}.bias", sd[p + hf_name + ".bias"].numpy()
+        if p + "mlp.shared_expert_gate.weight" in sd:  # (a [hidden] vector in llama.cpp's files)
+            yield f"blk.{i}.ffn_gate_inp_shexp.weight", sd[p + "mlp.shared_expert_gate.weight"].reshape(-1).numpy()
         gate_up, down = (t.detach().float() for t in experts_of(hf, i))
         inter = gate_up.shape[1] // 2
         for part, t in (("gate", gate_up[:, :inter]), ("up", gate_up[:, inter:]), ("down", down)):
@@ -172,7 +183,8 @@ def test_moe_matches_transformers(family, source, path):
     model = load_model(str(root / source), quantize="none", forward=path).model
     cfg = model.cfg
     assert (cfg.arch, cfg.num_experts, cfg.experts_per_token) == (name, 4, 2)
-    assert cfg.norm_topk_prob == (name != "olmoe") and isinstance(model.blocks[0].mlp, MoE)
+    assert cfg.norm_topk_prob == (name not in ("olmoe", "qwen2_moe")) and isinstance(model.blocks[0].mlp, MoE)
+    assert (model.blocks[0].mlp.shared is not None) == (name == "qwen2_moe")
     assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
     assert generate(model, prompt, SamplingParams(max_tokens=NEW_TOKENS)) == greedy
     assert (decode_logits(model, prompt + greedy, path) - tail).abs().max().item() < 1e-4
@@ -188,7 +200,7 @@ def test_q8_experts_stay_quantized_and_match_transformers(family):
     assert isinstance(expert.gate_up, QLinear) and expert.gate_up.parts[0].bits == 8
     from agentrt.model import fused
 
-    assert (fused.native_layers(model) is None) == (name == "olmoe")
+    assert (fused.native_layers(model) is None) == (name in ("olmoe", "qwen2_moe"))
     ours = prompt_logits(model, prompt)
     # the same Q8_0 weights dequantized, in fp32 (the weights' own rounding is not the kernel's)
     exact = prompt_logits(load_model(str(root / "q8.gguf"), quantize="none").model, prompt)

@@ -10,13 +10,14 @@ from agentrt.errors import ConfigError, UnsupportedModel
 # llama: Llama 1-3, SmolLM2; mistral: Llama's layers (full attention only); qwen2: qkv bias;
 # qwen3: per-head RMSNorm on q and k before RoPE, head_dim set explicitly; phi3: Llama's layers
 # with fused qkv / gate_up projections (split at load), long-RoPE, partial rotary (Phi-4-mini);
-# mixture-of-experts (model/moe.py): qwen3_moe (Qwen3's attention), mixtral (Llama's attention),
+# mixture-of-experts (model/moe.py): qwen3_moe (Qwen3's attention), qwen2_moe (Qwen2's, a shared
+# expert), mixtral (Llama's attention),
 # olmoe (RMSNorm over the whole q and k projections)
 # gemma2 / gemma3 (text): embeddings scaled by sqrt(hidden), GeGLU, norms before and after attention
 # and MLP, a query scale of their own; Gemma 2 softcaps attention scores and final logits, Gemma 3
 # has q/k head norms and a RoPE base of its own on its sliding-window layers
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe", "gemma2",
-                   "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
+                   "gemma2", "gemma3")
 MLP_ACTS = ("silu", "gelu_tanh")
 QK_NORM_SPANS = ("head", "all")
 
@@ -58,6 +59,8 @@ class ModelConfig:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    # a shared expert every token runs, weighted by sigmoid(h . shared_gate) (Qwen2-MoE; 0: none)
+    shared_expert_intermediate_size: int = 0
     # sliding-window attention: a query at position p attends keys (p - sliding_window, p] on the
     # layers `window_layers` marks (None: every layer); 0: full attention everywhere
     sliding_window: int = 0

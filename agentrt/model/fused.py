@@ -208,6 +208,8 @@ def _moe(model, moe: MoE, st: _Step, h: torch.Tensor, x: torch.Tensor) -> None:
         cached = (moe, describe_moe(moe, _fill_linear), [(e.gate_up, e.down) for e in moe.experts])
         model.fused_cache[key] = cached
     run_moe(st.lib, cached[1], h, x)
+    if moe.shared is not None:  # (Qwen2-MoE: the shared expert, in torch)
+        x.add_(moe.shared_part(h))
 
 
 def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
@@ -238,7 +240,8 @@ def native_layers(model):
         return cached[1]
     slots = tuple((owner, name, getattr(owner, name)) for owner, name in linear_slots(model))
     ok = all(isinstance(lin, QLinear) and len(lin.parts) <= 3 for _, _, lin in slots)
-    ok = ok and not any(b.attn.norm_all for b in model.blocks)  # (OLMoE's norms: layer by layer)
+    # (layer by layer: OLMoE's whole-projection norms, Qwen2-MoE's shared experts)
+    ok = ok and not any(b.attn.norm_all or getattr(b.mlp, "shared", None) is not None for b in model.blocks)
     value = _describe(model) if ok else None
     model.fused_cache["layers"] = (slots, value)
     return value

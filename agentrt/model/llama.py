@@ -194,8 +194,12 @@ class LlamaModel(nn.Module):
     def _copy_moe(self, moe: MoE, w: dict, p: str) -> None:
         router = materialize(w[p + "gate.weight"])
         moe.router.copy_(router.dequantize() if isinstance(router, QuantMatrix) else router)
-        for j, expert in enumerate(moe.experts):
-            e = f"{p}experts.{j}."
+        experts = [(f"{p}experts.{j}.", x) for j, x in enumerate(moe.experts)]
+        if moe.shared is not None:
+            experts.append((p + "shared_expert.", moe.shared))
+            gate = materialize(w[p + "shared_expert_gate.weight"])
+            moe.shared_gate.copy_((gate.dequantize() if isinstance(gate, QuantMatrix) else gate).reshape(1, -1))
+        for e, expert in experts:
             self._set_linear(expert, "gate_up", [w[e + "gate_proj.weight"], w[e + "up_proj.weight"]])
             self._set_linear(expert, "down", [w[e + "down_proj.weight"]])
 

@@ -3,7 +3,9 @@
 Routing, as all three families define it: router logits = h @ W_r^T; softmax over every expert
 in float32; the `experts_per_token` largest probabilities are the token's experts and weights,
 renormalised to sum to 1 when `norm_topk_prob` (Mixtral always; Qwen3-MoE per config; OLMoE not).
-None of the three has a shared expert.
+Qwen2-MoE adds a shared expert that every token runs, weighted by sigmoid(h . w_shared_gate)
+(the torch path; the grouped kernel runs the routed experts and the layer-by-layer fused path
+adds the shared one).
 
 Two paths give the same routing and experts:
   * `forward` (torch): per expert, the tokens routed to it in one GEMM each (gate_up, down), the
@@ -51,6 +53,10 @@ class MoE(nn.Module):
         self.router = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, dtype=dtype), requires_grad=False)
         self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.expert_intermediate_size, dtype)
                                      for _ in range(cfg.num_experts))
+        shared = cfg.shared_expert_intermediate_size
+        self.shared = Expert(cfg.hidden_size, shared, dtype) if shared else None
+        self.shared_gate = nn.Parameter(torch.empty(1, cfg.hidden_size, dtype=dtype), requires_grad=False) \
+            if shared else None
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, expert ids [T, k]) of each token."""
@@ -67,7 +73,11 @@ class MoE(nn.Module):
             rows, slot = (ids == e).nonzero(as_tuple=True)
             y = self.experts[e](h[rows])
             out.index_add_(0, rows, y * weights[rows, slot, None].to(y.dtype))
-        return out
+        return out if self.shared is None else out + self.shared_part(h)
+
+    def shared_part(self, h: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output, weighted by its sigmoid gate (Qwen2-MoE)."""
+        return torch.sigmoid(h @ self.shared_gate.t()) * self.shared(h)
 
     def quantized(self) -> bool:
         return all(isinstance(x.gate_up, QLinear) and isinstance(x.down, QLinear) and len(x.gate_up.parts) <= 3

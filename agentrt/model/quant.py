@@ -116,7 +116,8 @@ def linear_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
     slots = []
     for block in model.blocks:
         slots += [(block.attn, "qkv"), (block.attn, "o")]
-        mlps = block.mlp.experts if hasattr(block.mlp, "experts") else [block.mlp]
+        mlps = [*block.mlp.experts, *([block.mlp.shared] if block.mlp.shared is not None else [])] \
+            if hasattr(block.mlp, "experts") else [block.mlp]
         slots += [(mlp, name) for mlp in mlps for name in ("gate_up", "down")]
     return slots
 

@@ -135,6 +135,10 @@ def _mlp_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
         i = config.intermediate_size
         return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
     i, shapes = config.expert_intermediate_size, {p + "gate.weight": (config.num_experts, h)}
+    if config.shared_expert_intermediate_size:
+        s = config.shared_expert_intermediate_size
+        shapes |= {p + "shared_expert_gate.weight": (1, h), p + "shared_expert.gate_proj.weight": (s, h),
+                   p + "shared_expert.up_proj.weight": (s, h), p + "shared_expert.down_proj.weight": (h, s)}
     for j in range(config.num_experts):
         e = f"{p}experts.{j}."
         shapes |= {e + "gate_proj.weight": (i, h), e + "up_proj.weight": (i, h), e + "down_proj.weight": (h, i)}

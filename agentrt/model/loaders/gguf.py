@@ -52,11 +52,13 @@ _LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 _PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _PERMUTED_ARCHS = ("llama", "mistral", "mixtral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
 # mixture-of-experts: the router, and each of gate/up/down as one [experts, out, in] tensor
-_MOE_NAMES = {"ffn_gate_inp": "mlp.gate"}
+_MOE_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+              "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+              "ffn_down_shexp": "mlp.shared_expert.down_proj"}
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_ARCH_NAMES = {"qwen3moe": "qwen3_moe"}  # GGUF architecture -> ours (llama + experts: "mixtral")
+_ARCH_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # GGUF architecture -> ours (llama + experts: "mixtral")
 # top-k weights renormalised, as llama.cpp runs each family (unless {arch}.expert_weights_norm says)
-_NORM_TOPK = {"qwen3_moe": True, "mixtral": True, "olmoe": False}
+_NORM_TOPK = {"qwen3_moe": True, "qwen2_moe": False, "mixtral": True, "olmoe": False}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -167,7 +169,8 @@ def _experts(meta: dict[str, Any], arch: str, ours: str, need) -> dict[str, Any]
     inter = meta.get(f"{arch}.expert_feed_forward_length") or need("feed_forward_length")
     norm = meta.get(f"{arch}.expert_weights_norm", _NORM_TOPK.get(ours, True))
     return {"num_experts": count, "experts_per_token": int(need("expert_used_count")),
-            "expert_intermediate_size": int(inter), "norm_topk_prob": bool(norm)}
+            "expert_intermediate_size": int(inter), "norm_topk_prob": bool(norm),
+            "shared_expert_intermediate_size": int(meta.get(f"{arch}.expert_shared_feed_forward_length") or 0)}
 
 
 def _kv_heads(value: int | list[int]) -> int:
@@ -228,6 +231,8 @@ def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
             rows = value.shape[0] // config.num_experts
             for j in range(config.num_experts):
                 weights[name.format(j)] = layout_rows(value, slice(j * rows, (j + 1) * rows))
+        elif name.endswith("shared_expert_gate.weight"):  # ([hidden] in the file)
+            weights[name] = value.reshape(1, -1)
         else:
             weights[name] = value
     if config.arch in _PERMUTED_ARCHS:

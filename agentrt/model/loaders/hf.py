@@ -25,7 +25,7 @@ from agentrt.model.tokenizer import Tokenizer, end_of_turn_ids
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                   "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
@@ -76,7 +76,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch in gemma.PATTERN)),
-            attention_bias=model_type == "qwen2",
+            attention_bias=model_type == "qwen2" or (model_type == "qwen2_moe" and raw.get("qkv_bias", True)),
             qk_norm_span="all" if model_type == "olmoe" else "head",
             rope_freq_factors=factors,
             rope_attention_factor=attention,
@@ -108,8 +108,9 @@ def _check_unsupported(raw: dict[str, Any], model_type: str) -> None:
         raise UnsupportedModel(f"{model_type} checkpoints with attention/MLP biases are not supported")
     if model_type in ("qwen3", "qwen3_moe", "olmoe") and raw.get("attention_bias"):
         raise UnsupportedModel(f"{model_type} checkpoints with attention biases (q/k/v/o) are not supported")
-    if model_type == "qwen3_moe" and (int(raw.get("decoder_sparse_step") or 1) != 1 or raw.get("mlp_only_layers")):
-        raise UnsupportedModel("Qwen3-MoE checkpoints with dense layers (decoder_sparse_step != 1 or "
+    if model_type in ("qwen3_moe", "qwen2_moe") and (int(raw.get("decoder_sparse_step") or 1) != 1
+                                                    or raw.get("mlp_only_layers")):
+        raise UnsupportedModel(f"{model_type} checkpoints with dense layers (decoder_sparse_step != 1 or "
                                "mlp_only_layers) are not supported; every layer must be a mixture of experts")
     if model_type == "olmoe" and raw.get("clip_qkv") is not None:
         raise UnsupportedModel("OLMoE checkpoints with clip_qkv are not supported")
@@ -117,13 +118,14 @@ def _check_unsupported(raw: dict[str, Any], model_type: str) -> None:
 
 def _experts(raw: dict[str, Any], model_type: str) -> dict[str, Any]:
     """The mixture-of-experts fields of ModelConfig (none for a dense model)."""
-    if model_type not in ("qwen3_moe", "mixtral", "olmoe"):
+    if model_type not in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
         return {}
     count = raw.get("num_local_experts") or raw.get("num_experts")  # (v5 writes num_local_experts)
-    inter = raw.get("moe_intermediate_size") if model_type == "qwen3_moe" else raw.get("intermediate_size")
+    inter = raw.get("moe_intermediate_size") if model_type in ("qwen3_moe", "qwen2_moe") else raw.get("intermediate_size")
     norm = True if model_type == "mixtral" else bool(raw.get("norm_topk_prob", False))
     return {"num_experts": int(count), "experts_per_token": int(raw["num_experts_per_tok"]),
-            "expert_intermediate_size": int(inter), "norm_topk_prob": norm}
+            "expert_intermediate_size": int(inter), "norm_topk_prob": norm,
+            "shared_expert_intermediate_size": int(raw.get("shared_expert_intermediate_size") or 0)}
 
 
 def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> tuple:
