@@ -19,6 +19,7 @@ from agentrt.errors import ConfigError, UnsupportedModel
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
                    "gemma2", "gemma3")
 MLP_ACTS = ("silu", "gelu_tanh")
+MAX_EXPERTS = 1024
 QK_NORM_SPANS = ("head", "all")
 
 
@@ -97,6 +98,8 @@ class ModelConfig:
             raise ConfigError(f"mlp_act {self.mlp_act!r} must be one of {MLP_ACTS}")
         if self.qk_norm_span not in QK_NORM_SPANS:
             raise ConfigError(f"qk_norm_span {self.qk_norm_span!r} must be one of {QK_NORM_SPANS}")
+        if self.num_experts > MAX_EXPERTS:  # (kernels/csrc/moe.cpp routes on the stack)
+            raise UnsupportedModel(f"{self.num_experts} experts per layer are not supported (at most {MAX_EXPERTS})")
         if self.num_experts and not (0 < self.experts_per_token <= self.num_experts
                                      and self.expert_intermediate_size > 0):
             raise ConfigError(f"a mixture-of-experts config needs 0 < experts_per_token ({self.experts_per_token}) "
