@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, q4k_blocks  # noqa: E402
+from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, new_writer, q4k_blocks  # noqa: E402
 
 SHAPE = dict(layers=24, hidden=1024, heads=16, kv_heads=4, head_dim=64, experts=8, used=2, expert_ff=1024)
 
@@ -39,21 +39,10 @@ def _write(path: Path, s: dict) -> None:
 
     q4k, f32 = gguf.GGMLQuantizationType.Q4_K, np.float32
     rng = np.random.default_rng(0)
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_name("agentrt-bench-moe")
-    w.add_block_count(s["layers"])
-    w.add_context_length(8192)
-    w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["expert_ff"])
+    w = new_writer(path, "qwen3moe", "agentrt-bench-moe", s, s["expert_ff"])
     w.add_expert_feed_forward_length(s["expert_ff"])
     w.add_expert_count(s["experts"])
     w.add_expert_used_count(s["used"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
     vocab = add_smollm2_tokenizer(w)
     h, hd, e, ff = s["hidden"], s["head_dim"], s["experts"], s["expert_ff"]
     w.add_tensor("token_embd.weight", q4k_blocks(vocab, h, rng), raw_dtype=q4k)

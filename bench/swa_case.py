@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish  # noqa: E402
+from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, new_writer  # noqa: E402
 
 SHAPE = dict(layers=18, hidden=640, heads=4, kv_heads=1, head_dim=256, ffn=2048, window=512)
 CTX, PS, TOKEN = 2048, 16, 7
@@ -39,18 +39,7 @@ def _write(path: Path, s: dict) -> None:
 
     q8, f32 = gguf.GGMLQuantizationType.Q8_0, np.float32
     rng = np.random.default_rng(1)
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_name("agentrt-bench-swa")
-    w.add_block_count(s["layers"])
-    w.add_context_length(8192)
-    w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["ffn"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
+    w = new_writer(path, "gemma3", "agentrt-bench-swa", s, s["ffn"])
     w.add_sliding_window(s["window"])
     vocab = add_smollm2_tokenizer(w)
     h, hd = s["hidden"], s["head_dim"]

@@ -23,6 +23,26 @@ def cached_gguf(name: str, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def new_writer(path: Path, arch: str, name: str, s: dict, ffn: int):
+    """A GGUFWriter for `arch` with the shape keys every benchmark file shares (s: layers, hidden,
+    heads, kv_heads, head_dim), an 8k context, RoPE base 1e6 and RMSNorm eps 1e-6."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
+    w.add_block_count(s["layers"])
+    w.add_context_length(8192)
+    w.add_embedding_length(s["hidden"])
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    return w
+
+
 def add_smollm2_tokenizer(w) -> int:
     """Copy the embedded SmolLM2 GGUF's tokenizer and chat template into writer `w`; its vocab size."""
     from agentrt.model.loaders.files import resolve_source
