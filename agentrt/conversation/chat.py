@@ -8,8 +8,9 @@ Rendering uses the model's own jinja2 chat template (built-in ChatML when there 
 sandbox, with `raise_exception`, `strftime_now` and `tojson` as transformers provides them. A
 template handles tools natively when it uses the variable `tools` and mentions `tool_calls`; in
 that case tool calls/schemas are rendered by the template, and any control-token text inside them
-is rejected (ChatTemplateError). Other templates (SmolLM2's) get the **fallback tool format**,
-applied by rewriting messages before the model's template runs:
+is rejected (ChatTemplateError). Phi-4-mini's and Gemma 3's templates take tools by their own
+conventions (`tool_convention`, conversation/conventions.py). Other templates (SmolLM2's) get the
+**fallback tool format**, applied by rewriting messages before the model's template runs:
   * the tool schemas go into the system message (one is added if the conversation has none):
     `<tools>` + one JSON schema per line + `</tools>`, plus an instruction to answer with
     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
@@ -52,7 +53,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agentrt.errors import ChatTemplateError
 from agentrt.model.tokenizer import Tokenizer
-from agentrt.conversation.messages import as_list, check_tool, fallback, normalize
+from agentrt.conversation.conventions import PREPARE, detect_convention, joined
+from agentrt.conversation.messages import as_list, check_tool, normalize
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 
 # Used when neither the caller nor the tokenizer provides a template.
@@ -105,22 +107,24 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.template_source = template or tokenizer.chat_template or CHATML_TEMPLATE
         self._template, self.native_tools = _compile(self.template_source)
+        self.tool_convention = detect_convention(self.template_source, self.native_tools)
         # content i renders as PUA-char + nonce + i + PUA-char; the nonce makes forging one impossible
         self._nonce = secrets.token_hex(8)
         self._sentinel_re = re.compile("\ue000" + self._nonce + r"(\d+)\ue001")
         self._control = tuple(tokenizer.special_tokens)
         self._control_re = re.compile("(" + "|".join(re.escape(t) for t in sorted(self._control, key=len, reverse=True))
                                       + ")") if self._control else None
-        self._strip_content = False  # the probe below needs the raw contents
+        self._strip_content, self._doc_end = False, ""  # the probes below need the raw rendering
         self._strip_content = self._probe_content_mode()
-        user = self._sentinelize([{"role": "user", "content": "x"}])[0]
+        user = self._sentinelize([{"role": "user", "content": "x"}], {})
+        self._doc_end = self._probe_doc_end(user)
         base, whole = self._render(user, None, False), self._render(user, None, True)
         if not whole.startswith(base):
             raise ChatTemplateError("the template's generation prompt rewrites the conversation before it")
         gen = whole[len(base):]
         self._gen_prompt_ids = tuple(self._tokenize(gen, {}))
         closed = self._render(self._sentinelize([{"role": "user", "content": "x"},
-                                                 {"role": "assistant", "content": "y"}])[0], None, False)
+                                                 {"role": "assistant", "content": "y"}], {}), None, False)
         self._turn_end_ids = tuple(self._tokenize(self._sentinel_re.split(closed)[-1], {}))
         self.tool_format = tool_format if tool_format is not None else detect_tool_format(self)
 
@@ -136,7 +140,7 @@ class ChatFormat:
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str:
         """The prompt text, as the template renders it (what transformers' apply_chat_template gives)."""
-        return self._render(self._prepare(messages, tools), tools, add_generation_prompt)
+        return self._render(joined(self._prepare(messages, tools)), tools, add_generation_prompt)
 
     def encode(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> list[int]:
@@ -172,20 +176,20 @@ class ChatFormat:
         prefix of the whole rendering, its message count -> offset in ids. A template that
         re-renders earlier turns (merged tool results) thus only re-encodes the affected suffix.
         """
-        prepared = self._prepare(messages, tools)
-        sentinel_msgs, contents = self._sentinelize(prepared)
-        whole = self._render(sentinel_msgs, tools, add_generation_prompt)
+        keys: dict[tuple[int, str], int] = {}  # (message index, content) -> sentinel number
+        whole = self._render(self._sentinelize(self._prepare(messages, tools), keys), tools, add_generation_prompt)
         kept, text = 0, ""
         for k in sorted({c for c in cuts if 0 < c <= len(messages)}, reverse=True):
-            rendered = self._render(sentinel_msgs[:self._prepared_len(messages, k, tools)], tools, False)
+            rendered = self._head(messages[:k], tools, keys)
             if whole.startswith(rendered):
                 kept, text = k, rendered
                 break
         cut_texts = {}
         for k in range(kept + 1, len(messages) + 1):
-            rendered = self._render(sentinel_msgs[:self._prepared_len(messages, k, tools)], tools, False)
+            rendered = self._head(messages[:k], tools, keys)
             if whole.startswith(rendered) and len(rendered) >= len(text):
                 cut_texts[k] = rendered
+        contents = {n: c.strip() if self._strip_content else c for (_, c), n in keys.items()}
         ids: list[int] = []
         ends: dict[int, int] = {}
         for k, rendered in cut_texts.items():  # ascending k: each chunk ends at a message boundary
@@ -194,11 +198,10 @@ class ChatFormat:
         ids += self._tokenize(whole[len(text):], contents)
         return kept, ids, ends
 
-    def _prepared_len(self, messages: Sequence[Mapping[str, Any]], k: int, tools: Any) -> int:
-        """How many prepared messages stand for messages[:k] (the fallback may add a system one)."""
-        if self.native_tools or not tools:
-            return k
-        return k + (0 if messages and messages[0].get("role") == "system" else 1)
+    def _head(self, messages: Sequence[Mapping[str, Any]], tools: Any, keys: dict[tuple[int, str], int]) -> str:
+        """The sentinel rendering of a prefix of the conversation, without generation prompt
+        (prepared on its own: a convention may merge its last message with later ones)."""
+        return self._render(self._sentinelize(self._prepare(messages, tools), keys), tools, False)
 
     def tokenize_text(self, text: str) -> list[int]:
         """Ids of text the model wrote: its control tokens stay control tokens, the rest is
@@ -224,7 +227,7 @@ class ChatFormat:
     def _render(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool) -> str:
         tok = self.tokenizer
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages, tools=list(tools) if tools and self.native_tools else None,
                 add_generation_prompt=add_generation_prompt, bos_token=self._token_text(tok.bos_token_id),
                 eos_token=self._token_text(tok.eos_token_ids[0] if tok.eos_token_ids else None),
@@ -232,6 +235,8 @@ class ChatFormat:
             )
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template rejected the conversation: {exc}") from exc
+        end = self._doc_end
+        return text[:-len(end)] if end and not add_generation_prompt and text.endswith(end) else text
 
     def _token_text(self, token_id: int | None) -> str:
         return (self.tokenizer.id_to_token(token_id) or "") if token_id is not None else ""
@@ -259,24 +264,27 @@ class ChatFormat:
             ids += self.tokenizer.encode("".join(text), special=False)
         return ids
 
-    def _sentinelize(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, str]]:
-        """Copies whose non-empty string contents are sentinels, and sentinel index -> content."""
-        out, contents = [], {}
+    def _sentinelize(self, messages: list[dict[str, Any]], keys: dict[tuple[int, str], int]) -> list[dict[str, Any]]:
+        """Copies whose non-empty string contents are sentinels (each TAIL after its sentinel).
+        keys: (message index, content) -> sentinel number, shared by the renderings one
+        encoding compares, so a sentinel stands for one content in all of them."""
+        out = []
         for i, msg in enumerate(messages):
             content = msg.get("content")
             if isinstance(content, str) and content:
-                contents[i] = content.strip() if self._strip_content else content
-                msg = {**msg, "content": f"\ue000{self._nonce}{i}\ue001"}
+                n = keys.setdefault((i, content), len(keys))
+                msg = {**msg, "content": f"\ue000{self._nonce}{n}\ue001"}
             out.append(msg)
-        return out, contents
+        return joined(out)
 
     def _probe_content_mode(self) -> bool:
         """False if the template inserts content verbatim, True if it trims it; else ChatTemplateError."""
         probe = [{"role": "user", "content": " probe u \n"}, {"role": "assistant", "content": "\n probe a "},
                  {"role": "user", "content": "probe\tz"}]
         real = self._render(probe, None, True)
-        sentinel_msgs, contents = self._sentinelize(probe)
-        rendered = self._render(sentinel_msgs, None, True)
+        keys: dict[tuple[int, str], int] = {}
+        rendered = self._render(self._sentinelize(probe, keys), None, True)
+        contents = {n: c for (_, c), n in keys.items()}
         for strip in (False, True):
             swap = (lambda m: contents[int(m.group(1))].strip()) if strip else (lambda m: contents[int(m.group(1))])
             if self._sentinel_re.sub(swap, rendered) == real:
@@ -286,14 +294,27 @@ class ChatFormat:
             "separately; pass template= with one that inserts message['content'] as is"
         )
 
+    def _probe_doc_end(self, user: list[dict[str, Any]]) -> str:
+        """The eos text a template writes only without a generation prompt (Phi-4-mini's
+        `{{ eos_token }}`): it ends a document, not a turn, so renderings here leave it out
+        (else no rendering would be a prefix of a longer one); "" for other templates."""
+        base, whole = self._render(user, None, False), self._render(user, None, True)
+        tok = self.tokenizer
+        eos = self._token_text(tok.eos_token_ids[0] if tok.eos_token_ids else None)
+        if eos and base.endswith(eos) and not whole.startswith(base) and whole.startswith(base[:-len(eos)]):
+            return eos
+        return ""
+
     # -- message preparation --------------------------------------------------------------------------
     def _prepare(self, messages: Sequence[Mapping[str, Any]], tools: Any) -> list[dict[str, Any]]:
+        """Validated messages with the template's tool convention applied (conventions.py)."""
         msgs = [normalize(i, m) for i, m in enumerate(as_list(messages, "messages"))]
         tool_list = [check_tool(t) for t in as_list(tools, "tools")] if tools is not None else []
-        if self.native_tools:
+        if self.tool_convention in ("native", "phi4"):  # calls / schemas become template text
             self._reject_control_text(msgs, tool_list)
+        if self.tool_convention == "native":
             return msgs
-        return fallback(msgs, tool_list)
+        return PREPARE[self.tool_convention](msgs, tool_list)
 
     def _reject_control_text(self, msgs: list[dict[str, Any]], tools: list[Mapping[str, Any]]) -> None:
         # Native templates put tool calls / schemas in template text (special parsing on): refuse forgeries.

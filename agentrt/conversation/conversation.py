@@ -272,11 +272,10 @@ class Conversation:
         return self.chat.tokenize_text(text) + eos
 
     def _closing_ids(self, state: "_Round") -> list[int]:
-        """Ids of the format's closing text when an early stop left a call tag open."""
-        fmt, raw = self.chat.tool_format, "".join(state.raw).rstrip()
-        if not (state.stopped and fmt.close and raw.endswith("}") and raw.count(fmt.open) > raw.count(fmt.close)):
-            return []
-        return self.chat.tokenizer.encode(fmt.inner + fmt.close, special=True)
+        """Ids of the format's closing text when an early stop left a call block open (the close
+        tag; a list format's "]" too)."""
+        closing = self.chat.tool_format.closing_text("".join(state.raw).rstrip()) if state.stopped else ""
+        return self.chat.tokenizer.encode(closing, special=True) if closing else []
 
 
 class _Round:

@@ -8,11 +8,23 @@ parser reads them and the grammar (tool_choice required / named) makes the model
     llama3   a bare {"name": "f", "parameters": {...}} as the whole message (Llama 3.1 / 3.2 JSON
              tool calling; one call per message, as its template renders; a leading
              <|python_tag|> is accepted);
-    mistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (Mistral v3 tokenizers).
+    mistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (Mistral v3 tokenizers);
+    phi4     <|tool_call|>[{"name": "f", "arguments": {...}}, ...]<|/tool_call|> (Phi-4-mini-instruct;
+             its control tokens). Its template takes no tool calls, so the format is what the
+             model writes: Gorilla BFCL's Phi-4-mini handler (bfcl/model_handler/local_inference/
+             phi_fc.py) reads `<|tool_call|>` + a JSON list + `<|/tool_call|>` as "the normal
+             situation", and Microsoft's Phi-4-mini ONNX function-calling cookbook constrains the
+             output to `<|tool_call|>` + JSON. vLLM's `phi4_mini_json` parser reads
+             `functools[...]` instead: a convention its own example template
+             (tool_chat_template_phi4_mini.jinja) instructs, not the model's template;
+    gemma    a bare {"name": "f", "parameters": {...}} as the whole message, one call (Gemma 3: no
+             tool tokens; the JSON convention of Google's "Function calling with Gemma" guide,
+             ai.google.dev/gemma/docs/capabilities/function-calling).
 
-`detect_tool_format(chat)` picks one from the chat template: a template without tools gets the
-fallback (hermes); otherwise the template is rendered on a probe conversation with one tool call
-and the format is read off the rendering (tags, whitespace, arguments key). In `auto`, the parser
+`detect_tool_format(chat)` picks one from the chat template: Phi-4-mini's and Gemma 3's tool
+conventions (conversation/conventions.py) give phi4 and gemma; another template without tools gets
+the fallback (hermes); otherwise the template is rendered on a probe conversation with one tool
+call and the format is read off the rendering (tags, whitespace, arguments key). In `auto`, the parser
 also takes a bare call object or a ```json fence at the start of a message (`bare`): on by default
 for models whose call tag is not a dedicated control token, since those models often answer that
 way when unconstrained.
@@ -87,7 +99,16 @@ class ToolFormat:
 
     def render_calls(self, calls: Sequence[tuple[str, Any]]) -> str:
         body = self.separator.join(self.render_call(n, a) for n, a in calls)
-        return self.open + "[" + body + "]" if self.list_calls else body
+        return self.open + "[" + body + "]" + self.close if self.list_calls else body
+
+    def closing_text(self, raw: str) -> str:
+        """The text that closes the call block an early stop at a call's final '}' left open in
+        `raw` (the reply so far): "]" and the close tag for list formats; "" when none is open."""
+        if not self.open or self.open not in raw or not raw.endswith("}"):
+            return ""
+        if self.close and raw.count(self.open) <= raw.count(self.close):
+            return ""
+        return ("]" if self.list_calls else self.inner) + self.close
 
     def parser_options(self) -> dict[str, Any]:
         """ToolCallParser keyword arguments for this format (tool_choice auto)."""
@@ -101,12 +122,20 @@ HERMES = ToolFormat("hermes")
 QWEN = ToolFormat("qwen", inner="\n")
 LLAMA3 = ToolFormat("llama3", open="", close="", args_key="parameters", separator="", parallel=False)
 MISTRAL = ToolFormat("mistral", open="[TOOL_CALLS]", close="", separator=ITEM_SEP, list_calls=True, bare=False)
-FORMATS = {f.name: f for f in (HERMES, QWEN, LLAMA3, MISTRAL)}
+PHI4 = ToolFormat("phi4", open="<|tool_call|>", close="<|/tool_call|>", separator=ITEM_SEP, list_calls=True,
+                  bare=False)
+GEMMA = ToolFormat("gemma", open="", close="", args_key="parameters", parallel=False)
+FORMATS = {f.name: f for f in (HERMES, QWEN, LLAMA3, MISTRAL, PHI4, GEMMA)}
 
 
 def detect_tool_format(chat) -> ToolFormat:
     """The format `chat` (a ChatFormat) renders tool calls in; HERMES for the fallback."""
-    if not chat.native_tools:
+    convention = getattr(chat, "tool_convention", "native" if chat.native_tools else "fallback")
+    if convention == "phi4":
+        return replace(PHI4, bare=PHI4.open not in chat.tokenizer.special_tokens)
+    if convention == "gemma":
+        return GEMMA
+    if convention != "native":
         return HERMES
     msgs = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": None, "tool_calls": [_PROBE_CALL]}]
     try:

@@ -11,15 +11,16 @@ for the Hermes format:
 
 Other formats change the block's text around the call object (Qwen: "\\n" inside the tags;
 Llama 3: a bare object with "parameters"), or wrap the calls in one list (Mistral:
-`[TOOL_CALLS][call, call]`); a bare format in auto is `calls | TEXT` (TEXT never holding
-'{"name"'). ARGS is the tool's parameters schema as JSON; TEXT is any text without special
-tokens and without the format's trigger (once the model writes it, the call grammar takes over).
-A special token that is one of the format's tags ("[TOOL_CALLS]") is offered as its text. JSON is
-written with fixed separators ", " and ": " and no other whitespace: the form json.dumps
-produces and ChatFormat's tool prompt shows, and it keeps a small model from looping on
-whitespace. The name is a literal in front of the arguments so each parameters schema stays a
-root document (its "$ref": "#/$defs/..." keep resolving). Every output ends with one of the
-tokenizer's end-of-turn (eos) tokens; only the eos is allowed once the grammar is complete.
+`[TOOL_CALLS][call, call]`; Phi-4-mini: `<|tool_call|>[call, call]<|/tool_call|>`); a bare
+format in auto is `calls | TEXT` (TEXT never holding '{"name"'). ARGS is the tool's parameters
+schema as JSON; TEXT is any text without special tokens and without the format's trigger (once
+the model writes it, the call grammar takes over). A special token that is one of the format's
+tags ("[TOOL_CALLS]", "<|tool_call|>") is offered as its text. JSON is written with fixed
+separators ", " and ": " and no other whitespace: the form json.dumps produces and ChatFormat's
+tool prompt shows, and it keeps a small model from looping on whitespace. The name is a literal
+in front of the arguments so each parameters schema stays a root document (its "$ref":
+"#/$defs/..." keep resolving). Every output ends with one of the tokenizer's end-of-turn (eos)
+tokens; only the eos is allowed once the grammar is complete.
 
 Two backends implement it; `grammar.py` picks xgrammar (see its docstring for the numbers).
 Both mark the tokenizer's special tokens as never matching text, and ids between the
@@ -145,7 +146,7 @@ class XGrammarBackend:
                  "stop_after_first": not spec.parallel}
         text = {"type": "any_text", "excludes": [f.trigger]}
         if f.list_calls:  # open "[" calls "]", after optional text in auto
-            listed = {"type": "tag", "begin": f.open + "[", "content": calls, "end": "]"}
+            listed = {"type": "tag", "begin": f.open + "[", "content": calls, "end": "]" + f.close}
             if not spec.free_text:
                 return {"type": "structural_tag", "format": listed}
             maybe = {"type": "tags_with_separator", "tags": [listed], "separator": "", "stop_after_first": True}
@@ -262,7 +263,7 @@ class LLGuidanceBackend:
                       f"head[lazy]: /(?s:.*){_lark_re(f.open)}/",
                       f"calls_after: {_lit(f.inner)} ({names}) {end}{more}"]
         elif f.list_calls:
-            lines.append(f"start: {json.dumps(f.open + '[')} calls \"]\"")
+            lines.append(f"start: {json.dumps(f.open + '[')} calls {json.dumps(']' + f.close)}")
         else:
             lines.append("start: calls")
         for i, call in enumerate(spec.calls):
