@@ -15,6 +15,10 @@ class EngineConfig:
     # KV memory: kv_cache_tokens / page_size pages, allocated once at start
     kv_cache_tokens: int = 32768
     page_size: int = 16
+    # sliding-window layers (Gemma, Mistral) keep their own pool, released as sequences slide
+    # past (kv/window.py): its size in tokens (0 = a batch's prefill plus 8 windows); the bytes
+    # it saves go to the other layers' whole history
+    window_kv_tokens: int = 0
     # sequence pool: transient region (one-shot requests) + session region (agents)
     max_transient_seqs: int = 32
     max_session_seqs: int = 64
@@ -115,7 +119,7 @@ class EngineConfig:
 
 
 # int fields and their minimum
-_INTS = {"kv_cache_tokens": 1, "page_size": 1, "max_transient_seqs": 1, "max_session_seqs": 0, "n_batch": 1,
+_INTS = {"kv_cache_tokens": 1, "window_kv_tokens": 0, "page_size": 1, "max_transient_seqs": 1, "max_session_seqs": 0, "n_batch": 1,
          "chunk_min": 1, "chunk_max": 1, "latency_sensitive_max_tokens": 0, "fair_chunk_cap": 1,
          "prefix_group_k": 1, "response_cache_size": 0, "spec_max_draft": 0, "spec_token_budget": 0,
          "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0, "topas_exhaustive_agents": 1}

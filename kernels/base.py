@@ -32,6 +32,13 @@ class AttentionMeta:
     decode_rows: tuple[int, ...]
     prefill_rows: tuple[int, ...]
     page_size: int
+    # the same batch over the sliding-window layers' own pages (kv/window.py), where the store
+    # keeps them apart: page_table and slot_mapping in local rows; None otherwise
+    local: "AttentionMeta | None" = None
+
+    def for_layer(self, local: bool) -> "AttentionMeta":
+        """The metadata a layer reads (a sliding-window layer's, where they have their own)."""
+        return self.local if local and self.local is not None else self
 
     # the torch reference's batched decode rows: computed on first use, once per batch (not once
     # per layer); the compiled kernels never read them

@@ -47,7 +47,8 @@ SIGNATURES = {
     "agrt_gelu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_argmax": ([_P, _I64, _I64, _I64, _P], None),
     "agrt_moe": ([_P, _P, _I64, _I64, _P], None),
-    "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64], None),
+    "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64,
+                             _P, _P, _I64], None),
 }
 
 

@@ -31,7 +31,7 @@ def assert_quiescent(core: EngineCore) -> None:
     held = {p for s in core.sessions.values() for p in s.seq.pages}
     if core.radix is not None:
         held |= set(core.radix.all_pages())
-    used = core.alloc.num_pages - core.alloc.num_free
+    used = core.alloc.num_used
     assert used == len(held), (used, len(held))
     assert core.pool.num_free("transient") == core.cfg.max_transient_seqs
     live = list(itertools.chain(core.waiting, core.running))

@@ -27,6 +27,7 @@ from agentrt.kv.pool import SequencePool
 from agentrt.kv.registry import make_policy
 from agentrt.kv.retention import Retention
 from agentrt.kv.space import KVSpace
+from agentrt.kv.window import split_pool
 from agentrt.model.batch import SeqChunk
 from agentrt.model.llama import LlamaModel
 from agentrt.scheduling.policies import make_scheduling_policy
@@ -43,16 +44,21 @@ class EngineCore:
                  clock: Clock | None = None):
         """`executor` runs the planned batches (default: the model, ModelExecutor); `clock` gives
         every "now" (default: the wall clock). A simulated engine passes agentrt.sim's."""
-        self.cfg = cfg = config or EngineConfig()
+        cfg = config or EngineConfig()
         self.model, self.eos = model, frozenset(eos_token_ids)
         path = None if cfg.forward_path == "auto" else cfg.forward_path
         self.executor = executor if executor is not None else ModelExecutor(model, path)
+        # sliding-window layers' own pool (kv/window.py): the bytes saved hold more history
+        num_local = None
+        if not self.executor.simulated:
+            cfg, num_local = split_pool(cfg, model.cfg)
+        self.cfg = cfg
         self.clock = clock if clock is not None else WallClock()
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
         self.queues, self.counters, self.tasks = Queues(), Counters(), TaskTracker()
         # the KV room (kv/space.py): an explicit policy wins over cfg.eviction_policy
         tier_bytes = cfg.kv_tier_bytes
-        self.kv = kv = KVSpace(cfg, self.executor.allocate(cfg.num_pages, cfg.page_size),
+        self.kv = kv = KVSpace(cfg, self.executor.allocate(cfg.num_pages, cfg.page_size, num_local),
                                policy if policy is not None else make_policy(cfg.eviction_policy),
                                self.counters, self.queues, self.clock,
                                make_tier=(lambda store: self.executor.tier(store, tier_bytes)) if tier_bytes else None)
@@ -209,6 +215,7 @@ class EngineCore:
         t0, prefill = time.perf_counter(), plan.prefill_tokens
         chunks, out = self._run(plan.items)
         self._postprocess(plan.items, chunks, out.rows)
+        self.kv.slide(self.running)
         dt = out.seconds if out.seconds is not None else time.perf_counter() - t0
         self.costs.observe(dt, prefill, len(plan.items))
         self.counters.step_seconds += dt
@@ -311,6 +318,7 @@ class EngineCore:
         if r.session is not None:
             r.session.busy, r.session.last_used = False, next(self.ticks)
             r.session.history = list(r.seq.tokens)
+            self.kv.slide((), turn_end=r.seq)
         else:
             self.kvm.release(r.seq)
             self.pool.release(r.seq.seq_id)

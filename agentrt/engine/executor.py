@@ -30,8 +30,9 @@ class StepOutput:
 class Executor(Protocol):
     simulated: bool
 
-    def allocate(self, num_pages: int, page_size: int) -> KVStore:
-        """The KV pool's storage (once, at start)."""
+    def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
+        """The KV pool's storage (once, at start); `num_local`: pages of the sliding-window
+        layers' own pool (kv/window.py), None for one pool."""
 
     def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
         """The second KV tier over `store`."""
@@ -51,14 +52,14 @@ class ModelExecutor:
     def __init__(self, model, path: str | None = None):
         self.model, self.path = model, path  # path None: the model's own default forward
 
-    def allocate(self, num_pages: int, page_size: int) -> KVStore:
-        return KVStore.allocate(self.model.cfg, num_pages, page_size, self.model.kv_dtype)
+    def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
+        return KVStore.allocate(self.model.cfg, num_pages, page_size, self.model.kv_dtype, num_local=num_local)
 
     def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
         return HostTier(store, budget_bytes)
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
-        fb = build_batch(chunks, page_size)
+        fb = build_batch(chunks, page_size, store.local_of)
         logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
         return StepOutput(tuple(logits.split(list(fb.logits_count))))
 

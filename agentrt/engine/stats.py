@@ -43,6 +43,10 @@ class EngineStats:
     pages_total: int
     pages_free: int
     pages_cached_only: int  # held by the radix tree alone (evictable)
+    # the sliding-window layers' own pool (kv/window.py; 0 where there is one pool)
+    window_pages_total: int
+    window_pages_free: int
+    window_pages_released: int  # released early: every sequence had slid past them
     kv_occupancy: float  # (total - free) / total
     prompt_submitted: int
     prompt_cached: int
@@ -87,13 +91,15 @@ class EngineStats:
         """The numbers of one moment: `c` the counters, `kv` the KV room (kv/space.py), `queues`
         the request queues, `scheduler` (its policy's decision times), `retention` (the TTLs
         chosen), `tasks` the tasks remembered."""
-        a, radix, tier = kv.alloc, kv.radix, kv.tier
+        a, radix, tier, loc = kv.alloc, kv.radix, kv.tier, kv.alloc.local
         times = sorted(scheduler.decision_us)
         used = c.prefetch_used_pages + (radix.prefetch_used_pages if radix else 0)
         return cls(
             waiting=len(queues.waiting), running=len(queues.running), sessions=len(kv.sessions),
             pages_total=a.num_pages, pages_free=a.num_free, pages_cached_only=kv.evictable_pages(),
             kv_occupancy=(a.num_pages - a.num_free) / a.num_pages,
+            window_pages_total=loc.num_local if loc else 0, window_pages_free=loc.num_free if loc else 0,
+            window_pages_released=loc.released if loc else 0,
             prompt_submitted=c.prompt_submitted, prompt_cached=c.prompt_cached,
             prompt_computed=c.prompt_computed,
             hit_rate=c.prompt_cached / c.prompt_submitted if c.prompt_submitted else 0.0,

@@ -72,10 +72,15 @@ class Branching:
         self._restore_tail(es)
         n = len(es.seq.tokens)
         store = self.kv.kvm.store
-        slots = _slots(es.seq.pages, n, store.page_size, store.k[0].device)
-        k = torch.stack([_flat(t).index_select(0, slots) for t in store.k]).cpu()
-        v = torch.stack([_flat(t).index_select(0, slots) for t in store.v]).cpu()
-        return {"tokens": list(es.seq.tokens), "k": k, "v": v, "tag": es.tag}
+        pages = es.seq.pages[:self.kv.kvm.pages_for(n)]
+        k = torch.stack([_flat(t).index_select(0, _slots(store, i, pages, n)) for i, t in enumerate(store.k)]).cpu()
+        v = torch.stack([_flat(t).index_select(0, _slots(store, i, pages, n)) for i, t in enumerate(store.v)]).cpu()
+        data = {"tokens": list(es.seq.tokens), "k": k, "v": v, "tag": es.tag}
+        local = self.kv.alloc.local
+        if local is not None:  # (which tokens' sliding-window KV was released: kv/window.py)
+            gone = torch.tensor([not local.present(p) for p in pages], dtype=torch.bool)
+            data["local_absent"] = gone.repeat_interleave(store.page_size)[:n]
+        return data
 
     def restore(self, sid: int, data: dict, tag: str | None, cache_salt: str | None) -> EngineSession:
         """A new session (pool id `sid`) holding data's tokens and KV (read_snapshot checked both
@@ -90,9 +95,10 @@ class Branching:
         pages = self.kv.alloc.alloc(need)
         try:
             store = self.kv.kvm.store
-            slots = _slots(pages, n, store.page_size, store.k[0].device)
-            for dst, src in zip(store.k + store.v, list(data["k"]) + list(data["v"])):
+            for i, (dst, src) in enumerate(zip(store.k + store.v, list(data["k"]) + list(data["v"]))):
+                slots = _slots(store, i % len(store.k), pages, n)
                 _flat(dst).index_copy_(0, slots, src.to(dst.device, dst.dtype))
+            self._release_absent(pages, data.get("local_absent"))
             es = self.kv.open_session(sid, tag, cache_salt)
         except BaseException:
             self.kv.alloc.decref(pages)
@@ -100,6 +106,17 @@ class Branching:
         es.seq.pages, es.seq.tokens = pages, tokens
         self._set_history(es)
         return es
+
+    def _release_absent(self, pages: list[int], absent) -> None:
+        """A snapshot whose sliding-window KV was partly released comes back the same: those
+        pages release theirs again (the snapshot holds zeros there; no window reads them)."""
+        local = self.kv.alloc.local
+        if absent is None or local is None or not bool(absent.any()):
+            return
+        ps = self.kv.kvm.ps
+        for i, p in enumerate(pages):
+            if bool(absent[i * ps:(i + 1) * ps].any()):
+                local.detach(p)
 
     def _restore_tail(self, es: EngineSession) -> None:
         """A tail the session gave up under memory pressure comes back first (when the engine's
@@ -120,8 +137,9 @@ def _flat(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(-1, *cache.shape[2:])
 
 
-def _slots(pages: list[int], n: int, page_size: int, device) -> torch.Tensor:
-    """Slot (row of _flat) of each of the first n token positions of a sequence on `pages`."""
+def _slots(store, layer: int, pages: list[int], n: int) -> torch.Tensor:
+    """Slot (row of _flat) of `layer` for each of the first n token positions on `pages`."""
+    ps, device = store.page_size, store.k[layer].device
     pos = torch.arange(n, device=device)
-    table = torch.tensor(pages, dtype=torch.long, device=device)
-    return table[pos // page_size] * page_size + pos % page_size
+    table = store.rows(layer, torch.tensor(pages, dtype=torch.long, device=device))
+    return table[pos // ps] * ps + pos % ps

@@ -17,6 +17,7 @@ class Sequence:
     seq_id: int
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is stored
     pages: list[int] = field(default_factory=list)
+    slid: int = 0  # pages below this index were looked at by the window release (kv/window.py)
 
     @property
     def num_cached(self) -> int:
@@ -54,13 +55,22 @@ class KVManager:
         seq.pages.extend(fresh)
 
     def _copy_page(self, src: int, dst: int) -> None:
-        for k, v in zip(self.store.k, self.store.v):
-            k[dst].copy_(k[src])
-            v[dst].copy_(v[src])
+        for layer, (k, v) in enumerate(zip(self.store.k, self.store.v)):
+            s, d = self.store.row(layer, src), self.store.row(layer, dst)
+            k[d].copy_(k[s])
+            v[d].copy_(v[s])
+        if self.alloc.local is not None and not self.alloc.local.present(src):
+            self.alloc.local.detach(dst)  # (a copy is as complete as its source)
+
+    def valid_point(self, seq_pages: list[int], m: int) -> int:
+        """The largest m' <= m a sequence on these pages can continue from (m itself unless a
+        sliding-window layer's pages before m were released: kv/window.py)."""
+        return m if self.alloc.local is None else self.alloc.local.valid_point(seq_pages, m)
 
     def truncate(self, seq: Sequence, n: int) -> None:
         """Keep the KV of the first n tokens; pages past them are released."""
         keep = self.pages_for(n)
+        seq.slid = min(seq.slid, keep)
         self.alloc.decref(seq.pages[keep:])
         del seq.pages[keep:]
         del seq.tokens[n:]
@@ -72,7 +82,7 @@ class KVManager:
             raise RuntimeError("alias() needs an empty sequence; truncate it to 0 first")
         keep = pages[: self.pages_for(len(tokens))]
         self.alloc.incref(keep)
-        seq.pages, seq.tokens = list(keep), list(tokens)
+        seq.pages, seq.tokens, seq.slid = list(keep), list(tokens), 0
 
     def release(self, seq: Sequence) -> None:
         self.truncate(seq, 0)

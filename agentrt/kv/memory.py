@@ -278,17 +278,20 @@ class MemoryManager:
             lead = f.leader
             if lead is None or lead.seq.num_cached < f.share_end:
                 continue
+            end = self.kvm.valid_point(lead.seq.pages, f.share_end)  # (kv/window.py)
+            gained = end - f.seq.num_cached
+            f.leader = None
+            if gained <= 0:
+                continue
             if f.lock_node is not None:
                 self.radix.unlock(f.lock_node)
                 f.lock_node = None
-            gained = f.share_end - f.seq.num_cached
             self.kvm.release(f.seq)
-            self.kvm.alias(f.seq, f.target[:f.share_end], lead.seq.pages)
+            self.kvm.alias(f.seq, f.target[:end], lead.seq.pages)
             self.counters.grouped_tokens += gained
             if not f.preemptions:  # served from KV computed once: cached, for usage and hit rate
                 f.cached_tokens += gained
                 self.counters.prompt_cached += gained
-            f.leader = None
 
     def over_high_water(self) -> bool:
         """Occupancy net of evictable cache above the high-water mark (prefill chunks wait).
@@ -298,7 +301,7 @@ class MemoryManager:
         plus the pages allocated since bounds it from above: while that bound is under the mark,
         so is the exact count, and the tree is walked again only when it is not."""
         alloc = self.alloc
-        used = alloc.num_pages - alloc.num_free
+        used = alloc.num_used
         if not over_high_water(used, 0, self.cfg):
             return False  # the tree walk below is only needed near the mark
         if self._pinned_at is not None and self._levels is not None:

@@ -94,6 +94,8 @@ def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:
     path = check_target(path)
     payload = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint,
                "tokens": [int(t) for t in data["tokens"]], "k": data["k"], "v": data["v"], "tag": data.get("tag")}
+    if data.get("local_absent") is not None:
+        payload["local_absent"] = data["local_absent"]
     buf = io.BytesIO()
     torch.save(payload, buf)
     body = buf.getvalue()
@@ -179,8 +181,10 @@ def _check_payload(path: Path, obj: dict, fingerprint: dict) -> dict:
                         for t in tokens)
     ok = ok and n <= cfg["max_position_embeddings"]
     ok = ok and all(isinstance(x, torch.Tensor) and tuple(x.shape) == shape and x.dtype == dtype for x in (k, v))
-    tag = obj.get("tag")
+    tag, absent = obj.get("tag"), obj.get("local_absent")
+    ok = ok and (absent is None or (isinstance(absent, torch.Tensor) and absent.dtype == torch.bool
+                                    and tuple(absent.shape) == (n,)))
     if not ok or not (tag is None or isinstance(tag, str)):
         raise SnapshotMismatch(f"{path} is corrupt: its tokens and KV tensors do not agree with each other or "
                                "with the model; write a new snapshot")
-    return {"tokens": tokens, "k": k, "v": v, "tag": tag}
+    return {"tokens": tokens, "k": k, "v": v, "tag": tag, "local_absent": absent}

@@ -20,6 +20,7 @@ from agentrt.kv.memory import MemoryManager
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
 from agentrt.kv.tier import CostModel
+from agentrt.kv.window import LocalPages, slide
 
 
 class KVSpace:
@@ -28,10 +29,16 @@ class KVSpace:
         """`store`: the executor's KV store; `make_tier(store)`: the second tier over it (None:
         no tier); `policy`: the eviction policy (kv/registry.py)."""
         self.cfg, self.counters, self.queues, self.clock = cfg, counters, queues, clock
-        self.alloc = PageAllocator(cfg.num_pages, cfg.page_size)
+        local = None
+        if store.local_of is not None:  # (the sliding-window layers' own pool: kv/window.py)
+            rows = store.k[store.local_layers.index(True)].shape[0]
+            local = LocalPages(store.local_of, rows, cfg.page_size, store.window)
+        self.alloc = PageAllocator(cfg.num_pages, cfg.page_size, local)
         self.kvm = KVManager(self.alloc, store)
         self.policy = policy
         tier = make_tier(store) if make_tier is not None and cfg.enable_radix_cache else None
+        if tier is not None:
+            tier.local = local
         self.radix = RadixCache(self.alloc, policy, tier) if cfg.enable_radix_cache else None
         self.costs = CostModel()
         self.sessions: dict[int, EngineSession] = {}
@@ -57,6 +64,19 @@ class KVSpace:
         """Offer a sequence's KV (its tokens on `pages`) to the radix tree (no-op without one)."""
         if self.radix is not None and tokens:
             self.radix.insert(tokens, pages, salt, tag)
+
+    def slide(self, running, turn_end=None) -> None:
+        """Release the sliding-window layers' pages the running requests moved past (kv/window.py;
+        not a leader's while its followers wait for the block it computes), and, at the end of
+        a session's turn, those of its whole sequence the tree no longer needs (`turn_end`)."""
+        if self.alloc.local is None:
+            return
+        leaders = {id(r.leader) for r in running if r.leader is not None}
+        seqs = [r.seq for r in running if id(r) not in leaders]
+        if turn_end is not None:
+            turn_end.slid = 0
+            seqs.append(turn_end)
+        slide(seqs, self.alloc, self.alloc.local, self.radix)
 
     def evictable_pages(self) -> int:
         """Pages only the radix tree holds (what making room can take first)."""

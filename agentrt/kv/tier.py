@@ -33,6 +33,7 @@ class TierEntry:
 
     k: torch.Tensor
     v: torch.Tensor
+    absent: tuple[int, ...] = ()  # pages whose sliding-window layers' KV had been released
 
     @property
     def n_pages(self) -> int:
@@ -44,8 +45,8 @@ class TierEntry:
 
     def split(self, i: int) -> tuple["TierEntry", "TierEntry"]:
         """The first i pages and the rest, as separate copies (the byte count stays exact)."""
-        return (TierEntry(self.k[:, :i].clone(), self.v[:, :i].clone()),
-                TierEntry(self.k[:, i:].clone(), self.v[:, i:].clone()))
+        return (TierEntry(self.k[:, :i].clone(), self.v[:, :i].clone(), tuple(a for a in self.absent if a < i)),
+                TierEntry(self.k[:, i:].clone(), self.v[:, i:].clone(), tuple(a - i for a in self.absent if a >= i)))
 
 
 class HostTier:
@@ -58,6 +59,7 @@ class HostTier:
         self.page_bytes = 2 * len(store.k) * k0[0].numel() * k0.element_size()
         self.used = 0  # bytes held by live entries
         self._pin = k0.device.type == "cuda"
+        self.local = None  # the sliding-window layers' pool (kv/window.py), set by its owner
         self.copy_s_per_page = self._measure_copy()
 
     @property
@@ -74,9 +76,11 @@ class HostTier:
         k = torch.empty(shape, dtype=self.store.k[0].dtype, pin_memory=self._pin)
         v = torch.empty(shape, dtype=self.store.k[0].dtype, pin_memory=self._pin)
         for layer, (kl, vl) in enumerate(zip(self.store.k, self.store.v)):
-            k[layer].copy_(kl.index_select(0, idx), non_blocking=self._pin)
-            v[layer].copy_(vl.index_select(0, idx), non_blocking=self._pin)
-        entry = TierEntry(k, v)
+            rows = self.store.rows(layer, idx)
+            k[layer].copy_(kl.index_select(0, rows), non_blocking=self._pin)
+            v[layer].copy_(vl.index_select(0, rows), non_blocking=self._pin)
+        absent = () if self.local is None else tuple(i for i, p in enumerate(pages) if not self.local.present(p))
+        entry = TierEntry(k, v, absent)
         self.used += entry.nbytes
         return entry
 
@@ -84,8 +88,11 @@ class HostTier:
         """Copy an entry back into pool pages (len(pages) == entry.n_pages)."""
         idx = torch.tensor(pages, dtype=torch.long, device=self.store.k[0].device)
         for layer, (kl, vl) in enumerate(zip(self.store.k, self.store.v)):
-            kl.index_copy_(0, idx, entry.k[layer].to(kl.device, non_blocking=self._pin))
-            vl.index_copy_(0, idx, entry.v[layer].to(vl.device, non_blocking=self._pin))
+            rows = self.store.rows(layer, idx)
+            kl.index_copy_(0, rows, entry.k[layer].to(kl.device, non_blocking=self._pin))
+            vl.index_copy_(0, rows, entry.v[layer].to(vl.device, non_blocking=self._pin))
+        for i in entry.absent:  # (released before it left: released again, never read)
+            self.local.detach(pages[i])
 
     def adopt(self, entry: TierEntry) -> None:
         """Count an entry made outside save() (a split's halves)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,7 +33,9 @@ class ForwardBatch:
     logits_count: tuple[int, ...]  # per sequence, how many of those rows are its own
 
 
-def build_batch(chunks: list[SeqChunk], page_size: int) -> ForwardBatch:
+def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor | None = None) -> ForwardBatch:
+    """`local_of`: the store's logical -> local page map when sliding-window layers keep their
+    own pages (meta.local then holds their page table and slots)."""
     ids, pos, slots, rows, counts = [], [], [], [], []
     q_lens, kv_lens, cu = [], [], [0]
     for c in chunks:
@@ -50,11 +52,16 @@ def build_batch(chunks: list[SeqChunk], page_size: int) -> ForwardBatch:
     width = max(len(c.pages) for c in chunks)
     table = torch.tensor([list(c.pages) + [0] * (width - len(c.pages)) for c in chunks], dtype=torch.long)
     decode = tuple(i for i, q in enumerate(q_lens) if q == 1)
+    slot_t = torch.tensor(slots, dtype=torch.long)
     meta = AttentionMeta(
         q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), cu_q=tuple(cu), page_table=table,
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
-        kv_lens_t=torch.tensor(kv_lens, dtype=torch.long), decode_rows=decode,
+        slot_mapping=slot_t, kv_lens_t=torch.tensor(kv_lens, dtype=torch.long), decode_rows=decode,
         prefill_rows=tuple(i for i, q in enumerate(q_lens) if q > 1), page_size=page_size,
     )
+    if local_of is not None:  # (a released page maps to row 0: no window reaches it)
+        local_slots = local_of[slot_t // page_size] * page_size + slot_t % page_size
+        if bool((local_slots < 0).any()):
+            raise RuntimeError("a token is written to a page whose sliding-window KV was released")
+        meta = replace(meta, local=replace(meta, page_table=local_of[table].clamp(min=0), slot_mapping=local_slots))
     return ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
                         meta, torch.tensor(rows, dtype=torch.long), tuple(counts))

@@ -76,6 +76,10 @@ class _Step:
         self.cu = torch.tensor(meta.cu_q, dtype=torch.int64)
         self.kv_lens = meta.kv_lens_t.to(torch.int64).contiguous()
         self.table = meta.page_table.to(torch.int64).contiguous()
+        # sliding-window layers with pages of their own (kv/window.py): their table and slots
+        loc = meta.local
+        self.ltable = None if loc is None else loc.page_table.to(torch.int64).contiguous()
+        self.lslots = None if loc is None else loc.slot_mapping.contiguous()
         self.t = t
 
     def buffers(self) -> None:
@@ -93,22 +97,23 @@ class _Step:
 
     def attention(self, layer: int, kv, attn, qkv: torch.Tensor) -> torch.Tensor:
         k, v, t, scale = kv.k[layer], kv.v[layer], self.q.shape[0], attn.scale
-        lib = self.lib
+        lib, loc = self.lib, kv.is_local(layer)
+        slots, table = (self.lslots, self.ltable) if loc else (self.slots, self.table)
         cos, sin = (self.local.cos, self.local.sin) if attn.local_rope else (self.cos, self.sin)
         lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
                             self.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                            self.slots.data_ptr(), *head_norms(attn),
+                            slots.data_ptr(), *head_norms(attn),
                             self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr(),
                             int(k.dtype == torch.float16))
         if self.short.numel():
-            lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), self.table.data_ptr(),
-                               self.table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
+            lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), table.data_ptr(),
+                               table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
                                self.short.data_ptr(), self.short.numel(), self.h, self.hkv, self.d,
                                k.shape[1], scale, self.attn.data_ptr(), int(k.dtype == torch.float16),
                                attn.window, attn.softcap)
         if self.long:
             q3 = self.q.view(t, self.h, self.d)
-            res = paged_attention_rows(q3, k, v, self.meta, scale, self.long, attn.window, attn.softcap)
+            res = paged_attention_rows(q3, k, v, self.meta.for_layer(loc), scale, self.long, attn.window, attn.softcap)
             for b in self.long:
                 a, e = self.meta.cu_q[b], self.meta.cu_q[b + 1]
                 self.attn[a:e] = res[a:e].reshape(e - a, -1)
@@ -138,11 +143,14 @@ def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> Non
         raise ConfigError(f"the fused forward needs a float32 or float16 KV store, got {kv.k[0].dtype}")
     if positions.numel() == 0:
         return
-    lo, hi = torch.aminmax(meta.slot_mapping)
-    plo, phi = torch.aminmax(meta.page_table)
-    if (int(positions.min()) < 0 or int(positions.max()) >= model.rope.cos.shape[0] or int(lo) < 0
-            or int(hi) >= kv.num_pages * kv.page_size or int(plo) < 0 or int(phi) >= kv.num_pages):
-        raise ConfigError("batch positions, slots or pages are outside the model's context or the KV store")
+    if int(positions.min()) < 0 or int(positions.max()) >= model.rope.cos.shape[0]:
+        raise ConfigError("batch positions are outside the model's context")
+    for layer in {0, *(() if meta.local is None else (kv.local_layers.index(True),))}:
+        m, rows = meta.for_layer(kv.is_local(layer)), kv.k[layer].shape[0]
+        lo, hi = torch.aminmax(m.slot_mapping)
+        plo, phi = torch.aminmax(m.page_table)
+        if int(lo) < 0 or int(hi) >= rows * kv.page_size or int(plo) < 0 or int(phi) >= rows:
+            raise ConfigError("batch slots or pages are outside the KV store")
 
 
 def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: AttentionMeta,
@@ -227,7 +235,8 @@ def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
         ctypes.addressof(arr), n, ctypes.addressof(dims), x.data_ptr(), x.shape[0],
         st.positions.data_ptr(), st.cos.data_ptr(), st.sin.data_ptr(), st.slots.data_ptr(), kp, vp,
         st.table.data_ptr(), st.table.shape[1], st.cu.data_ptr(), st.kv_lens.data_ptr(),
-        st.short.data_ptr(), st.short.numel())
+        st.short.data_ptr(), st.short.numel(), _ptr(st.lslots), _ptr(st.ltable),
+        0 if st.ltable is None else st.ltable.shape[1])
 
 
 def native_layers(model):

@@ -1,5 +1,8 @@
 """The paged KV store: per-layer K and V tensors allocated once. Which page belongs to which
-sequence is the cache manager's business (agentrt.kv); the model only reads page tables."""
+sequence is the cache manager's business (agentrt.kv); the model only reads page tables.
+
+Sliding-window layers may keep their pages apart (kv/window.py): `local_of` maps a logical page
+to its row in those layers' tensors (-1: released), and they hold `num_local` rows."""
 
 from __future__ import annotations
 
@@ -13,27 +16,56 @@ from agentrt.model.config import ModelConfig
 
 @dataclass(frozen=True)
 class KVStore:
-    """k[layer], v[layer]: [num_pages, page_size, Hkv, D]."""
+    """k[layer], v[layer]: [num_pages, page_size, Hkv, D] ([num_local, ...] on the local layers
+    of a store with `local_of`)."""
 
     k: tuple[torch.Tensor, ...]
     v: tuple[torch.Tensor, ...]
     page_size: int
+    local_layers: tuple[bool, ...] = ()  # per layer: its pages are local ones (with local_of)
+    local_of: torch.Tensor | None = None  # [num_pages] int64: logical page -> local row, -1 none
+    window: int = 0  # the local layers' largest window (with local_of)
 
     @property
     def num_pages(self) -> int:
-        return self.k[0].shape[0]
+        return self.k[0].shape[0] if self.local_of is None else self.local_of.shape[0]
+
+    def is_local(self, layer: int) -> bool:
+        return self.local_of is not None and self.local_layers[layer]
+
+    def row(self, layer: int, page: int) -> int:
+        """The row of `layer`'s tensors holding logical page `page` (0 for a released one:
+        never read, since no window reaches it)."""
+        return max(0, int(self.local_of[page])) if self.is_local(layer) else page
+
+    def rows(self, layer: int, pages: torch.Tensor) -> torch.Tensor:
+        return self.local_of[pages].clamp(min=0) if self.is_local(layer) else pages
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, num_pages: int, page_size: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "KVStore":
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 num_local: int | None = None) -> "KVStore":
+        """`num_local`: rows of the sliding-window layers' own pool (None: those layers index
+        the logical pages like the others)."""
         if num_pages < 1 or page_size < 1:
             raise ConfigError(f"KV store needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
-        shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        k = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers))
-        v = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers))
-        return cls(k, v, page_size)
+        local = tuple(cfg.window(i) > 0 for i in range(cfg.num_layers)) if num_local is not None else ()
+        if num_local is not None and (num_local < 1 or not any(local)):
+            raise ConfigError(f"a local KV pool needs num_local >= 1 and sliding-window layers, got {num_local}")
+
+        def one(layer: int) -> torch.Tensor:
+            rows = num_local if local and local[layer] else num_pages
+            return torch.zeros((rows, page_size, cfg.num_kv_heads, cfg.head_dim), dtype=dtype, device=device)
+        k = tuple(one(i) for i in range(cfg.num_layers))
+        v = tuple(one(i) for i in range(cfg.num_layers))
+        local_of = torch.full((num_pages,), -1, dtype=torch.int64) if local else None
+        window = max((cfg.window(i) for i in range(cfg.num_layers)), default=0) if local else 0
+        return cls(k, v, page_size, local, local_of, window)
 
     @staticmethod
-    def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
+    def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.float32, local: bool | None = None) -> int:
+        """KV bytes per token of every layer (local=True: of the sliding-window layers only;
+        False: of the others)."""
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
+        n = sum(1 for i in range(cfg.num_layers) if local is None or (cfg.window(i) > 0) == local)
+        return 2 * n * cfg.num_kv_heads * cfg.head_dim * elem

@@ -58,6 +58,7 @@ class Attention(nn.Module):
             q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
         q = ops.rope(q, cos, sin)  # [T, H, D]
         k = ops.rope(k, cos, sin)  # [T, Hkv, D]
+        meta = meta.for_layer(kv.is_local(layer))  # (a sliding-window layer's own pages: kv/window.py)
         ops.store_kv(kv.k[layer], kv.v[layer], k, v.view(t, self.hkv, self.d), meta.slot_mapping)
         a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale, self.window, self.softcap)
         return self.o(a.reshape(t, self.h * self.d))

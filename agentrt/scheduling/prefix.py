@@ -25,7 +25,8 @@ def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,
     """Point req.seq at the longest reusable KV for its target; returns tokens reused.
 
     A session keeps the longest common prefix of what it holds and the new prompt and drops
-    the rest (an edited or rolled-back history stays correct). The radix tree may offer a
+    the rest (an edited or rolled-back history stays correct), cut back to a point its
+    sliding-window layers can go on from (kv/window.py). The radix tree may offer a
     longer prefix (another agent's identical system prompt). At least one token is always
     left to compute, because the next logits need a forward pass. `promote(tokens)` first
     brings the demoted continuation of the tree's match back from the KV tier.
@@ -33,14 +34,15 @@ def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,
     target, seq = req.target, req.seq
     limit = len(target) - 1
     keep = common_prefix(seq.tokens, target) if session_reuse else 0
-    kvm.truncate(seq, min(keep, limit))
+    kvm.truncate(seq, kvm.valid_point(seq.pages, min(keep, limit)))
     if radix is not None and promote is not None:
         promote(target[:limit])
     if radix is not None:
         m = radix.match_prefix(target[:limit], req.cache_salt)
-        if m.length > seq.num_cached:
+        n = kvm.valid_point(m.pages, m.length)  # (short of m where a window's pages were released)
+        if n > seq.num_cached:
             kvm.release(seq)
-            kvm.alias(seq, target[:m.length], m.pages)
+            kvm.alias(seq, target[:n], m.pages)
             req.lock_node = radix.lock_match(m)
     return seq.num_cached
 

@@ -93,8 +93,8 @@ class SimExecutor:
         s, self.pending_s = self.pending_s, 0.0
         return s
 
-    def allocate(self, num_pages: int, page_size: int) -> KVStore:
-        return KVStore.allocate(_ONE_SLOT, num_pages, page_size, torch.float32)
+    def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
+        return KVStore.allocate(_ONE_SLOT, num_pages, page_size, torch.float32)  # (no KV: one pool)
 
     def tier(self, store: KVStore, budget_bytes: int) -> SimTier:
         ps = store.page_size

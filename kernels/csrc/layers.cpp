@@ -21,7 +21,8 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
                                     const float* sin_t, const int64_t* slots, void* const* k_caches,
                                     void* const* v_caches, const int64_t* page_table,
                                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens,
-                                    const int64_t* seqs, int64_t nseq) {
+                                    const int64_t* seqs, int64_t nseq, const int64_t* local_slots,
+                                    const int64_t* local_table, int64_t local_max_pages) {
   const int64_t hd = (int64_t)d->heads * d->head_dim;
   const int64_t qkv_n = hd + 2LL * d->kv_heads * d->head_dim;
   float* h = agrt_scratch<float>(kSlotH, (size_t)(T * d->hidden));
@@ -42,10 +43,13 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
     const AgrtLayer& L = layers[i];
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.attn_norm, d->eps, h);
     agrt::linear(L.qkv, h, T, d->hidden, qkv, qkv_n, false);
+    // a sliding-window layer with pages of its own (agentrt/kv/window.py) reads its own table
+    const bool loc = local_table && L.window > 0;
     agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, L.cos ? L.cos : cos_t, L.sin ? L.sin : sin_t,
-                    slots, L.q_norm,
+                    loc ? local_slots : slots, L.q_norm,
                     L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_half);
-    agrt_attention(q, k_caches[i], v_caches[i], page_table, max_pages, cu_q, kv_lens, seqs,
+    agrt_attention(q, k_caches[i], v_caches[i], loc ? local_table : page_table, loc ? local_max_pages : max_pages,
+                   cu_q, kv_lens, seqs,
                    nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_half,
                    L.window, L.softcap);
     residual(L.o, att, hd, L.attn_post_norm);
