@@ -4,8 +4,9 @@ on the same file, and beside the same weights with full attention on every layer
 
 The file: 18 layers, hidden 640, 4 heads / 1 KV head of 256, MLP 2048 (Gemma 3 270M's shape),
 every matrix Q8_0, the SmolLM2 tokenizer (bench/synthetic.py). KV bytes per session at that
-context: agentrt keeps every layer's whole history (the page release on local layers is not
-built), llama.cpp's sliding-window cache keeps the window on local layers.
+context, measured: an engine session after one turn of CTX tokens (agentrt's local layers keep
+their pages in a pool of their own and release what the session slid past: kv/window.py),
+beside full attention and llama.cpp's sliding-window cache (the window on local layers).
 
     python bench/swa_case.py [--quick]     (bench_model.py runs it too)
 """
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -107,6 +109,26 @@ def kv_bytes(cfg, layers_window: list[int], ctx: int, elem: int = 2) -> int:
     return sum(per_token * (min(ctx, w) if w else ctx) for w in layers_window)
 
 
+def session_kv_bytes(model) -> tuple[int, int]:
+    """(KV bytes one engine session holds after a turn of CTX prompt tokens, of which local
+    layers'), counted from the pages it holds: every page's global layers, and the local
+    layers of the pages that still have their local page."""
+    from agentrt.config import EngineConfig
+    from agentrt.engine.core import EngineCore
+    from agentrt.model.kv import KVStore
+    from agentrt.sampling import SamplingParams
+
+    core = EngineCore(model, EngineConfig(kv_cache_tokens=16384, response_cache_size=0))
+    es = core.open_session(core.pool.acquire("session", 0))
+    core.add_request(list(range(5, 5 + CTX)), SamplingParams(max_tokens=4), lambda ev: None, session=es)
+    while core.has_work():
+        core.step()
+    local, ps = core.alloc.local, core.cfg.page_size
+    glob, loc = (KVStore.bytes_per_token(model.cfg, model.kv_dtype, local=x) * ps for x in (False, True))
+    kept = sum(local.present(p) for p in es.seq.pages) * loc
+    return len(es.seq.pages) * glob + kept, kept
+
+
 def run(rounds: int, steps: int) -> dict:
     from bench.peers.llamacpp_peer import llama_cpp_missing
     from agentrt.model.loaders.load import load_model
@@ -129,16 +151,20 @@ def run(rounds: int, steps: int) -> dict:
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     cfg = windowed.cfg
     windows = [b.attn.window for b in windowed.blocks]
+    elem = torch.empty((), dtype=windowed.kv_dtype).element_size()
+    held, held_local = session_kv_bytes(windowed)
     res = {
         "swa_model": {**SHAPE, "file": path.name, "context": CTX, "windows": windows},
         "swa_llama_cpp": missing or "llama-cpp-python, same GGUF, 2 threads",
         "swa_decode_b1_step_ms_ctx2048": ms,
         "swa_decode_window_over_full_attention": ms["agentrt native (window 512)"] / ms["agentrt native, full attention"],
-        "swa_kv_bytes_per_session": {  # float16 KV
-            "agentrt (whole history kept)": kv_bytes(cfg, [0] * cfg.num_layers, CTX),
-            "full attention": kv_bytes(cfg, [0] * cfg.num_layers, CTX),
-            "window on local layers (llama.cpp's cache)": kv_bytes(cfg, windows, CTX),
+        "swa_kv_bytes_per_session": {  # at agentrt's KV dtype
+            "agentrt (measured: a session after a 2048-token turn)": held,
+            "full attention": kv_bytes(cfg, [0] * cfg.num_layers, CTX, elem),
+            "window on local layers (llama.cpp's cache)": kv_bytes(cfg, windows, CTX, elem),
         },
+        "swa_kv_local_bytes_per_session": held_local,
+        "swa_kv_bytes_per_session_over_full_attention": held / kv_bytes(cfg, [0] * cfg.num_layers, CTX, elem),
     }
     if missing is None:
         res["swa_decode_speedup_vs_llamacpp"] = ms["llama.cpp"] / ms["agentrt native (window 512)"]
