@@ -1,13 +1,15 @@
 """An agent on a tiny random model in each tool-call format (hermes fallback, Qwen2.5, Llama 3.1
-style, Mistral style): the grammar makes the model write the call in its family's format, the
+style, Mistral style, Phi-4-mini, Gemma 3): the grammar makes the model write the call in its family's format, the
 parser reads it, the tool runs, and the next round's prompt is the template's rendering of the
 conversation (decoded token for token). The Llama 3 and Mistral templates are small ones written
 for this test in those families' style (headers, "parameters", [TOOL_CALLS] as a control token);
-the Qwen2.5 one is the real template (tests/fixtures)."""
+the Qwen2.5, Phi-4-mini and Gemma 3 ones are the real templates (tests/fixtures,
+tests/family_templates.py)."""
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Literal
 
 import anyio
@@ -25,6 +27,7 @@ from agentrt.conversation.conversation import Conversation
 from agentrt.conversation.formats import chat_format_of, grammars_of
 from tests.conftest import config_of, make_hf_model, smol_tokenizer
 from tests.engine_util import assert_quiescent
+from tests.family_templates import gemma3_tokenizer, phi4_mini_tokenizer
 from tests.qwen_fixture import qwen_tokenizer
 
 LLAMA3_STYLE = (
@@ -72,7 +75,7 @@ def _smol_variant(template: str | None, extra_special: tuple[str, ...] = ()) -> 
                      pad_token_id=smol.pad_token_id, chat_template=template or smol.chat_template)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=6)
 def _model(name: str, tmp: str) -> LoadedModel:
     from pathlib import Path
 
@@ -80,7 +83,8 @@ def _model(name: str, tmp: str) -> LoadedModel:
         tok, arch = qwen_tokenizer(Path(tmp)), "qwen2"
     else:
         tok = {"hermes": lambda: _smol_variant(None), "llama3": lambda: _smol_variant(LLAMA3_STYLE),
-               "mistral": lambda: _smol_variant(MISTRAL_STYLE, ("[TOOL_CALLS]",))}[name]()
+               "mistral": lambda: _smol_variant(MISTRAL_STYLE, ("[TOOL_CALLS]",)),
+               "phi4": phi4_mini_tokenizer, "gemma": gemma3_tokenizer}[name]()
         arch = "llama"
     hf = make_hf_model(arch, seed=5, vocab_size=tok.vocab_size + 8, hidden_size=48, intermediate_size=96,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -90,7 +94,7 @@ def _model(name: str, tmp: str) -> LoadedModel:
     return LoadedModel(m.eval(), tok, m.cfg, f"tiny-{name}")
 
 
-@pytest.mark.parametrize("name", ["hermes", "qwen", "llama3", "mistral"])
+@pytest.mark.parametrize("name", ["hermes", "qwen", "llama3", "mistral", "phi4", "gemma"])
 def test_agent_calls_a_tool_in_the_family_format(name, tmp_path_factory):
     lm = _model(name, str(tmp_path_factory.getbasetemp() / "qwen"))
     prompts = {}
@@ -120,6 +124,7 @@ def test_agent_calls_a_tool_in_the_family_format(name, tmp_path_factory):
     tools = [get_weather.openai_schema()]
     tokens, messages, _ = prompts[0, 1]  # after the tool result: all of it is the template's rendering
     assert chat.tokenizer.decode(tokens) == chat.render(messages, tools)
+    assert chat.tool_format.render_calls([(call["name"], json.loads(call["arguments"]))]) in chat.render(messages, tools)
     # the next turn (Mistral-style moves the tools): what follows the model's last reply (kept as the
     # ids it generated, not its cleaned text) is the template's rendering
     tokens, messages, ends = prompts[1, 0]
