@@ -117,6 +117,8 @@ def test_gemma_merged_results_re_encode_only_their_turn():
     head = chat.encode(CONVERSATION[:3], [WEATHER], add_generation_prompt=False)
     assert kept == 3 and 4 not in ends and 5 in ends
     assert chat.tokenizer.decode(head + ids) == chat.render(CONVERSATION, [WEATHER])
+    asked = [*CONVERSATION[1:4], {"role": "user", "content": "And Rome?"}]  # roles still alternate
+    assert chat.render(asked).endswith("```tool_output\nsunny\n```\nAnd Rome?<end_of_turn>\n<start_of_turn>model\n")
 
 
 @pytest.mark.parametrize("name", ["phi4", "gemma"])

@@ -18,7 +18,8 @@ conventions (`tool_convention`, conversation/conventions.py). Other templates (S
   * a tool result becomes a *user* turn whose content is `<tool_response>\\n{content}\\n</tool_response>`
     (one turn per result, never merged, so appending messages never changes earlier turns).
 
-Token-level contract. Every message's content (after the rewrite above) is data: it is rendered
+Token-level contract. Every message's content (after the rewrite above) is data (a convention's
+template-made TAIL is not: it is checked for control-token text instead): it is rendered
 as a random sentinel, so control tokens are taken only where the template text has them; the text
 between two control tokens (template text and contents together) is tokenized as one piece with
 special-token parsing off -- as tokenizing the whole rendering would, except that a tool result
@@ -26,9 +27,10 @@ holding `<|im_start|>` can never produce the control token. Text is also cut at 
 boundary that is a prefix of the whole rendering and before the generation prompt, so
 `encode(prev, add_generation_prompt=False) + encode_delta(prev, new)` equals `encode(prev + new)`
 by construction. Templates that `| trim` content are detected and handled; templates that
-otherwise rewrite content are refused. A template that re-renders earlier turns once later ones
-exist (Qwen2.5 merges consecutive tool results; Mistral moves the tool list to the last user turn)
-is not extendable by a pure delta: `extend()` then re-encodes from the last boundary that still
+otherwise rewrite content are refused. An eos the template writes only without a generation
+prompt (Phi-4-mini's) ends a document, not a turn: renderings here leave it out. A template that
+re-renders earlier turns once later ones exist (Qwen2.5 and Gemma 3's convention merge
+consecutive tool results; Mistral moves the tool list to the last user turn) is not extendable by a pure delta: `extend()` then re-encodes from the last boundary that still
 holds (what `Conversation.append` does); `encode_delta` raises.
 
 Model output: `encode(prev) + encode_assistant_tokens(generated_ids)` is the token history after a
