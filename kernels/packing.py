@@ -67,7 +67,9 @@ class QuantMatrix:
 @dataclass(frozen=True)
 class PackedWeight:
     q: torch.Tensor  # uint8, [tiles, K*16*bits/8]
-    s: torch.Tensor  # [tiles, K/G, 16]: fp16 when every scale and min is exactly an fp16, else fp32
+    # s: [tiles, K/G, 16]: fp16 when every scale and min is exactly an fp16, else fp32; or the
+    # K-quants' two levels (uint8 [tiles, K/256, 160]: `two_level`)
+    s: torch.Tensor
     m: torch.Tensor | None
     z: int
     bits: int
@@ -78,7 +80,8 @@ class PackedWeight:
 
     @property
     def half(self) -> int:
-        return int(self.s.dtype == torch.float16)
+        """How the kernels read s and m: 0 fp32, 1 fp16, 2 two-level (kernels/csrc/qmat.h)."""
+        return 2 if self.s.dtype == torch.uint8 else int(self.s.dtype == torch.float16)
 
     @property
     def nbytes(self) -> int:
@@ -100,12 +103,56 @@ def pack(qm: QuantMatrix) -> PackedWeight:
     else:
         t = q.reshape(tiles, 16, k // 8, 2, 4)
         t = (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 1, 3)
+    q = t.contiguous().reshape(tiles, -1)
     # GGUF's Q4_0/Q4_1/Q5_x/Q8_0 store their scales and mins as fp16: keep 2 bytes, not 4
     half = all(a is None or torch.equal(a.half().float(), a) for a in (s, m))
+    two = None if half or g != 32 or k % 256 else [two_level(a) for a in (s, m) if a is not None]
+    if two and all(x is not None for x in two):  # (Q4_K / Q5_K: d x 6-bit scale, as the file has them)
+        lay2 = lambda dc: _lay_two_level(*dc, tiles)  # noqa: E731
+        return PackedWeight(q, lay2(two[0]), None if m is None else lay2(two[1]), qm.z, bits, g, n, k, qm.fmt)
     dt = torch.float16 if half else torch.float32
     lay = lambda a: a.reshape(tiles, 16, k // g).permute(0, 2, 1).contiguous().to(dt)  # noqa: E731
-    return PackedWeight(t.contiguous().reshape(tiles, -1), lay(s), None if m is None else lay(m),
-                        qm.z, bits, g, n, k, qm.fmt)
+    return PackedWeight(q, lay(s), None if m is None else lay(m), qm.z, bits, g, n, k, qm.fmt)
+
+
+def two_level(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """a [N, K/32] fp32 as d [N, K/256] (each an fp16) x c [N, K/32] (integers 0..255), exactly
+    (d * c == a in fp32), or None. K-quants store their scales so (d, 6-bit sub-scales); the
+    file's d is found by trying the largest sub-scale of each block as 63, 62, ... (gguf's
+    quantizers make it 63 in most blocks), on the blocks not yet solved."""
+    n, ng = a.shape
+    blocks = a.reshape(-1, 8)
+    ref = blocks.gather(1, blocks.abs().argmax(1, keepdim=True))  # [B, 1]: the largest magnitude
+    d, c = torch.zeros_like(ref), torch.zeros(blocks.shape, dtype=torch.uint8)
+    todo = (ref[:, 0] != 0).nonzero()[:, 0]
+    for top in range(63, 0, -1):
+        if not todo.numel():
+            break
+        b, dk = blocks[todo], ref[todo] / top
+        ck = torch.round(b / dk)
+        ok = (dk[:, 0].half().float() == dk[:, 0]) & (dk * ck == b).all(1) & (ck >= 0).all(1) & (ck <= 255).all(1)
+        d[todo[ok]], c[todo[ok]] = dk[ok], ck[ok].to(torch.uint8)
+        todo = todo[~ok]
+    if todo.numel():
+        return None
+    return d.reshape(n, ng // 8), c.reshape(n, ng)
+
+
+def _lay_two_level(d: torch.Tensor, c: torch.Tensor, tiles: int) -> torch.Tensor:
+    """Per tile and block of 256: the 16 columns' d (fp16, 32 bytes), then their sub-scales
+    (8 groups x 16 columns, 128 bytes): uint8 [tiles, K/256, 160]."""
+    nb = d.shape[1]
+    dd = d.reshape(tiles, 16, nb).permute(0, 2, 1).contiguous().half().view(torch.uint8)
+    cc = c.reshape(tiles, 16, nb, 8).permute(0, 2, 3, 1).reshape(tiles, nb, 128)
+    return torch.cat([dd, cc], -1).contiguous()
+
+
+def _unlay_two_level(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of _lay_two_level, as fp32 scales [tiles, K/32, 16]."""
+    tiles, nb, _ = x.shape
+    d = x[..., :32].contiguous().view(torch.float16).float()  # [tiles, nb, 16]
+    c = x[..., 32:].reshape(tiles, nb, 8, 16).float()
+    return (d[:, :, None, :] * c).reshape(tiles, nb * 8, 16)
 
 
 def unpack(pw: PackedWeight) -> QuantMatrix:
@@ -116,7 +163,8 @@ def unpack(pw: PackedWeight) -> QuantMatrix:
     else:
         b = pw.q.reshape(tiles, k // 8, 16, 4).permute(0, 2, 1, 3)  # [tiles, 16, K/8, 4]
         q = torch.stack((b & 15, b >> 4), dim=3).reshape(tiles * 16, k)
-    lay = lambda a: a.permute(0, 2, 1).reshape(tiles * 16, k // g)[: pw.n].float()  # noqa: E731
+    lay = lambda a: (_unlay_two_level(a) if pw.half == 2 else a).permute(0, 2, 1).reshape(  # noqa: E731
+        tiles * 16, k // g)[: pw.n].float()
     return QuantMatrix(q[: pw.n].contiguous(), lay(pw.s).contiguous(),
                        None if pw.m is None else lay(pw.m).contiguous(), pw.z, g, pw.fmt)
 

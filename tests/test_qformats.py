@@ -101,6 +101,29 @@ def test_compiled_kernel_matches_torch_fallback_and_is_batch_invariant():
     assert torch.allclose(out[:, 10:80], y + 1, atol=1e-5) and (out[:, :10] == 1).all() and (out[:, 80:] == 1).all()
 
 
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q5_K), ids=lambda q: q.name)
+def test_k_quant_scales_keep_their_two_levels(qtype):
+    """Q4_K/Q5_K scales and mins packed as the file has them (fp16 d per 256, 8-bit sub-scales):
+    fewer bytes, and bitwise the same GEMM and rows as the fp32 scales they equal."""
+    import dataclasses
+
+    from agentrt.kernels.packing import _unlay_two_level
+
+    _, qm = _gguf_matrix(qtype, rows=40, cols=512, seed=5)
+    pw = pack(qm)
+    assert pw.half == 2 and pw.s.dtype == torch.uint8
+    flat = dataclasses.replace(pw, s=_unlay_two_level(pw.s).contiguous(), m=_unlay_two_level(pw.m).contiguous())
+    assert flat.half == 0 and pw.nbytes < (0.8 if pw.bits == 4 else 0.9) * flat.nbytes
+    assert torch.equal(unpack(pw).s, qm.s) and torch.equal(unpack(pw).m, qm.m)
+    for rows in (1, 3, 8, 13):
+        x = torch.randn(rows, 512)
+        for fallback in (False, True):
+            assert torch.equal(_with_native(fallback, lambda: qgemm(x, pw)),
+                               _with_native(fallback, lambda: qgemm(x, flat))), (rows, fallback)
+    ids = torch.tensor([0, 17, 39])
+    assert torch.equal(qrows(pw, ids), qrows(flat, ids))
+
+
 @pytest.mark.parametrize("fallback", [False, True])
 def test_quantized_row_lookup_is_exact(fallback):
     _, qm = _gguf_matrix(T.Q8_0, rows=40, cols=64)
@@ -131,6 +154,12 @@ for q, s, m, z, g in ((torch.randint(0, 16, (40, 64), dtype=torch.uint8), torch.
     pw = pack(QuantMatrix(q, s, m, z, g))
     x = torch.randn(5, 64)
     assert torch.allclose(qgemm(x, pw, precise=True), _qgemm_torch(x, pw, None, True), atol=1e-4)
+d = torch.rand(40, 2).half().float()  # K-quant scales (d x 6-bit): the two-level layout
+pw = pack(QuantMatrix(torch.randint(0, 16, (40, 512), dtype=torch.uint8), d.repeat_interleave(8, 1) *
+                      torch.randint(0, 64, (40, 16)).float(), -d.repeat_interleave(8, 1) * 3, 0, 32, "Q4_K"))
+assert pw.half == 2
+x = torch.randn(5, 512)
+assert torch.allclose(qgemm(x, pw, precise=True), _qgemm_torch(x, pw, None, True), atol=1e-4)
 model = tiny_model("qwen2")
 ids = list(range(3, 90))
 assert torch.allclose(prompt_logits(model, ids, path="fused"), prompt_logits(model, ids, path="eager"), atol=1e-4)

@@ -5,11 +5,22 @@
 
 namespace agrt {
 
+// Scales and mins, param i = (tile * K/G + group) * 16 + column: fp32 (half 0), fp16 (half 1), or
+// the K-quants' two levels (half 2, G = 32): per tile and block of 256, 16 fp16 d then 8 x 16 uint8
+// sub-scales (160 bytes), the param d * sub-scale -- exact in fp32, so the same numbers as fp32.
+constexpr int kTwoLevelBytes = 160;
 struct QMat {
-  const uint8_t* q; const void* s; const void* m;  // scales/mins: fp32, or fp16 when `half`
+  const uint8_t* q; const void* s; const void* m;  // scales/mins: see above
   int32_t z, bits, G, half; int64_t K;
   int64_t tile_bytes() const { return K * 16 * bits / 8; }
+  static const uint8_t* block(const void* p, int64_t g) {  // g: the param's group (i >> 4)
+    return static_cast<const uint8_t*>(p) + (g >> 3) * kTwoLevelBytes;
+  }
   static float at(const void* p, int64_t i, int32_t half) {
+    if (half == 2) {
+      const uint8_t* b = block(p, i >> 4);
+      return agrt_half_to_float(reinterpret_cast<const uint16_t*>(b)[i & 15]) * (float)b[32 + ((i >> 4) & 7) * 16 + (i & 15)];
+    }
     return half ? agrt_half_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
   }
   float scale(int64_t i) const { return at(s, i, half); }
@@ -23,6 +34,12 @@ struct QMat {
   float min(int64_t i) const { return at(m, i, half); }
 #ifdef __AVX512F__
   __m512 load16(const void* p, int64_t i) const {  // params i .. i+15
+    if (half == 2) {
+      const uint8_t* b = block(p, i >> 4);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
+      const __m128i c = _mm_loadu_si128((const __m128i*)(b + 32 + ((i >> 4) & 7) * 16));
+      return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c)));
+    }
     return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(static_cast<const uint16_t*>(p) + i)))
                 : _mm512_loadu_ps(static_cast<const float*>(p) + i);
   }
