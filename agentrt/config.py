@@ -68,7 +68,7 @@ class EngineConfig:
     # "fused" or "eager" (the torch reference path)
     forward_path: str = "auto"
     # the tool-call format (agentrt/toolcall/formats.py): "auto" = detected from the chat template,
-    # or "hermes" | "qwen" | "llama3" | "mistral"; bare_tool_calls: in tool_choice auto, also take a
+    # or "hermes" | "qwen" | "llama3" | "mistral" | "phi4" | "gemma"; bare_tool_calls: in tool_choice auto, also take a
     # bare call object / ```json fence at the start of a message (None: the format's default)
     tool_format: str = "auto"
     bare_tool_calls: bool | None = None
@@ -90,7 +90,8 @@ class EngineConfig:
         if self.bare_tool_calls is not None:
             check_bool("EngineConfig.bare_tool_calls (None: the format's default)", self.bare_tool_calls)
         check_choice("EngineConfig.forward_path", self.forward_path, ("auto", "fused", "eager"))
-        check_choice("EngineConfig.tool_format", self.tool_format, ("auto", "hermes", "qwen", "llama3", "mistral"))
+        check_choice("EngineConfig.tool_format", self.tool_format,
+                     ("auto", "hermes", "qwen", "llama3", "mistral", "phi4", "gemma"))
         check_choice("EngineConfig.eviction_policy", self.eviction_policy, EVICTION_POLICIES)
         check_choice("EngineConfig.scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         put("task_aging_s", check_float("EngineConfig.task_aging_s (seconds)", self.task_aging_s, min=0.0,
