@@ -56,7 +56,9 @@ def make(name: str):
     return sharpen(hf)
 
 
-def write_gemma_gguf(path: Path, hf, arch: str) -> None:
+def write_gemma_gguf(path: Path, hf, arch: str, qtype=None, blocks: dict | None = None) -> None:
+    """`qtype` (Q8_0): the attention and MLP matrices quantized by gguf; `blocks`: their raw
+    K-quant blocks by GGUF name, (data, qtype)."""
     c = hf.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
@@ -86,7 +88,13 @@ def write_gemma_gguf(path: Path, hf, arch: str) -> None:
             if p + hf_name + ".weight" in sd:
                 w.add_tensor(f"blk.{i}.{g}.weight", (sd[p + hf_name + ".weight"] + 1).numpy())
         for hf_name, g in _LINEAR.items():
-            w.add_tensor(f"blk.{i}.{g}.weight", sd[p + hf_name + ".weight"].numpy())
+            name, t = f"blk.{i}.{g}.weight", sd[p + hf_name + ".weight"].numpy()
+            if blocks is not None:
+                w.add_tensor(name, blocks[name][0], raw_dtype=blocks[name][1])
+            elif qtype is not None:
+                w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+            else:
+                w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -100,6 +108,7 @@ def case(request, tmp_path_factory):
     hf = make(name)
     hf.save_pretrained(root / "hf", safe_serialization=True)
     write_gemma_gguf(root / "f32.gguf", hf, name)
+    write_gemma_gguf(root / "q8.gguf", hf, name, gguf.GGMLQuantizationType.Q8_0)
     return name, hf, root, oracle(hf)
 
 
@@ -128,6 +137,56 @@ def test_gemma_int8_on_the_kernels_stays_close(case):
     ours = prompt_logits(model, prompt)
     assert (ours - want).abs().max().item() < 0.05 * want.abs().max().item()
     assert (ours.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.9
+
+
+@needs_native
+def test_gemma_q8_0_gguf_on_the_native_path(case, monkeypatch):
+    """A Q8_0 GGUF kept quantized: close to transformers, and the all-layers call gives the
+    per-op path's numbers exactly."""
+    from agentrt.model import fused
+
+    name, hf, root, (prompt, want, greedy, tail) = case
+    model = load_model(str(root / "q8.gguf"), quantize="native").model
+    assert model.blocks[0].attn.qkv.parts[0].bits == 8 and fused.native_layers(model) is not None
+    scale, ours = want.abs().max().item(), prompt_logits(model, prompt)  # (int8 weights and activations)
+    assert (ours - want).abs().max().item() < 0.05 * scale
+    assert (ours.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.9
+    all_layers = decode_logits(model, prompt + greedy, "fused")
+    assert (all_layers - tail).abs().max().item() < 0.05 * scale
+    monkeypatch.setattr(fused, "native_layers", lambda model: None)
+    assert torch.equal(decode_logits(model, prompt + greedy, "fused"), all_layers)
+
+
+@needs_native
+def test_gemma3_k_quant_gguf_matches_transformers(tmp_path):
+    """Every attention and MLP matrix Q4_K (random blocks: gguf has no K quantizer), kept Q4_K on
+    the kernels, against transformers running the same dequantized values."""
+    from tests.test_moe import random_k_blocks
+
+    prefix, overrides = CASES["gemma3"]
+    torch.manual_seed(77)
+    cfg = getattr(transformers, prefix + "Config")(**{**COMMON, **overrides, "hidden_size": 256,
+                                                     "intermediate_size": 256, "head_dim": 64, "query_pre_attn_scalar": 64,
+                                                     "pad_token_id": 0})
+    hf = sharpen(transformers.Gemma3ForCausalLM(cfg).eval())
+    rng, blocks, q4k = np.random.default_rng(3), {}, gguf.GGMLQuantizationType.Q4_K
+    with torch.no_grad():
+        for i, layer in enumerate(hf.model.layers):
+            for hf_name, g in _LINEAR.items():
+                mod = layer.get_submodule(hf_name)
+                rows, cols = mod.weight.shape
+                data = random_k_blocks(q4k, rows, cols, rng)
+                blocks[f"blk.{i}.{g}.weight"] = (data, q4k)
+                mod.weight.copy_(torch.from_numpy(gguf.quants.dequantize(data, q4k).reshape(rows, cols).copy()))
+    write_gemma_gguf(tmp_path / "q4k.gguf", hf, "gemma3", blocks=blocks)
+    prompt, want, _, _ = oracle(hf)
+    model = load_model(str(tmp_path / "q4k.gguf"), quantize="native").model
+    assert model.blocks[2].mlp.down.parts[0].bits == 4 and model.blocks[2].mlp.down.parts[0].half == 2
+    ours = prompt_logits(model, prompt)
+    assert (ours - want).abs().max().item() < 0.05 * want.abs().max().item()
+    assert (ours.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.9
+    exact = load_model(str(tmp_path / "q4k.gguf"), quantize="none").model  # dequantized: fp32 exact
+    assert (prompt_logits(exact, prompt) - want).abs().max().item() < 3e-5 * want.abs().max().item()
 
 
 def test_softcapped_attention_reference_matches_the_kernel():

@@ -10,6 +10,7 @@ full attention); queries read only their window.
 
 from __future__ import annotations
 
+import gguf
 import pytest
 import torch
 
@@ -54,6 +55,7 @@ def case(request, tmp_path_factory):
     if arch:
         extra = {f"{arch}.attention.sliding_window": WINDOW} if name == "mistral" else None
         write_gguf(root / "f32.gguf", hf, arch, extra_kv=extra)
+        write_gguf(root / "q8.gguf", hf, arch, gguf.GGMLQuantizationType.Q8_0, extra_kv=extra)
     return name, hf, root, oracle(hf)
 
 
@@ -69,6 +71,20 @@ def test_sliding_window_matches_transformers(case, source, path):
     assert (prompt_logits(model, prompt) - want).abs().max().item() < 1e-4
     assert generate(model, prompt, SamplingParams(max_tokens=NEW_TOKENS)) == greedy
     assert (decode_logits(model, prompt + greedy, path) - tail).abs().max().item() < 1e-4
+
+
+@needs_native
+def test_q8_0_gguf_with_a_window_on_the_native_path(case):
+    """A Q8_0 GGUF kept quantized (every layer's integer GEMM, the window in the C attention):
+    close to transformers through the prompt and the decoded tail."""
+    name, hf, root, (prompt, want, greedy, tail) = case
+    if CASES[name][2] != "llama":
+        pytest.skip("the GGUF case: Mistral as llama.cpp writes it (sliding_window in its metadata)")
+    model = load_model(str(root / "q8.gguf"), quantize="native").model
+    assert model.blocks[0].attn.qkv.parts[0].bits == 8 and model.blocks[-1].attn.window == WINDOW
+    scale, ours = want.abs().max().item(), prompt_logits(model, prompt)
+    assert (ours - want).abs().max().item() < 0.03 * scale
+    assert (decode_logits(model, prompt + greedy, "fused") - tail).abs().max().item() < 0.03 * scale
 
 
 def test_the_window_changes_the_answer(case):
