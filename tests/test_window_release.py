@@ -17,7 +17,7 @@ import torch
 
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
-from agentrt.errors import ConfigError
+from agentrt.errors import ConfigError, SnapshotMismatch
 from agentrt.kernels import native
 from agentrt.kv.window import split_pool, window_start
 from agentrt.model.generate import generate
@@ -141,6 +141,11 @@ def test_rollback_fork_and_snapshot_across_released_pages(model):
     for s in (es, fork, restored):
         core.close_session(s)
     core.check_invariants()
+    one_pool = engine(model, window_kv_tokens=0, kv_cache_tokens=256)  # (it cannot tell them apart)
+    assert one_pool.alloc.local is None
+    with pytest.raises(SnapshotMismatch, match="released"):
+        one_pool.import_session(one_pool.pool.acquire("session", 0), data, tag="x", cache_salt=None)
+    one_pool.check_invariants()
 
 
 def test_the_tier_keeps_which_pages_were_released(model):

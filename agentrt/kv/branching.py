@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from agentrt.engine.request import EngineSession
-from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy
+from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy, SnapshotMismatch
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.space import KVSpace
 
@@ -86,6 +86,13 @@ class Branching:
         """A new session (pool id `sid`) holding data's tokens and KV (read_snapshot checked both
         against the model). Pages come from free memory, then evictable cache and idle sessions."""
         tokens, n = list(data["tokens"]), len(data["tokens"])
+        absent = data.get("local_absent")
+        if absent is not None and bool(absent.any()) and self.kv.alloc.local is None:
+            raise SnapshotMismatch(
+                "this snapshot's sliding-window layers had released the KV of positions their windows had "
+                "passed; this engine keeps one KV pool and could not tell them apart: restore it on an engine "
+                "whose sliding-window layers keep their own pool (EngineConfig.window_kv_tokens, or a "
+                "kv_cache_tokens larger than its windows need), or start a fresh session")
         need = self.kv.kvm.pages_for(n)
         if not self.kv.mem.reclaim(need):
             raise OutOfKVMemory(
