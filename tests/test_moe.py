@@ -284,6 +284,9 @@ def test_grouped_expert_gemm_against_per_token_reference(fmt):
     one = x0[5:6].clone()  # a row's result does not depend on its batch
     fused._moe(_Holder(), moe, _LibStep(), h[5:6].contiguous(), one)
     assert torch.equal(one[0], got[5])
+    big = torch.cat([x0] * 24)  # 312 rows: past the decode path's bound (all experts' GEMMs in one
+    fused._moe(_Holder(), moe, _LibStep(), torch.cat([h] * 24), big)  # loop), expert by expert
+    assert torch.equal(big[13 * 23 + 5], got[5]) and torch.equal(big[:13], got)
     eager = x0 + moe(h)  # the torch path: the same experts, the same weights
     torch.testing.assert_close(eager, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 

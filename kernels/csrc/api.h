@@ -56,6 +56,10 @@ struct AgrtMoe {
 namespace agrt {
 // y (+)= x @ W^T of a linear layer (each part in turn; layers.cpp)
 void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy, bool accumulate);
+// y[M, ldy] = x[M, K] (row stride ldx) @ W^T for one weight part: a job of qgemm_group
+struct GemmJob { const float* x; int64_t M, ldx; const AgrtPart* p; float* y; int64_t ldy; };
+// every job's tiles in one parallel loop (qgemm.cpp); each job's numbers are agrt_qgemm's own
+void qgemm_group(const GemmJob* jobs, int n);
 }  // namespace agrt
 struct AgrtDims {
   int32_t hidden, inter, heads, kv_heads, head_dim, page_size; float eps, scale;

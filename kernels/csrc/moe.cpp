@@ -52,6 +52,60 @@ void route(const AgrtMoe& m, const float* h, int64_t T, int64_t hidden, int32_t*
   }
 }
 
+// Whether the experts' GEMMs run as one group (qgemm_group): a few rows each (tile-major in
+// qgemm_rows too), plain parts (no precise pass, no bias).
+bool grouped(const AgrtMoe& m, const std::vector<int64_t>& start) {
+  if (start.back() > 256) return false;
+  for (int e = 0; e < m.n_experts; ++e) {
+    if (start[e + 1] - start[e] > 64) return false;
+    for (const AgrtLinear* l : {&m.gate_up[e], &m.down[e]})
+      if (l->precise || l->bias) return false;
+  }
+  return true;
+}
+
+// One job per part of each routed expert's linear `ls[e]`: its rows of x (ld ldx) into y (ld ldy).
+void add_jobs(std::vector<agrt::GemmJob>& jobs, const AgrtLinear* ls, const std::vector<int64_t>& start,
+              const float* x, int64_t ldx, float* y, int64_t ldy) {
+  for (size_t e = 0; e + 1 < start.size(); ++e) {
+    const int64_t a = start[e], n = start[e + 1] - a;
+    int64_t off = 0;
+    for (int j = 0; n > 0 && j < ls[e].nparts; ++j) {
+      jobs.push_back({x + a * ldx, n, ldx, &ls[e].parts[j], y + a * ldy + off, ldy});
+      off += ls[e].parts[j].n;
+    }
+  }
+}
+
+// x[rows[r]] += rw[r] * y[r] for r < n
+void add_rows(float* x, int64_t hidden, const int64_t* rows, const float* rw, const float* y, int64_t n) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* xr = x + rows[r] * hidden;
+    const float* yr = y + r * hidden;
+    for (int64_t c = 0; c < hidden; ++c) xr[c] += rw[r] * yr[c];
+  }
+}
+
+// Decode: every routed row gathered (experts one after another), each projection of every
+// expert in one qgemm_group, then the rows added in the same order as the per-expert loop.
+void run_grouped(const AgrtMoe& m, const float* h, int64_t hidden, const std::vector<int64_t>& start,
+                 const int64_t* rows, const float* rw, float* x) {
+  const int64_t R = start.back(), I = m.inter;
+  float* xg = agrt_scratch<float>(kSlotMoeX, (size_t)(R * hidden));
+  float* gu = agrt_scratch<float>(kSlotMoeGu, (size_t)(R * 2 * I));
+  float* act = agrt_scratch<float>(kSlotMoeAct, (size_t)(R * I));
+  float* y = agrt_scratch<float>(kSlotMoeY, (size_t)(R * hidden));
+  for (int64_t r = 0; r < R; ++r) std::memcpy(xg + r * hidden, h + rows[r] * hidden, hidden * sizeof(float));
+  std::vector<agrt::GemmJob> jobs;
+  add_jobs(jobs, m.gate_up, start, xg, hidden, gu, 2 * I);
+  agrt::qgemm_group(jobs.data(), (int)jobs.size());
+  agrt_silu_mul(gu, R, I, act);
+  jobs.clear();
+  add_jobs(jobs, m.down, start, act, I, y, hidden);
+  agrt::qgemm_group(jobs.data(), (int)jobs.size());
+  add_rows(x, hidden, rows, rw, y, R);
+}
+
 }  // namespace
 
 extern "C" void agrt_moe(const AgrtMoe* m, const float* h, int64_t T, int64_t hidden, float* x) {
@@ -74,6 +128,10 @@ extern "C" void agrt_moe(const AgrtMoe* m, const float* h, int64_t T, int64_t hi
       rows[at] = t;
       rw[at] = w[t * K + j];
     }
+  if (grouped(*m, start)) {
+    run_grouped(*m, h, hidden, start, rows, rw, x);
+    return;
+  }
   int64_t most = 0;
   for (int e = 0; e < E; ++e) most = std::max(most, start[e + 1] - start[e]);
   float* xg = agrt_scratch<float>(kSlotMoeX, (size_t)(most * hidden));
@@ -87,11 +145,6 @@ extern "C" void agrt_moe(const AgrtMoe* m, const float* h, int64_t T, int64_t hi
     agrt::linear(m->gate_up[e], xg, n, hidden, gu, 2 * I, false);
     agrt_silu_mul(gu, n, I, act);
     agrt::linear(m->down[e], act, n, I, y, hidden, false);
-    for (int64_t r = 0; r < n; ++r) {
-      float* xr = x + rows[a + r] * hidden;
-      const float* yr = y + r * hidden;
-      const float wr = rw[a + r];
-      for (int64_t c = 0; c < hidden; ++c) xr[c] += wr * yr[c];
-    }
+    add_rows(x, hidden, rows + a, rw + a, y, n);
   }
 }

@@ -9,6 +9,8 @@
 // activations. Rows are computed independently and in a fixed order, so a row's result does not
 // depend on how many rows share the call (batch-invariant: batched decode, chunked prefill and
 // speculation verify give the same numbers as one sequence alone).
+#include <vector>
+
 #include "common.h"
 #include "api.h"
 #include "qmat.h"
@@ -256,43 +258,59 @@ void run_tile(const QMat& w, const XRows& x, int64_t N, int64_t tile, int64_t rb
   tile_generic(w, tile, x.xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
 }
 
-// y[M, ldy] at columns [0, N): (+)= x[M, K] (row stride ldx) @ W^T (+ bias).
-// W: q (tiles of 16 columns, ceil(N/16) tiles), s and m [tiles, K/G, 16] (m may be null).
-static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, int64_t N,
-                       float* y, int64_t ldy, bool accumulate, const float* bias) {
+// The quantized (and, for the VNNI kernel, interleaved) activations of x[M, K] for `w`, in
+// buffers from `take(slot, bytes)`.
+template <class Take>
+XRows prepare_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, Take take) {
   const int64_t ng = K / w.G;
-  int8_t* xq = agrt_scratch<int8_t>(kSlotXq, (size_t)(M * K));
-  float* sx = agrt_scratch<float>(kSlotSx, (size_t)(M * ng));
-  int32_t* sum = agrt_scratch<int32_t>(kSlotSum, (size_t)(M * ng));
-  float* sxsum = agrt_scratch<float>(kSlotSxSum, (size_t)(M * ng));
+  int8_t* xq = static_cast<int8_t*>(take(kSlotXq, (size_t)(M * K)));
+  float* sx = static_cast<float*>(take(kSlotSx, (size_t)(M * ng) * 4));
+  int32_t* sum = static_cast<int32_t*>(take(kSlotSum, (size_t)(M * ng) * 4));
+  float* sxsum = static_cast<float*>(take(kSlotSxSum, (size_t)(M * ng) * 4));
   quantize_rows(x, M, K, ldx, w.G, xq, sx, sum, sxsum);
   XRows xr{XQ{xq, sx, sum, sxsum, K, ng}, M, nullptr, nullptr, nullptr, nullptr};
-  const int64_t tiles = (N + 15) / 16;
-  const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
 #ifdef __AVX512VNNI__
   if (vnni_shape(w)) {
-    int32_t* bw = agrt_scratch<int32_t>(kSlotBlockW, (size_t)(rblocks * (K / 4) * kRB));
-    float* bsx = agrt_scratch<float>(kSlotBlockSx, (size_t)(rblocks * ng * kRB));
-    float* bss = agrt_scratch<float>(kSlotBlockSs, (size_t)(rblocks * ng * kRB));
-    int32_t* bzs = agrt_scratch<int32_t>(kSlotBlockZs, (size_t)(rblocks * ng * kRB));
+    const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
+    int32_t* bw = static_cast<int32_t*>(take(kSlotBlockW, (size_t)(rblocks * (K / 4) * kRB) * 4));
+    float* bsx = static_cast<float*>(take(kSlotBlockSx, (size_t)(rblocks * ng * kRB) * 4));
+    float* bss = static_cast<float*>(take(kSlotBlockSs, (size_t)(rblocks * ng * kRB) * 4));
+    int32_t* bzs = static_cast<int32_t*>(take(kSlotBlockZs, (size_t)(rblocks * ng * kRB) * 4));
     for (int64_t rb = 0; rb < rblocks; ++rb)
       interleave(xr.xs, M, rb * kRB, w.z, bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB,
                  bss + rb * ng * kRB, bzs + rb * ng * kRB);
     xr.blocks = bw, xr.bsx = bsx, xr.bss = bss, xr.bzs = bzs;
   }
 #endif
-  // Small M (decode, verify): one task = one 16-column tile x every row block, so each weight
-  // byte is read from memory once and reused from L1 by all rows (the output head at batch 8 is
-  // 16 rows: tile-fastest order streamed its 28 MB twice). Large M (prefill): one task = one tile
-  // x one row block, tiles fastest, so that threads share the rows and split the weights.
-  const bool tile_major = rblocks <= kTileMajorBlocks;
-  const int64_t ntasks = tile_major ? tiles : tiles * rblocks;
-#pragma omp parallel for schedule(static) if (ntasks > 1)
-  for (int64_t task = 0; task < ntasks; ++task) {
+  return xr;
+}
+
+// Small M (decode, verify): one task = one 16-column tile x every row block, so each weight
+// byte is read from memory once and reused from L1 by all rows (the output head at batch 8 is
+// 16 rows: tile-fastest order streamed its 28 MB twice). Large M (prefill): one task = one tile
+// x one row block, tiles fastest, so that threads share the rows and split the weights.
+struct Tasks {
+  int64_t tiles, rblocks; bool tile_major;
+  Tasks(int64_t M, int64_t N) : tiles((N + 15) / 16), rblocks((M + kRowBlock - 1) / kRowBlock),
+                                tile_major(rblocks <= kTileMajorBlocks) {}
+  int64_t count() const { return tile_major ? tiles : tiles * rblocks; }
+  void run(int64_t task, const QMat& w, const XRows& x, int64_t N, float* y, int64_t ldy, bool acc,
+           const float* bias) const {
     const int64_t tile = task % tiles;
     const int64_t rb0 = tile_major ? 0 : task / tiles, rb1 = tile_major ? rblocks : rb0 + 1;
-    for (int64_t rb = rb0; rb < rb1; ++rb) run_tile(w, xr, N, tile, rb, y, ldy, accumulate, bias);
+    for (int64_t rb = rb0; rb < rb1; ++rb) run_tile(w, x, N, tile, rb, y, ldy, acc, bias);
   }
+};
+
+// y[M, ldy] at columns [0, N): (+)= x[M, K] (row stride ldx) @ W^T (+ bias).
+// W: q (tiles of 16 columns, ceil(N/16) tiles), s and m [tiles, K/G, 16] (m may be null).
+static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, int64_t N,
+                       float* y, int64_t ldy, bool accumulate, const float* bias) {
+  const XRows xr = prepare_rows(x, M, K, ldx, w, [](int slot, size_t b) { return agrt_scratch_bytes(slot, b); });
+  const Tasks t(M, N);
+  const int64_t ntasks = t.count();
+#pragma omp parallel for schedule(static) if (ntasks > 1)
+  for (int64_t task = 0; task < ntasks; ++task) t.run(task, w, xr, N, y, ldy, accumulate, bias);
 }
 
 }  // namespace
@@ -344,3 +362,40 @@ void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t
 }
 
 }  // extern "C"
+
+// Several independent GEMMs (each y = x @ W^T, no accumulate, no bias) in one parallel loop over
+// all their tiles: a mixture-of-experts layer's experts at decode, where each expert's GEMM is
+// too short to pay for a parallel region of its own. Each job's numbers are qgemm_rows' own.
+void agrt::qgemm_group(const GemmJob* jobs, int n) {
+  std::vector<XRows> xr((size_t)n);
+  std::vector<Tasks> ts;
+  std::vector<int64_t> first((size_t)n + 1, 0);
+  size_t bytes = 0;  // every job's activations in one scratch buffer, 64-byte aligned pieces
+  for (int j = 0; j < n; ++j) {
+    const GemmJob& g = jobs[j];
+    const QMat w{g.p->q, g.p->s, g.p->m, g.p->z, g.p->bits, g.p->group, g.p->half, g.p->k};
+    const int64_t ng = g.p->k / w.G, rblocks = (g.M + kRowBlock - 1) / kRowBlock;
+    auto pad = [](size_t b) { return (b + 63) / 64 * 64; };  // (what prepare_rows takes, or more)
+    bytes += pad((size_t)(g.M * g.p->k)) + 3 * pad((size_t)(g.M * ng) * 4) +
+             pad((size_t)(rblocks * (g.p->k / 4) * kRowBlock) * 4) + 3 * pad((size_t)(rblocks * ng * kRowBlock) * 4);
+    ts.emplace_back(g.M, g.p->n);
+    first[j + 1] = first[j] + ts.back().count();
+  }
+  uint8_t* buf = static_cast<uint8_t*>(agrt_scratch_bytes(kSlotGroup, bytes));
+  size_t at = 0;
+  auto take = [&](int, size_t b) { void* p = buf + at; at += (b + 63) / 64 * 64; return p; };
+  for (int j = 0; j < n; ++j) {
+    const GemmJob& g = jobs[j];
+    const QMat w{g.p->q, g.p->s, g.p->m, g.p->z, g.p->bits, g.p->group, g.p->half, g.p->k};
+    xr[j] = prepare_rows(g.x, g.M, g.p->k, g.ldx, w, take);
+  }
+  const int64_t ntasks = first[n];
+#pragma omp parallel for schedule(static) if (ntasks > 1)
+  for (int64_t task = 0; task < ntasks; ++task) {
+    int j = 0;
+    while (first[j + 1] <= task) ++j;
+    const GemmJob& g = jobs[j];
+    const QMat w{g.p->q, g.p->s, g.p->m, g.p->z, g.p->bits, g.p->group, g.p->half, g.p->k};
+    ts[j].run(task - first[j], w, xr[j], g.p->n, g.y, g.ldy, false, nullptr);
+  }
+}
