@@ -49,10 +49,8 @@ class EngineCore:
         path = None if cfg.forward_path == "auto" else cfg.forward_path
         self.executor = executor if executor is not None else ModelExecutor(model, path)
         # sliding-window layers' own pool (kv/window.py): the bytes saved hold more history
-        num_local = None
-        if not self.executor.simulated:
-            cfg, num_local = split_pool(cfg, model.cfg)
-        self.cfg = cfg
+        self.cfg, num_local = (cfg, None) if self.executor.simulated else split_pool(cfg, model.cfg)
+        cfg = self.cfg
         self.clock = clock if clock is not None else WallClock()
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
         self.queues, self.counters, self.tasks = Queues(), Counters(), TaskTracker()
