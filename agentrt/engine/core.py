@@ -342,6 +342,7 @@ class EngineCore:
         within its bound."""
         live = list(itertools.chain(self.waiting, self.running))
         self.kv.check_invariants([r.seq.pages for r in live if r.session is None])
+        self.kv.check_windows(self.running)
         self.pool.check_invariants({r.seq.seq_id for r in live if r.session is None} | set(self.sessions))
         if len({id(r) for r in live}) != len(live):
             raise AssertionError("a request is queued twice")

@@ -97,3 +97,11 @@ class KVSpace:
         for s in self.sessions.values():
             if len(s.seq.pages) < self.kvm.pages_for(s.seq.num_cached):
                 raise AssertionError("session pages do not cover its tokens")
+
+    def check_windows(self, running) -> None:
+        """Every running request's next step finds its sliding-window layers' pages (kv/window.py):
+        nothing it still reads was released."""
+        for r in running:
+            n = r.seq.num_cached
+            if self.kvm.valid_point(r.seq.pages, n) != n:
+                raise AssertionError(f"request {r.rid}: a page of its window at {n} tokens was released")
