@@ -48,6 +48,7 @@ from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParse
 from agentrt.conversation.formats import chat_format_of, grammars_of
 from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.conversation.repeats import CallLimits, RepeatGuard
+from agentrt.conversation.schema_hint import hinted_prompt
 from agentrt.toolcall.formats import keep_token_ids
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 
@@ -175,12 +176,14 @@ class Conversation:
                     call_id: Callable[[int], str] = lambda i: f"call_{i}",
                     content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
                     tag: str | None = None, task: str | None = None, workflow: str | None = None,
-                    limits: CallLimits | None = None) -> AsyncIterator[Any]:
+                    limits: CallLimits | None = None, schema_hint: bool = True) -> AsyncIterator[Any]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
         docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
         reasoning=True also streams a leading <think> block as ReasoningDelta events. `tag` (the
         stage; default the session's), `task`, `workflow`: as in Engine.generate. `limits`
-        (`CallLimits`: a repeated call or too many calls end the round; default CallLimits())."""
+        (`CallLimits`: a repeated call or too many calls end the round; default CallLimits()).
+        schema_hint: a reply held to `json_schema` is told the schema's fields first (schema_hint.py;
+        for this round only)."""
         if limits is not None and not isinstance(limits, CallLimits):
             raise ConfigError(f"limits must be a CallLimits, got {type(limits).__name__}")
         if not self._open:
@@ -197,7 +200,8 @@ class Conversation:
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
                                      ("cache_salt", self.cache_salt)) if v is not None}
-        async with aclosing(engine.generate(self.tokens, params, session=self.session, constraint=constraint,
+        prompt = hinted_prompt(self, json_schema, params.max_tokens) if json_schema is not None and schema_hint else None
+        async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session, constraint=constraint,
                                             **request)) as events:
             async for ev in events:
                 for tok in ev.token_ids if not state.stopped else ():
