@@ -126,9 +126,23 @@ def measure(name: str, tok, passes: int, compiles: int) -> dict:
     return res
 
 
-def apply_us(width: int, repeat: int) -> float:
-    """Median us to apply a mixed bitmask (alternate bits; an all-ones mask is skipped)."""
+def apply_us(width: int, repeat: int, native: bool = True, random: bool = False) -> float:
+    """Median us to apply a mixed bitmask (alternate bits, or random words; an all-ones mask is
+    skipped), by the compiled kernel or (native=False) the numpy/torch fallback."""
+    import os
+
     logits, bitmask = torch.randn(width), torch.full((1, bitmask_words(width)), 0x55555555, dtype=torch.int32)
+    if random:
+        bitmask = torch.randint(-2 ** 31, 2 ** 31 - 1, bitmask.shape, dtype=torch.int32)
+    old = os.environ.get("AGENTRT_NATIVE")
+    os.environ["AGENTRT_NATIVE"] = "1" if native else "0"
+    try:
+        return _apply_times(logits, bitmask, repeat)
+    finally:
+        os.environ.pop("AGENTRT_NATIVE") if old is None else os.environ.__setitem__("AGENTRT_NATIVE", old)
+
+
+def _apply_times(logits: torch.Tensor, bitmask: torch.Tensor, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         row = logits.clone()
@@ -148,6 +162,9 @@ def main() -> None:
     for name in ("xgrammar", "llguidance"):
         res |= measure(name, tok, passes, compiles)
     res["apply_bitmask_us_median"] = apply_us(tok.vocab_size, 200)
+    res["apply_bitmask_us_median_random_mask"] = apply_us(tok.vocab_size, 200, random=True)
+    res["apply_bitmask_us_median_torch_fallback"] = apply_us(tok.vocab_size, 200, native=False)
+    res["apply_bitmask_us_median_torch_fallback_random_mask"] = apply_us(tok.vocab_size, 200, native=False, random=True)
     # per-token cost decides (compiles are cached per tool set); a tie goes to xgrammar, whose
     # matcher rolls back natively and whose eos handling needs no bookkeeping
     x, g = res["xgrammar_mask_us_median"], res["llguidance_mask_us_median"]
@@ -159,8 +176,10 @@ def main() -> None:
     print(f"{'backend':<11}" + "".join(f"{c:>20}" for c in cols))
     for name in ("xgrammar", "llguidance"):
         print(f"{name:<11}" + "".join(f"{res[f'{name}_{c}']:>20.1f}" for c in cols))
-    print(f"apply_bitmask to a [{tok.vocab_size}] fp32 row: {res['apply_bitmask_us_median']:.1f} us; "
-          f"chosen: {res['chosen']}")
+    print(f"apply_bitmask to a [{tok.vocab_size}] fp32 row: {res['apply_bitmask_us_median']:.1f} us "
+          f"({res['apply_bitmask_us_median_random_mask']:.1f} random mask; torch fallback "
+          f"{res['apply_bitmask_us_median_torch_fallback']:.1f} / "
+          f"{res['apply_bitmask_us_median_torch_fallback_random_mask']:.1f}); chosen: {res['chosen']}")
     print("wrote", write_results("grammar", res))
 
 

@@ -46,6 +46,7 @@ SIGNATURES = {
     "agrt_silu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_gelu_mul": ([_P, _I64, _I64, _P], None),
     "agrt_argmax": ([_P, _I64, _I64, _I64, _P], None),
+    "agrt_apply_bitmask": ([_P, _P, _I64], None),
     "agrt_moe": ([_P, _P, _I64, _I64, _P], None),
     "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64,
                              _P, _P, _I64], None),
@@ -169,6 +170,18 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(logits.shape[0], dtype=torch.int64)
     lib.agrt_argmax(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr())
     return out
+
+
+def apply_bitmask(logits: torch.Tensor, words: torch.Tensor) -> bool:
+    """logits [V] (CPU float32, contiguous) in place: -inf where the token's bit in `words`
+    (int32 [>= ceil(V / 32)]) is 0, by the compiled kernel; False (nothing done) without it."""
+    lib = load()
+    if (lib is None or logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 1
+            or not logits.is_contiguous() or words.dtype != torch.int32 or not words.is_contiguous()
+            or words.numel() * 32 < logits.shape[0]):
+        return False
+    lib.agrt_apply_bitmask(logits.data_ptr(), words.data_ptr(), logits.shape[0])
+    return True
 
 
 @lru_cache(maxsize=1)

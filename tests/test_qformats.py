@@ -205,3 +205,23 @@ def test_qrefine_recomputes_each_rows_top_k_from_fp32_activations(native_on, mon
         rest = torch.ones(300, dtype=torch.bool)
         rest[top] = False
         assert torch.equal(y[r, rest], y0[r, rest])
+
+
+@pytest.mark.parametrize("width", [49152, 100, 33])
+def test_bitmask_kernel_matches_the_numpy_path(width):
+    """Grammar masks applied by the compiled kernel == the unpacked-bits reference, for random,
+    all-ones, all-zero and single-bit words, and a vocabulary that ends mid-word."""
+    from agentrt.toolcall.grammar import apply_bitmask
+
+    g = torch.Generator().manual_seed(width)
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, -(-width // 32)), dtype=torch.int32, generator=g)
+    words[0, 0], words[0, -1] = -1, 0
+    if words.shape[1] > 2:
+        words[0, 1] = 1 << 5
+    x = torch.randn(width, generator=g)
+    bits = np.unpackbits(words.numpy()[0].view(np.uint8), count=width, bitorder="little").astype(bool)
+    want = x.masked_fill(~torch.from_numpy(bits), float("-inf"))
+    for fallback in (False, True):
+        got = x.clone()
+        _with_native(fallback, lambda: apply_bitmask(got, words))
+        assert torch.equal(got, want), fallback

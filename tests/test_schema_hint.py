@@ -75,6 +75,8 @@ async def _two_rounds(lm, schema):
         async for _ in conv.round(SamplingParams(max_tokens=8)):
             pass
         await session.close()
+        st = eng.stats()  # (the first round's constrained steps: each masked row timed)
+        assert st.grammar_mask_s > 0 and 0 < st.grammar_mask_us_per_row < 1e6 * st.grammar_mask_s
         return conv.chat, before, after, rec.prompts
 
 

@@ -16,7 +16,7 @@ from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.response_cache import CachedResponse, ResponseCache
-from agentrt.engine.sample_step import finish_reason, sample_rows
+from agentrt.engine.sample_step import finish_reason, mask_row, sample_rows
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
@@ -252,7 +252,7 @@ class EngineCore:
                 r.seq.tokens.extend(ch.tokens)
                 if ch.want_logits:
                     if r.constraint is not None:  # masks its own row: a raising grammar fails r only
-                        lg = r.constraint.mask_logits(lg[0]).unsqueeze(0)
+                        lg = mask_row(r, lg, self.counters)
                     plain.append(r)
                     plain_rows.append(lg)
             except Exception as e:

@@ -4,8 +4,20 @@ through `fail` and leaves the other rows' draws unchanged."""
 
 from __future__ import annotations
 
+import time
+
 from agentrt.engine.request import Request
 from agentrt.sampling import sample_batch
+
+
+def mask_row(r: Request, logits, counters):
+    """r's logits row [1, V] masked by its grammar, the time it took counted (stats():
+    grammar_mask_us_per_row)."""
+    t0 = time.perf_counter()
+    row = r.constraint.mask_logits(logits[0]).unsqueeze(0)
+    counters.mask_seconds += time.perf_counter() - t0
+    counters.masked_rows += 1
+    return row
 
 
 def sample_rows(reqs: list[Request], logits, argmax, fail) -> list[int | None]:

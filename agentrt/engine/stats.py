@@ -33,6 +33,8 @@ class Counters:
     ttl_pins: int = 0  # sessions pinned while their tools ran
     ttl_hits: int = 0  # ... whose next request came before the pin expired
     ttl_expired: int = 0  # ... whose next request came after
+    mask_seconds: float = 0.0  # grammar masks computed and applied on the step's critical path
+    masked_rows: int = 0  # logits rows masked (one per constrained request per step)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class EngineStats:
     ttl_hits: int
     ttl_expired: int
     tool_ttls: dict  # tool name -> the TTL (seconds) chosen last for it
+    grammar_mask_s: float  # seconds spent computing and applying grammar masks (critical path)
+    grammar_mask_us_per_row: float  # ... per masked logits row (a constrained request's step)
     scheduling_policy: str  # EngineConfig.scheduling_policy
     decisions: int  # scheduling decisions timed (0 under fcfs, which takes arrival order as is)
     decision_us_p50: float  # median time of one decision (view + policy), microseconds
@@ -117,7 +121,8 @@ class EngineStats:
             return_prefetch_used_pages=c.return_prefetch_used_pages,
             prefetch_saved_s=c.prefetch_saved_s + (radix.prefetch_used_pages * tier.copy_s_per_page if tier else 0.0),
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
-            ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen),
+            ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen), grammar_mask_s=c.mask_seconds,
+            grammar_mask_us_per_row=1e6 * c.mask_seconds / c.masked_rows if c.masked_rows else 0.0,
             scheduling_policy=scheduler.cfg.scheduling_policy, decisions=len(times),
             decision_us_p50=_quantile(times, 0.5), decision_us_p99=_quantile(times, 0.99),
             tasks=tasks)

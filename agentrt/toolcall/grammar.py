@@ -25,7 +25,9 @@ tokens forced through; 1 thread on a shared 2-core CPU):
 xgrammar is chosen: its mask is 5-8x cheaper on the path that runs for every token of every
 constrained request, while a compile happens once per distinct tool set (cached here). It also
 rolls back natively and needs no end-of-output bookkeeping. Applying the mask to a logits row
-(apply_bitmask, backend-independent, 76 us) now costs more than computing it.
+(apply_bitmask, backend-independent) takes ~11 us in the compiled kernel (masked AVX-512 stores;
+the numpy/torch fallback 30-95 us depending on the mask). The engine times both on the step's
+critical path: `stats().grammar_mask_us_per_row`.
 llguidance stays available (`GrammarFactory(..., backend="llguidance")`) with the same language.
 
 Speculative decoding: `accepts_prefix(tokens)` counts how many draft tokens the grammar accepts
@@ -47,6 +49,7 @@ import torch
 from jsonschema.exceptions import SchemaError
 
 from agentrt.errors import ConfigError, GrammarError
+from agentrt.kernels import native
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 from agentrt.toolcall.grammar_backends import (
@@ -224,10 +227,13 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """logits [V] in place: -inf where the token's bit is 0 (bit i % 32 of int32 word i // 32).
 
     `bitmask` is a CPU int32 [1, >= ceil(V / 32)]. An all-ones mask (free text) costs a scan of
-    the words only. On CPU the bits are unpacked with numpy and selected with torch.where: its
-    cost does not depend on the pattern (np.copyto(where=) is branchy: 26-350 us for a 49k row
-    depending on the mask, xgrammar's CPU kernel 24-300 us; this is ~75 us on the bench machine).
+    the words only. On CPU the compiled kernel stores -inf under each word's zero bits (masked
+    AVX-512 stores: a few us for a 49k row, whatever the pattern); without it the bits are
+    unpacked with numpy and selected with torch.where (~75 us; np.copyto(where=) is branchy:
+    26-350 us depending on the mask, xgrammar's CPU kernel 24-300 us).
     """
+    if logits.device.type == "cpu" and native.apply_bitmask(logits, bitmask[0]):
+        return
     words = bitmask.numpy()[0]
     if (words == -1).all():
         return

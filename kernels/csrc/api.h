@@ -23,6 +23,7 @@ void agrt_attention(const float* q, const void* k_cache, const void* v_cache, co
                     int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out,
                     int32_t kv_half, int32_t window, float softcap);
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out);
+void agrt_apply_bitmask(float* x, const int32_t* words, int64_t n);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
 void agrt_gelu_mul(const float* gu, int64_t T, int64_t I, float* out);
 struct AgrtMoe;

@@ -99,6 +99,26 @@ void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_
     rope_store(a, static_cast<float*>(k_cache), static_cast<float*>(v_cache));
 }
 
+// x[i] = -inf where bit i % 32 of words[i / 32] is 0, for i < n (a grammar's token bitmask over
+// one logits row; an all-ones word is skipped).
+void agrt_apply_bitmask(float* x, const int32_t* words, int64_t n) {
+  for (int64_t w = 0; w * 32 < n; ++w) {
+    const uint32_t bits = (uint32_t)words[w];
+    if (bits == 0xFFFFFFFFu) continue;
+    const int64_t base = w * 32, m = std::min<int64_t>(32, n - base);
+#ifdef __AVX512F__
+    if (m == 32) {
+      const __m512 ninf = _mm512_set1_ps(-INFINITY);
+      _mm512_mask_storeu_ps(x + base, (__mmask16)~(bits & 0xFFFFu), ninf);
+      _mm512_mask_storeu_ps(x + base + 16, (__mmask16)~(bits >> 16), ninf);
+      continue;
+    }
+#endif
+    for (int64_t i = 0; i < m; ++i)
+      if (!((bits >> i) & 1u)) x[base + i] = -INFINITY;
+  }
+}
+
 // out[r] = the index of the first largest value of row r of x [M, N] (row stride ldx); a row
 // holding NaN gives its first NaN, as torch.argmax does.
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out) {
