@@ -254,3 +254,23 @@ def test_concurrency_limit_and_idle_session_expiry(embedded_native):
             time.sleep(0.05)
         assert not s.state.router.sessions  # expired by its idle TTL with no request to trigger it
         assert s.state.engine.stats().sessions == 0
+
+
+def test_tools_and_a_response_format_in_one_round(client):
+    """`tools` with a `response_format` schema: one grammar takes the calls or an answer matching
+    the schema (before, the schema's grammar dropped the tools). tool_choice "required" gets its
+    call; in auto the embedded model answers these questions, in the schema."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER], response_format=fmt,
+                                       tool_choice="required", temperature=0, max_tokens=64)
+    calls = r.choices[0].message.tool_calls or []
+    assert calls and r.choices[0].finish_reason == "tool_calls"
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments), WEATHER["function"]["parameters"])
+    for messages in (ASK, [{"role": "user", "content": "Say hello to Ann."}]):
+        r = client.chat.completions.create(model="smol", messages=messages, tools=[WEATHER], response_format=fmt,
+                                           temperature=0, max_tokens=64)
+        if not r.choices[0].message.tool_calls:
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)

@@ -35,7 +35,7 @@ import copy
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -190,17 +190,23 @@ class Conversation:
             self.append([])  # (re)open the assistant turn
         self.fit(params.max_tokens)
         engine = self.engine
-        tools = self.tools if tool_choice != "none" and json_schema is None else None
-        constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema)
+        # tools and a response schema in one round: the calls, or an answer matching the schema
+        # (tool_choice auto in a tagged call format; a bare-JSON format's calls are JSON objects
+        # too, so there auto keeps the schema only; required / named: the calls)
+        both = json_schema is not None and bool(self.tools) and tool_choice != "none" and (
+            bool(self.chat.tool_format.open) or tool_choice not in (None, "auto"))
+        tools = self.tools if tool_choice != "none" and (json_schema is None or both) else None
+        constraint = self._constraint(tools, tool_choice, parallel_tool_calls, constrained, json_schema, both)
         limits = limits or CallLimits()
-        parser = self._parser(tools, parallel_tool_calls, limits)
+        parser = self._parser(tools, parallel_tool_calls, limits, both)
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = _Round(parser, tuple(stop), reasoning, limits.stop_on_repeat)
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
                                      ("cache_salt", self.cache_salt)) if v is not None}
-        prompt = hinted_prompt(self, json_schema, params.max_tokens) if json_schema is not None and schema_hint else None
+        prompt = hinted_prompt(self, json_schema, params.max_tokens, both) if json_schema is not None and schema_hint \
+            else None
         async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session, constraint=constraint,
                                             **request)) as events:
             async for ev in events:
@@ -222,15 +228,20 @@ class Conversation:
                 await self.session.expect_tools([c.name for c in end.calls])
         yield end
 
-    def _parser(self, tools, parallel: bool, limits: CallLimits) -> Any:
+    def _parser(self, tools, parallel: bool, limits: CallLimits, answer: bool = False) -> Any:
         """The round's parser. It enforces limits.max_calls: it stops at the closing brace of the
-        last allowed call (without parallel calls it allows one call anyway)."""
+        last allowed call (without parallel calls it allows one call anyway). With a schema
+        answer beside the tools, a JSON object at the start is that answer, not a bare call."""
         if not tools:
             return _TextOnly()
+        fmt = replace(self.chat.tool_format, bare=False) if answer else self.chat.tool_format
         return ToolCallParser(tools, parallel_calls=parallel, max_calls=limits.max_calls if parallel else None,
-                              **self.chat.tool_format.parser_options())
+                              **fmt.parser_options())
 
-    def _constraint(self, tools, tool_choice, parallel, constrained, json_schema):
+    def _constraint(self, tools, tool_choice, parallel, constrained, json_schema, both=False):
+        if both:
+            return grammars_of(self.engine).for_tools(tools, tool_choice, parallel_tool_calls=parallel,
+                                                      answer_schema=json_schema)
         if json_schema is not None:
             return grammars_of(self.engine).for_json_schema(json_schema)
         if tools and constrained:

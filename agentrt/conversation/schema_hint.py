@@ -19,18 +19,20 @@ from agentrt.errors import ChatTemplateError
 _MAX_ENUM = 8  # enum values listed at most
 
 
-def schema_hint(schema: Any) -> str | None:
+def schema_hint(schema: Any, with_tools: bool = False) -> str | None:
     """The hint for a reply held to `schema` (a JSON Schema dict), or None for JSON mode (no
     schema to show: {}, True, a bare {"type": "object"}): the caller's own prompt says what it
-    wants there, and a generic "reply with JSON" only pulled the 135M model off it."""
+    wants there, and a generic "reply with JSON" only pulled the 135M model off it). `with_tools`:
+    the model may call a tool instead, and the hint says so."""
     if not isinstance(schema, dict) or not set(schema) - {"type", "title", "description", "additionalProperties"}:
         return None
     props = schema.get("properties")
+    lead = "When you answer instead of calling a tool, reply" if with_tools else "Reply"
     if schema.get("type", "object") != "object" or not isinstance(props, dict) or not props:
-        return "Reply with only JSON that matches this schema, no other text:\n" + \
+        return f"{lead} with only JSON that matches this schema, no other text:\n" + \
             json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     required = set(schema.get("required") or ())
-    head = "Reply with only a JSON object, no other text"
+    head = f"{lead} with only a JSON object, no other text"
     title = schema.get("title") or schema.get("description")
     head += f" ({title})" if isinstance(title, str) and title else ""
     lines = [head + ". Its fields, in this order:"]
@@ -39,12 +41,12 @@ def schema_hint(schema: Any) -> str | None:
     return "\n".join(lines)
 
 
-def hinted_prompt(conv, schema: Any, max_tokens: int) -> list[int] | None:
+def hinted_prompt(conv, schema: Any, max_tokens: int, with_tools: bool = False) -> list[int] | None:
     """`conv`'s prompt (a Conversation with its assistant turn open) with the schema's hint
     before the generation prompt: a system message; else a user message; else (and first for
     Gemma's convention) the last user message with the hint after its text. None for
     JSON mode, or where none renders or the hint would not fit the context."""
-    hint = schema_hint(schema)
+    hint = schema_hint(schema, with_tools)
     if hint is None:
         return None
     n = len(conv.messages)

@@ -3,6 +3,7 @@
     factory = GrammarFactory(tokenizer, model.cfg.vocab_size)      # once per model
     constraint = factory.for_tools(tools, tool_choice)              # per request; None = free
     constraint = factory.for_json_schema(schema)                    # structured output
+    constraint = factory.for_tools(tools, "auto", answer_schema=schema)  # calls, or a schema answer
 
 The language (see grammar_backends.py) is the model family's tool-call format
 (`GrammarFactory(..., tool_format=)`, `formats.py`; default: ChatFormat's fallback
@@ -185,8 +186,10 @@ class GrammarFactory:
         self.compiles = 0  # grammars compiled so far (cache misses)
 
     def for_tools(self, tools: object, tool_choice: object = "auto", *,
-                  parallel_tool_calls: bool = True) -> ToolCallConstraint | None:
-        """The constraint for a request offering `tools`, or None when nothing is constrained."""
+                  parallel_tool_calls: bool = True, answer_schema: object = None) -> ToolCallConstraint | None:
+        """The constraint for a request offering `tools`, or None when nothing is constrained.
+        `answer_schema` (tool_choice auto): instead of free text, the reply is either the calls
+        or one JSON value matching it (tools and a response format in one round)."""
         if not isinstance(parallel_tool_calls, bool):
             raise ConfigError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
         mode, name = _choice(tool_choice)
@@ -198,8 +201,14 @@ class GrammarFactory:
             raise ConfigError(f"tool_choice {tool_choice!r} needs at least one tool")
         # a named tool is called once; some templates render one call per message
         parallel = parallel_tool_calls and mode != "named" and self.tool_format.parallel
-        key = ("tools", _tools_key(tools), mode, name, parallel)
-        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel, self.tool_format))
+        answer = ""
+        if answer_schema is not None and mode == "auto":
+            if not isinstance(answer_schema, (Mapping, bool)):
+                raise ConfigError(f"answer_schema must be a JSON schema (dict or bool), got "
+                                  f"{type(answer_schema).__name__}")
+            answer = _json_spec(answer_schema, schema_json(answer_schema)).schema_json
+        key = ("tools", _tools_key(tools), mode, name, parallel, answer)
+        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel, self.tool_format, answer))
 
     def for_json_schema(self, schema: object) -> ToolCallConstraint:
         """The whole output is one JSON value matching `schema`, then end-of-turn."""
@@ -273,13 +282,15 @@ def _tools_key(tools: object) -> str:
     return schema_json(tools)
 
 
-def _calls_spec(tools: object, mode: str, name: str | None, parallel: bool, fmt: ToolFormat) -> GrammarSpec:
+def _calls_spec(tools: object, mode: str, name: str | None, parallel: bool, fmt: ToolFormat,
+                answer: str = "") -> GrammarSpec:
     specs = load_tool_specs(tools)
     if name is not None and name not in specs:
         raise ConfigError(f"tool_choice names {name!r}, which is not among the tools: {', '.join(specs)}")
     chosen = [specs[name]] if name is not None else list(specs.values())
     calls = tuple(CallSpec(s.name, schema_json(s.parameters)) for s in chosen)
-    return GrammarSpec("calls", calls, free_text=mode == "auto", parallel=parallel, format=fmt)
+    return GrammarSpec("calls", calls, free_text=mode == "auto" and not answer, parallel=parallel, format=fmt,
+                       answer_json=answer)
 
 
 def _json_spec(schema: Mapping[str, Any] | bool, text: str) -> GrammarSpec:

@@ -8,6 +8,8 @@ for the Hermes format:
     calls  =  block ('\\n' block)*            (parallel)   |   block    (single)
     output =  calls                           (free_text=False: tool_choice required / named)
            |  TEXT [calls]                    (free_text=True: tool_choice auto)
+           |  calls | ANSWER                  (answer_json: auto with a response schema: the
+                                               calls, or one JSON value matching it)
 
 Other formats change the block's text around the call object (Qwen: "\\n" inside the tags;
 Llama 3: a bare object with "parameters"), or wrap the calls in one list (Mistral:
@@ -61,6 +63,7 @@ class GrammarSpec:
     parallel: bool = True
     schema_json: str = ""  # kind == "json"
     format: ToolFormat = HERMES
+    answer_json: str = ""  # kind == "calls": calls | one JSON value matching this schema (no text)
 
 
 class Matcher(Protocol):
@@ -145,6 +148,12 @@ class XGrammarBackend:
                  "at_least_one": not (spec.free_text and f.open and not f.list_calls),
                  "stop_after_first": not spec.parallel}
         text = {"type": "any_text", "excludes": [f.trigger]}
+        if spec.answer_json:  # the calls, or an answer matching the response schema
+            calls["at_least_one"] = True
+            if f.list_calls:
+                calls = {"type": "tag", "begin": f.open + "[", "content": calls, "end": "]" + f.close}
+            answer = {"type": "grammar", "grammar": self._json_grammar(spec.answer_json, None)}
+            return {"type": "structural_tag", "format": {"type": "or", "elements": [calls, answer]}}
         if f.list_calls:  # open "[" calls "]", after optional text in auto
             listed = {"type": "tag", "begin": f.open + "[", "content": calls, "end": "]" + f.close}
             if not spec.free_text:
@@ -158,12 +167,15 @@ class XGrammarBackend:
 
     def _args(self, call: CallSpec) -> dict[str, Any]:
         # a grammar made from the schema (JSON-schema tag content has no separator option)
+        return {"type": "grammar", "grammar": self._json_grammar(call.parameters_json, call.name)}
+
+    def _json_grammar(self, schema_text: str, tool: str | None) -> str:
         try:
-            grammar = self._xgr.Grammar.from_json_schema(
-                call.parameters_json, any_whitespace=False, separators=(ITEM_SEP, KEY_SEP))
+            grammar = self._xgr.Grammar.from_json_schema(schema_text, any_whitespace=False,
+                                                         separators=(ITEM_SEP, KEY_SEP))
         except Exception as exc:
-            raise unsupported("xgrammar", _message(exc), tool=call.name, schema_text=call.parameters_json) from exc
-        return {"type": "grammar", "grammar": str(grammar)}
+            raise unsupported("xgrammar", _message(exc), tool=tool, schema_text=schema_text) from exc
+        return str(grammar)
 
     def matcher(self, compiled: Any) -> Matcher:
         return _XgrMatcher(self._xgr.GrammarMatcher(compiled))
@@ -262,10 +274,14 @@ class LLGuidanceBackend:
                       f"PLAIN: /(?s:.*)/ & ~/(?s:.*){_lark_re(f.open)}(?s:.*)/",
                       f"head[lazy]: /(?s:.*){_lark_re(f.open)}/",
                       f"calls_after: {_lit(f.inner)} ({names}) {end}{more}"]
-        elif f.list_calls:
-            lines.append(f"start: {json.dumps(f.open + '[')} calls {json.dumps(']' + f.close)}")
         else:
-            lines.append("start: calls")
+            body = f"{json.dumps(f.open + '[')} calls {json.dumps(']' + f.close)}" if f.list_calls else "calls"
+            if spec.answer_json:  # the calls, or an answer matching the response schema
+                answer = {**json.loads(spec.answer_json), "x-guidance": _JSON_OPTIONS} \
+                    if spec.answer_json not in ("true", "false") else json.loads(spec.answer_json)
+                lines += [f"start: {body} | answer", f"answer: %json {json.dumps(answer)}"]
+            else:
+                lines.append(f"start: {body}")
         for i, call in enumerate(spec.calls):
             schema = {**json.loads(call.parameters_json), "x-guidance": _JSON_OPTIONS}
             prefix = f.call_prefix(call.name)
