@@ -105,3 +105,24 @@ def test_json_mode_gets_no_hint(tmp_path_factory):
     lm = _model("hermes", str(tmp_path_factory.getbasetemp() / "qwen"))
     _, before, _, prompts = anyio.run(_two_rounds, lm, {"type": "object"})
     assert prompts[0] == before
+
+
+def test_a_required_call_gets_no_hint(tmp_path_factory):
+    """With tools and tool_choice "required" the reply is a call, never the schema's answer: no hint."""
+    lm = _model("hermes", str(tmp_path_factory.getbasetemp() / "qwen"))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}]
+
+    async def main():
+        async with Engine(lm, EngineConfig(kv_cache_tokens=4096, response_cache_size=0)) as eng:
+            rec = _Recorder(eng)
+            conv = Conversation(rec, tools=tools)
+            conv.append([{"role": "user", "content": "Weather?"}])
+            before = list(conv.tokens)
+            async for end in conv.round(SamplingParams(max_tokens=24), json_schema=Joke.model_json_schema(),
+                                        tool_choice="required"):
+                pass
+            return before, rec.prompts, end
+
+    before, prompts, end = anyio.run(main)
+    assert prompts == [before] and end.calls

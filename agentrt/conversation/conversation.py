@@ -205,8 +205,8 @@ class Conversation:
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
                                      ("cache_salt", self.cache_salt)) if v is not None}
-        prompt = hinted_prompt(self, json_schema, params.max_tokens, both) if json_schema is not None and schema_hint \
-            else None
+        answer = json_schema is not None and not (both and tool_choice not in (None, "auto"))  # (may it answer?)
+        prompt = hinted_prompt(self, json_schema, params.max_tokens, both) if answer and schema_hint else None
         async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session, constraint=constraint,
                                             **request)) as events:
             async for ev in events:
