@@ -119,7 +119,7 @@ def test_a_required_call_gets_no_hint(tmp_path_factory):
             conv = Conversation(rec, tools=tools)
             conv.append([{"role": "user", "content": "Weather?"}])
             before = list(conv.tokens)
-            async for end in conv.round(SamplingParams(max_tokens=24), json_schema=Joke.model_json_schema(),
+            async for end in conv.round(SamplingParams(max_tokens=64), json_schema=Joke.model_json_schema(),
                                         tool_choice="required"):
                 pass
             return before, rec.prompts, end
