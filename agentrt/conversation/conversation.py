@@ -44,13 +44,13 @@ from agentrt.engine.context import context_overflow
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
-from agentrt.toolcall import CallComplete, CallInvalid, TextDelta, ToolCallParser
+from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.conversation.formats import chat_format_of, grammars_of
 from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
-from agentrt.conversation.repeats import CallLimits, RepeatGuard
+from agentrt.conversation.repeats import CallLimits
+from agentrt.conversation.round_state import RoundState, TextOnly
 from agentrt.conversation.schema_hint import hinted_prompt
 from agentrt.toolcall.formats import keep_token_ids
-from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 
 
 @dataclass
@@ -66,18 +66,6 @@ class RoundEnd:
     stopped: bool  # the parser or a stop string ended the round early
     message: dict = field(default_factory=dict)  # the assistant message appended
     reasoning: str = ""  # a leading <think> block (kept out of text, calls and message content)
-
-
-class _TextOnly:
-    """The parser's interface where no tool call can be made: every piece is text."""
-
-    should_stop = False
-
-    def feed(self, text: str) -> list:
-        return [TextDelta(text)] if text else []
-
-    def close(self) -> list:
-        return []
 
 
 class Conversation:
@@ -201,7 +189,7 @@ class Conversation:
         parser = self._parser(tools, parallel_tool_calls, limits, both)
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = _Round(parser, tuple(stop), reasoning, limits.stop_on_repeat)
+        state = RoundState(parser, tuple(stop), reasoning, limits.stop_on_repeat)
         state.constrained = constraint is not None
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
                                      ("cache_salt", self.cache_salt)) if v is not None}
@@ -233,7 +221,7 @@ class Conversation:
         last allowed call (without parallel calls it allows one call anyway). With a schema
         answer beside the tools, a JSON object at the start is that answer, not a bare call."""
         if not tools:
-            return _TextOnly()
+            return TextOnly()
         fmt = replace(self.chat.tool_format, bare=False) if answer else self.chat.tool_format
         return ToolCallParser(tools, parallel_calls=parallel, max_calls=limits.max_calls if parallel else None,
                               **fmt.parser_options())
@@ -248,7 +236,7 @@ class Conversation:
             return grammars_of(self.engine).for_tools(tools, tool_choice, parallel_tool_calls=parallel)
         return None
 
-    def _close(self, state: "_Round", call_id: Callable[[int], str], content: Callable[[str], str]) -> RoundEnd:
+    def _close(self, state: RoundState, call_id: Callable[[int], str], content: Callable[[str], str]) -> RoundEnd:
         text = "".join(state.text)
         message: dict[str, Any] = {"role": "assistant", "content": content(text)}
         if state.calls:
@@ -286,71 +274,8 @@ class Conversation:
             return ids
         return self.chat.tokenize_text(text) + eos
 
-    def _closing_ids(self, state: "_Round") -> list[int]:
+    def _closing_ids(self, state: RoundState) -> list[int]:
         """Ids of the format's closing text when an early stop left a call block open (the close
         tag; a list format's "]" too)."""
         closing = self.chat.tool_format.closing_text("".join(state.raw).rstrip()) if state.stopped else ""
         return self.chat.tokenizer.encode(closing, special=True) if closing else []
-
-
-class _Round:
-    """Mutable state of one round: parser, stop strings, what was seen."""
-
-    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, stop_on_repeat: bool) -> None:
-        self.parser, self.stop, self.reasoning = parser, stop, reasoning
-        self.guard = RepeatGuard(stop_on_repeat)
-        self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
-        self.think = ThinkSplitter()
-        self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
-        self.thoughts: list[str] = []
-        self.raw: list[str] = []  # every decoded piece fed
-        self.text: list[str] = []
-        self.calls: list[CallComplete] = []
-        self.invalid: list[CallInvalid] = []
-        self.generated: list[int] = []
-        self.usage, self.finish, self.stopped = None, None, False
-
-    def feed(self, piece: str, closing: bool = False) -> list:
-        out: list = []
-        events = []
-        self.raw.append(piece)
-        for kind, text in self.think.feed(piece) + (self.think.close() if closing else []):
-            if kind == "reasoning":
-                self.thoughts.append(text)
-                out += [ReasoningDelta(text)] if self.reasoning else []
-            else:
-                events += self.parser.feed(text)
-        events += self.parser.close() if closing else []
-        events = [out_ev for ev in events for out_ev in self.guard.push(ev)]
-        if self.guard.repeat and not self.stopped:  # the reply ends with the previous call
-            del self.generated[self.mark[0]:], self.raw[self.mark[1]:]
-            self.stopped = True
-        for ev in events:
-            if isinstance(ev, TextDelta):
-                ev = TextDelta(self._cut_at_stop(ev.text))
-                if ev.text:
-                    self.text.append(ev.text)
-                    out.append(ev)
-                if self.stopped:
-                    break
-                continue
-            if isinstance(ev, CallComplete):
-                self.calls.append(ev)
-                self.mark = (len(self.generated), len(self.raw))
-            elif isinstance(ev, CallInvalid):
-                self.invalid.append(ev)
-            out.append(ev)
-        self.stopped = self.stopped or self.parser.should_stop
-        return out
-
-    def _cut_at_stop(self, piece: str) -> str:
-        """piece, cut before the first stop string it completes (then stopped)."""
-        if not self.stop:
-            return piece
-        before = "".join(self.text)
-        joined = before + piece
-        hits = [i for s in self.stop if (i := joined.find(s, max(0, len(before) - len(s) + 1))) >= 0]
-        if not hits:
-            return piece
-        self.stopped = True
-        return joined[len(before):min(hits)] if min(hits) >= len(before) else ""

@@ -29,6 +29,7 @@ per-page list), so what comes back is exactly as valid as what left.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 
@@ -153,8 +154,6 @@ def split_pool(cfg, model_cfg) -> tuple[object, int | None]:
     stay those of `kv_cache_tokens` tokens of every layer; where the sliding-window layers
     need fewer (`window_kv_tokens`, or by default a batch's prefill plus 8 sequences'
     windows), the rest of their bytes go to the global layers' whole history (at most 8x)."""
-    import dataclasses
-
     n = model_cfg.num_layers
     windows = [model_cfg.window(i) for i in range(n)]
     n_local, ps, total = sum(1 for w in windows if w > 0), cfg.page_size, cfg.kv_cache_tokens

@@ -54,8 +54,9 @@ from agentrt.kernels import native
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 from agentrt.toolcall.grammar_backends import (
-    Backend, CallSpec, GrammarSpec, LLGuidanceBackend, Matcher, XGrammarBackend, bitmask_words, schema_json,
+    Backend, CallSpec, GrammarSpec, Matcher, XGrammarBackend, bitmask_words, schema_json,
 )
+from agentrt.toolcall.grammar_llg import LLGuidanceBackend
 from agentrt.toolcall.specs import ToolSpec, load_tool_specs
 
 BACKENDS = MappingProxyType({"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend})

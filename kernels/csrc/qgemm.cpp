@@ -9,6 +9,7 @@
 // activations. Rows are computed independently and in a fixed order, so a row's result does not
 // depend on how many rows share the call (batch-invariant: batched decode, chunked prefill and
 // speculation verify give the same numbers as one sequence alone).
+#include <array>
 #include <vector>
 
 #include "common.h"
@@ -258,24 +259,35 @@ void run_tile(const QMat& w, const XRows& x, int64_t N, int64_t tile, int64_t rb
   tile_generic(w, tile, x.xs, r0, mr, y, ldy, n0, nv, accumulate, bias);
 }
 
+// The bytes of prepare_rows' buffers, in the order it takes them: xq, sx, sum, sxsum, then (for
+// the VNNI kernel's row blocks) block w, sx, sxsum, zsum.
+constexpr int kRowBuffers = 8;
+std::array<size_t, kRowBuffers> row_bytes(int64_t M, int64_t K, const QMat& w) {
+  const size_t ng = (size_t)(K / w.G), rblocks = (size_t)((M + kRowBlock - 1) / kRowBlock);
+  const size_t per_group = (size_t)M * ng * 4, per_block = rblocks * ng * kRowBlock * 4;
+  return {(size_t)(M * K), per_group, per_group, per_group, rblocks * (size_t)(K / 4) * kRowBlock * 4,
+          per_block, per_block, per_block};
+}
+
 // The quantized (and, for the VNNI kernel, interleaved) activations of x[M, K] for `w`, in
-// buffers from `take(slot, bytes)`.
+// buffers from `take(slot, bytes)` (sizes: row_bytes).
 template <class Take>
 XRows prepare_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, Take take) {
   const int64_t ng = K / w.G;
-  int8_t* xq = static_cast<int8_t*>(take(kSlotXq, (size_t)(M * K)));
-  float* sx = static_cast<float*>(take(kSlotSx, (size_t)(M * ng) * 4));
-  int32_t* sum = static_cast<int32_t*>(take(kSlotSum, (size_t)(M * ng) * 4));
-  float* sxsum = static_cast<float*>(take(kSlotSxSum, (size_t)(M * ng) * 4));
+  const auto b = row_bytes(M, K, w);
+  int8_t* xq = static_cast<int8_t*>(take(kSlotXq, b[0]));
+  float* sx = static_cast<float*>(take(kSlotSx, b[1]));
+  int32_t* sum = static_cast<int32_t*>(take(kSlotSum, b[2]));
+  float* sxsum = static_cast<float*>(take(kSlotSxSum, b[3]));
   quantize_rows(x, M, K, ldx, w.G, xq, sx, sum, sxsum);
   XRows xr{XQ{xq, sx, sum, sxsum, K, ng}, M, nullptr, nullptr, nullptr, nullptr};
 #ifdef __AVX512VNNI__
   if (vnni_shape(w)) {
     const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
-    int32_t* bw = static_cast<int32_t*>(take(kSlotBlockW, (size_t)(rblocks * (K / 4) * kRB) * 4));
-    float* bsx = static_cast<float*>(take(kSlotBlockSx, (size_t)(rblocks * ng * kRB) * 4));
-    float* bss = static_cast<float*>(take(kSlotBlockSs, (size_t)(rblocks * ng * kRB) * 4));
-    int32_t* bzs = static_cast<int32_t*>(take(kSlotBlockZs, (size_t)(rblocks * ng * kRB) * 4));
+    int32_t* bw = static_cast<int32_t*>(take(kSlotBlockW, b[4]));
+    float* bsx = static_cast<float*>(take(kSlotBlockSx, b[5]));
+    float* bss = static_cast<float*>(take(kSlotBlockSs, b[6]));
+    int32_t* bzs = static_cast<int32_t*>(take(kSlotBlockZs, b[7]));
     for (int64_t rb = 0; rb < rblocks; ++rb)
       interleave(xr.xs, M, rb * kRB, w.z, bw + rb * (K / 4) * kRB, bsx + rb * ng * kRB,
                  bss + rb * ng * kRB, bzs + rb * ng * kRB);
@@ -367,35 +379,28 @@ void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t
 // all their tiles: a mixture-of-experts layer's experts at decode, where each expert's GEMM is
 // too short to pay for a parallel region of its own. Each job's numbers are qgemm_rows' own.
 void agrt::qgemm_group(const GemmJob* jobs, int n) {
+  std::vector<QMat> ws;
   std::vector<XRows> xr((size_t)n);
   std::vector<Tasks> ts;
   std::vector<int64_t> first((size_t)n + 1, 0);
+  auto pad = [](size_t b) { return (b + 63) / 64 * 64; };
   size_t bytes = 0;  // every job's activations in one scratch buffer, 64-byte aligned pieces
   for (int j = 0; j < n; ++j) {
-    const GemmJob& g = jobs[j];
-    const QMat w{g.p->q, g.p->s, g.p->m, g.p->z, g.p->bits, g.p->group, g.p->half, g.p->k};
-    const int64_t ng = g.p->k / w.G, rblocks = (g.M + kRowBlock - 1) / kRowBlock;
-    auto pad = [](size_t b) { return (b + 63) / 64 * 64; };  // (what prepare_rows takes, or more)
-    bytes += pad((size_t)(g.M * g.p->k)) + 3 * pad((size_t)(g.M * ng) * 4) +
-             pad((size_t)(rblocks * (g.p->k / 4) * kRowBlock) * 4) + 3 * pad((size_t)(rblocks * ng * kRowBlock) * 4);
-    ts.emplace_back(g.M, g.p->n);
+    const AgrtPart& p = *jobs[j].p;
+    ws.push_back(QMat{p.q, p.s, p.m, p.z, p.bits, p.group, p.half, p.k});
+    for (size_t b : row_bytes(jobs[j].M, p.k, ws.back())) bytes += pad(b);
+    ts.emplace_back(jobs[j].M, p.n);
     first[j + 1] = first[j] + ts.back().count();
   }
   uint8_t* buf = static_cast<uint8_t*>(agrt_scratch_bytes(kSlotGroup, bytes));
   size_t at = 0;
-  auto take = [&](int, size_t b) { void* p = buf + at; at += (b + 63) / 64 * 64; return p; };
-  for (int j = 0; j < n; ++j) {
-    const GemmJob& g = jobs[j];
-    const QMat w{g.p->q, g.p->s, g.p->m, g.p->z, g.p->bits, g.p->group, g.p->half, g.p->k};
-    xr[j] = prepare_rows(g.x, g.M, g.p->k, g.ldx, w, take);
-  }
+  auto take = [&](int, size_t b) { void* q = buf + at; at += pad(b); return q; };
+  for (int j = 0; j < n; ++j) xr[j] = prepare_rows(jobs[j].x, jobs[j].M, jobs[j].p->k, jobs[j].ldx, ws[j], take);
   const int64_t ntasks = first[n];
 #pragma omp parallel for schedule(static) if (ntasks > 1)
   for (int64_t task = 0; task < ntasks; ++task) {
     int j = 0;
     while (first[j + 1] <= task) ++j;
-    const GemmJob& g = jobs[j];
-    const QMat w{g.p->q, g.p->s, g.p->m, g.p->z, g.p->bits, g.p->group, g.p->half, g.p->k};
-    ts[j].run(task - first[j], w, xr[j], g.p->n, g.y, g.ldy, false, nullptr);
+    ts[j].run(task - first[j], ws[j], xr[j], jobs[j].p->n, jobs[j].y, jobs[j].ldy, false, nullptr);
   }
 }

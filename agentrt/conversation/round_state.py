@@ -1,0 +1,86 @@
+"""One round's streaming state (`Conversation.round`): decoded pieces through the think splitter,
+the call parser (or `TextOnly` where no call can be made), the repeat guard and the stop strings,
+into the events the round yields and the text, calls and ids it keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrt.conversation.repeats import RepeatGuard
+from agentrt.toolcall import CallComplete, CallInvalid, TextDelta
+from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
+
+
+class TextOnly:
+    """The parser's interface where no tool call can be made: every piece is text."""
+
+    should_stop = False
+
+    def feed(self, text: str) -> list:
+        return [TextDelta(text)] if text else []
+
+    def close(self) -> list:
+        return []
+
+
+class RoundState:
+    """Mutable state of one round: parser, stop strings, what was seen."""
+
+    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, stop_on_repeat: bool) -> None:
+        self.parser, self.stop, self.reasoning = parser, stop, reasoning
+        self.guard = RepeatGuard(stop_on_repeat)
+        self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
+        self.think = ThinkSplitter()
+        self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
+        self.thoughts: list[str] = []
+        self.raw: list[str] = []  # every decoded piece fed
+        self.text: list[str] = []
+        self.calls: list[CallComplete] = []
+        self.invalid: list[CallInvalid] = []
+        self.generated: list[int] = []
+        self.usage, self.finish, self.stopped = None, None, False
+
+    def feed(self, piece: str, closing: bool = False) -> list:
+        out: list = []
+        events = []
+        self.raw.append(piece)
+        for kind, text in self.think.feed(piece) + (self.think.close() if closing else []):
+            if kind == "reasoning":
+                self.thoughts.append(text)
+                out += [ReasoningDelta(text)] if self.reasoning else []
+            else:
+                events += self.parser.feed(text)
+        events += self.parser.close() if closing else []
+        events = [out_ev for ev in events for out_ev in self.guard.push(ev)]
+        if self.guard.repeat and not self.stopped:  # the reply ends with the previous call
+            del self.generated[self.mark[0]:], self.raw[self.mark[1]:]
+            self.stopped = True
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                ev = TextDelta(self._cut_at_stop(ev.text))
+                if ev.text:
+                    self.text.append(ev.text)
+                    out.append(ev)
+                if self.stopped:
+                    break
+                continue
+            if isinstance(ev, CallComplete):
+                self.calls.append(ev)
+                self.mark = (len(self.generated), len(self.raw))
+            elif isinstance(ev, CallInvalid):
+                self.invalid.append(ev)
+            out.append(ev)
+        self.stopped = self.stopped or self.parser.should_stop
+        return out
+
+    def _cut_at_stop(self, piece: str) -> str:
+        """piece, cut before the first stop string it completes (then stopped)."""
+        if not self.stop:
+            return piece
+        before = "".join(self.text)
+        joined = before + piece
+        hits = [i for s in self.stop if (i := joined.find(s, max(0, len(before) - len(s) + 1))) >= 0]
+        if not hits:
+            return piece
+        self.stopped = True
+        return joined[len(before):min(hits)] if min(hits) >= len(before) else ""
