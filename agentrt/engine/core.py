@@ -97,7 +97,7 @@ class EngineCore:
         for r in [r for r in itertools.chain(self.waiting, self.running) if r.session is sess]:
             self._finish(r, "cancelled")
         sess.closed = True
-        self.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
+        self.kv.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
         self.kvm.release(sess.seq)
         self.kv.forget_session(sess)
         self.pool.release(sess.sid)
@@ -312,7 +312,7 @@ class EngineCore:
         if self.responses is not None and r.constraint is None and reason in ("stop", "length"):
             key = ResponseCache.key("model", r.params, r.prompt, r.cache_salt)
             self.responses.put(key, CachedResponse(tuple(r.output), reason))
-        self.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
+        self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, next(self.ticks)
             r.session.history = list(r.seq.tokens)
@@ -321,10 +321,6 @@ class EngineCore:
             self.kvm.release(r.seq)
             self.pool.release(r.seq.seq_id)
         r.emit(TokenEvent(r.rid, last, finish_reason=reason, usage=r.usage(), error=error))
-
-    def insert_prefix(self, tokens, pages, salt, tag) -> None:
-        """Offer a sequence's KV (its tokens on `pages`) to the radix tree (no-op without one)."""
-        self.kv.insert_prefix(tokens, pages, salt, tag)
 
     def fail_all(self, error_of) -> None:
         """End every live request with finish_reason "error" and error_of(request) as its error."""
