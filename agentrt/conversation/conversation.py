@@ -15,9 +15,9 @@ operations:
     no useful output can follow (`engine.stop`: the usage is kept), and closes the turn: the
     generated ids up to the one that stopped it are kept (ids of the step in flight are dropped,
     so the reply does not depend on timing), a call tag left open by the stop is closed with the
-    format's text, a reply shaped by a grammar is tokenized the tokenizer's way (`_canonical`: the
-    KV's ids from the first odd split on are recomputed next round; free text keeps the model's
-    ids), the turn is closed as a finished one, and the assistant message is appended. The last event is a `RoundEnd`.
+    format's text (the text a grammar forces is already in the tokenizer's spelling: the engine's
+    fast-forward; with it off, a reply shaped by a grammar is respelled, `_canonical`, and the
+    KV's ids from the first odd split on are recomputed next round), the turn is closed as a finished one, and the assistant message is appended. The last event is a `RoundEnd`.
 
 A consumer that abandons a round (cancellation) leaves the conversation at its prompt: nothing is
 appended, and the next round's rollback drops whatever the KV holds beyond it.
@@ -81,6 +81,7 @@ class Conversation:
         self.policy = policy or ContextPolicy()
         self.originals: list[dict] = []  # messages as given (before tool results were cut)
         self.dropped = 0  # messages dropped to fit the context so far
+        self.respelled = 0  # replies whose ids were re-tokenized (fast-forward off: `_canonical`)
         self.chat = chat if chat is not None else chat_format_of(engine)
         self.tools = list(tools) if tools else None
         self.messages: list[dict] = []
@@ -190,7 +191,9 @@ class Conversation:
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = RoundState(parser, tuple(stop), reasoning, limits.stop_on_repeat)
-        state.constrained = constraint is not None
+        # fast-forward spells forced text canonically in the engine; without it, respell after
+        state.constrained = constraint is not None and not getattr(getattr(engine, "config", None),
+                                                                   "grammar_fast_forward", False)
         request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
                                      ("cache_salt", self.cache_salt)) if v is not None}
         answer = json_schema is not None and not (both and tool_choice not in (None, "auto"))  # (may it answer?)
@@ -245,7 +248,10 @@ class Conversation:
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                 for c in state.calls]
         reply = state.generated + self._closing_ids(state)
-        reply = self._canonical(reply) if state.constrained else reply
+        if state.constrained:
+            spelled = self._canonical(reply)
+            self.respelled += spelled != reply
+            reply = spelled
         self.tokens += self.chat.encode_assistant_tokens(reply)
         self.messages.append(message)
         self.originals.append(message)
@@ -257,6 +263,9 @@ class Conversation:
 
     def _canonical(self, ids: list[int]) -> list[int]:
         """The reply's text tokenized as the tokenizer would (the KV keeps the generated ids).
+        The fallback for engines without grammar fast-forward (EngineConfig.grammar_fast_forward):
+        with it the forced text is already canonical, and the model's own choices are kept as
+        generated, as in free text.
 
         Constrained decoding often spells fixed text in odd pieces (`<`,`t`,`oo`,`l`,... for
         `<tool_call>`: the grammar allows every prefix and a small model may prefer one); kept

@@ -31,7 +31,7 @@ class RoundState:
         self.guard = RepeatGuard(stop_on_repeat)
         self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
         self.think = ThinkSplitter()
-        self.constrained = False  # a grammar shaped the output (its ids are re-tokenized)
+        self.constrained = False  # a grammar shaped the output without fast-forward (respelled)
         self.thoughts: list[str] = []
         self.raw: list[str] = []  # every decoded piece fed
         self.text: list[str] = []

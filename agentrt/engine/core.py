@@ -153,7 +153,22 @@ class EngineCore:
         self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
+        if constraint is not None:
+            self._forced_start(req)
         return req
+
+    def _forced_start(self, r: Request) -> None:
+        """Text the grammar forces before the model's first choice joins the prefill (a required
+        call's `<tool_call>{"name": "`), emitted at once; one token of room is left to sample."""
+        ff = getattr(r.constraint, "fast_forward", None)
+        if ff is None or not self.cfg.grammar_fast_forward:
+            return
+        room = min(r.params.max_tokens, self.model.cfg.max_position_embeddings - len(r.prompt)) - 1
+        _, ids = ff(None, room)
+        if ids:
+            self.counters.ff_jumps += 1
+            self.counters.ff_tokens += len(ids)
+            self._emit_tokens(r, ids)
 
     def _cached_response(self, prompt, params, salt, constraint):
         if self.responses is None or constraint is not None:
@@ -234,8 +249,9 @@ class EngineCore:
         chunks = []
         for r, n in plan:
             c = r.seq.num_cached
-            if r.draft:  # the last token plus the draft: logits at every position
-                chunks.append(SeqChunk(r.target_slice(c, 1) + r.draft, c, r.seq.pages, n))
+            if r.draft:  # the last token (and forced ids) plus the draft: logits from the last on
+                chunks.append(SeqChunk(r.target_slice(c, n - len(r.draft)) + r.draft, c, r.seq.pages,
+                                       1 + len(r.draft)))
             else:
                 chunks.append(SeqChunk(r.target_slice(c, n), c, r.seq.pages, int(c + n == r.target_len)))
         return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
@@ -249,6 +265,7 @@ class EngineCore:
                 if r.draft:
                     self._accept(r, ch, verify(r, lg, self.executor.argmax))
                     continue
+                r.forced = 0
                 r.seq.tokens.extend(ch.tokens)
                 if ch.want_logits:
                     if r.constraint is not None:  # masks its own row: a raising grammar fails r only
@@ -261,13 +278,14 @@ class EngineCore:
             self._sample_and_emit(plain, torch.cat(plain_rows))
 
     def _accept(self, r: Request, ch: SeqChunk, accepted: list[int]) -> None:
-        """Keep the KV of the last token and the accepted draft; roll back the rest."""
-        r.seq.tokens.extend(ch.tokens[:len(accepted)])
+        """Keep the KV of the tokens fed before the draft and of the accepted draft; roll back
+        the rest."""
+        r.seq.tokens.extend(ch.tokens[:len(ch.tokens) - len(r.draft) - 1 + len(accepted)])
         self.kvm.truncate(r.seq, r.seq.num_cached)
         self.counters.spec_proposed += len(r.draft)
         self.counters.spec_accepted += len(accepted) - 1
-        r.draft = []
-        self._emit_tokens(r, accepted)
+        r.draft, r.forced = [], 0
+        self._emit_tokens(r, self._fast_forward(r, accepted))
 
     def _account(self, r: Request, ch: SeqChunk) -> None:
         in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
@@ -283,9 +301,26 @@ class EngineCore:
             try:
                 if r.constraint is not None:
                     r.constraint.advance(t)
-                self._emit_tokens(r, [t])
+                self._emit_tokens(r, self._fast_forward(r, [t]))
             except Exception as e:
                 self.fail(r, e)
+
+    def _fast_forward(self, r: Request, toks: list[int]) -> list[int]:
+        """toks (the step's new ids, the last one the model's) followed by the ids r's grammar
+        forces after them, the last one healed where the tokenizer spells it with them
+        (toolcall/forcing.py); the forced ids ride r's next step (r.forced)."""
+        ff = getattr(r.constraint, "fast_forward", None)
+        if ff is None or not self.cfg.grammar_fast_forward or toks[-1] in r.stop_ids:
+            return toks
+        room = min(r.params.max_tokens - len(r.output), self.model.cfg.max_position_embeddings - r.target_len)
+        replaced, ids = ff(toks[-1], room - len(toks))
+        if not ids:
+            return toks
+        r.forced = len(ids) - replaced
+        self.counters.ff_jumps += 1
+        self.counters.ff_tokens += r.forced
+        self.counters.ff_healed += replaced
+        return toks[:len(toks) - replaced] + ids
 
     def _emit_tokens(self, r: Request, toks: list[int]) -> None:
         """Append sampled tokens, stopping at the first that finishes the request."""

@@ -100,6 +100,7 @@ class Request:
     ngrams: object | None = None  # NgramIndex over target, built at the first decode
     spec_proposed: int = 0
     spec_accepted: int = 0
+    forced: int = 0  # fast-forwarded ids after the next token to feed (they ride its decode step)
     attached: bool = False  # prefix reuse done for the current admission
     preemptions: int = 0  # times its KV was dropped for memory (capped: see MemoryManager)
     lock_node: object | None = None  # radix node locked while this request uses its pages
@@ -138,7 +139,7 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.remaining > 1 or not self.output
+        return self.remaining > 1 + self.forced or not self.output
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt), max(self.cached_tokens, 0), self.computed_prompt,

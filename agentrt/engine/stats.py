@@ -22,6 +22,9 @@ class Counters:
     grouped_tokens: int = 0  # prompt tokens aliased from a group leader
     spec_proposed: int = 0
     spec_accepted: int = 0
+    ff_jumps: int = 0  # grammar fast-forwards (toolcall/forcing.py)
+    ff_tokens: int = 0  # ids they appended (fed in chunks, not decode steps)
+    ff_healed: int = 0  # model tokens they respelled with the forced text
     response_cache_hits: int = 0
     promoted_pages: int = 0  # pages copied back from the KV tier (admission and prefetch)
     prefetched_pages: int = 0  # of those, promoted ahead of a request by prefetch
@@ -64,6 +67,9 @@ class EngineStats:
     grouped_tokens: int
     spec_proposed: int
     spec_accepted: int
+    ff_jumps: int
+    ff_tokens: int
+    ff_healed: int
     spec_acceptance: float
     response_cache_hits: int
     tier_pages: int  # pages' worth of KV the tier holds now
@@ -111,6 +117,7 @@ class EngineStats:
             evicted_pages=c.evicted_pages, detached_sessions=c.detached_sessions,
             deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens,
             spec_proposed=c.spec_proposed, spec_accepted=c.spec_accepted,
+            ff_jumps=c.ff_jumps, ff_tokens=c.ff_tokens, ff_healed=c.ff_healed,
             spec_acceptance=c.spec_accepted / c.spec_proposed if c.spec_proposed else 0.0,
             response_cache_hits=c.response_cache_hits,
             tier_pages=tier.used // tier.page_bytes if tier else 0, tier_bytes=tier.used if tier else 0,

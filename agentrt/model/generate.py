@@ -23,11 +23,13 @@ def prompt_logits(model: LlamaModel, prompt: list[int], page_size: int = 16,
 
 def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None = None,
              eos_token_ids: tuple[int, ...] = (), page_size: int = 16, constraint=None,
-             path: str | None = None) -> list[int]:
+             path: str | None = None, fast_forward: bool = False) -> list[int]:
     """Generate up to params.max_tokens ids after `prompt`; stops after an eos/stop token
     (which is included in the output). `constraint` (a LogitsConstraint) masks each step's
     logits before sampling and sees every sampled token; generation also stops when it
-    reports is_terminated(). `path` picks the model's forward ("eager": the torch reference)."""
+    reports is_terminated(). `path` picks the model's forward ("eager": the torch reference).
+    `fast_forward`: after each sampled token (and at the start) the ids the constraint forces
+    (`constraint.fast_forward`, toolcall/forcing.py) are appended and fed one per step."""
     p = params or SamplingParams()
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt")
@@ -40,17 +42,28 @@ def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None
     kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype)
     gen = make_generator(p.seed if p.seed is not None else 0)
     stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-    out: list[int] = []
-    chunk = SeqChunk(list(prompt), 0, pages)
+    ff = constraint.fast_forward if fast_forward and constraint is not None else None
+    out = ff(None, p.max_tokens - 1)[1] if ff else []
+    if out and (out[-1] in stops or constraint.is_terminated()):
+        return out  # (the grammar forced the whole output)
+    pos, feed = 0, [list(prompt)] + [[t] for t in out]  # the prompt in one chunk, then one id per step
     while len(out) < p.max_tokens:
-        fb = build_batch([chunk], page_size)
-        logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
+        for ids in feed:
+            fb = build_batch([SeqChunk(ids, pos, pages)], page_size)
+            logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
+            pos += len(ids)
         row = logits[0] if constraint is None else constraint.mask_logits(logits[0])
-        tok = sample_row(row, p, gen)
-        out.append(tok)
+        new = [sample_row(row, p, gen)]
         if constraint is not None:
-            constraint.advance(tok)
-        if tok in stops or (constraint is not None and constraint.is_terminated()):
-            break
-        chunk = SeqChunk([tok], chunk.start + len(chunk.tokens), pages)
+            constraint.advance(new[0])
+            if ff and new[0] not in stops:
+                replaced, ids = ff(new[0], p.max_tokens - len(out) - 1)
+                new = new[:1 - replaced] + ids
+        for i, tok in enumerate(new):
+            out.append(tok)
+            last = i == len(new) - 1
+            if tok in stops or (last and constraint is not None and constraint.is_terminated()) \
+                    or len(out) >= p.max_tokens:
+                return out
+        feed = [[t] for t in new]
     return out

@@ -196,7 +196,7 @@ class Scheduler:
         faults: list = []
         # the pages every decode needs, reclaimed in one pass (each reserve below then finds them
         # free): one walk of the tree and idle sessions per step, not one per decode
-        self.mem.reclaim(sum(self.kvm.write_cost(r.seq, r.seq.num_cached + 1) for r in decodes))
+        self.mem.reclaim(sum(self.kvm.write_cost(r.seq, r.seq.num_cached + r.remaining) for r in decodes))
         for r in decodes:
             if r.state is State.RUNNING and r in self.running:
                 self._plan_decode(r, len(decodes), plan, failed, faults)
@@ -223,8 +223,9 @@ class Scheduler:
             faults.append((r, e))
             return
         # a draft never preempts anyone: without room it is dropped, then the token is reserved
-        if r.draft and not self.mem.reserve(r, r.seq.num_cached + 1 + len(r.draft), plan, False, failed):
+        # (a decode feeds its next token and the ids fast-forwarded after it: r.remaining)
+        if r.draft and not self.mem.reserve(r, r.seq.num_cached + r.remaining + len(r.draft), plan, False, failed):
             r.draft = []
-        if r.draft or self.mem.reserve(r, r.seq.num_cached + 1, plan, True, failed):
+        if r.draft or self.mem.reserve(r, r.seq.num_cached + r.remaining, plan, True, failed):
             if r.state is State.RUNNING and r in self.running:
-                plan[r] = 1 + len(r.draft)
+                plan[r] = r.remaining + len(r.draft)

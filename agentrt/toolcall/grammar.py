@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -52,6 +52,7 @@ from jsonschema.exceptions import SchemaError
 from agentrt.errors import ConfigError, GrammarError
 from agentrt.kernels import native
 from agentrt.model.tokenizer import Tokenizer
+from agentrt.toolcall.forcing import ForcedText, Jump
 from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 from agentrt.toolcall.grammar_backends import (
     Backend, CallSpec, GrammarSpec, Matcher, XGrammarBackend, bitmask_words, schema_json,
@@ -72,8 +73,10 @@ class ToolCallConstraint:
     request ends instead of continuing unconstrained.
     """
 
-    def __init__(self, matcher: Matcher, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    def __init__(self, matcher: Matcher, vocab_size: int, eos_ids: Sequence[int],
+                 forced: Callable[[], ForcedText] | None = None) -> None:
         self._m = matcher
+        self._forced = forced
         self._width = vocab_size
         self._bitmask = torch.full((1, bitmask_words(vocab_size)), -1, dtype=torch.int32)
         self._words = self._bitmask.numpy()[0]  # the same memory, for cheap word operations
@@ -112,6 +115,23 @@ class ToolCallConstraint:
         row = torch.zeros(self._width)
         apply_bitmask(row, self._bitmask)
         return row == 0
+
+    def fast_forward(self, last: int | None, room: int) -> tuple[int, list[int]]:
+        """Jump over the text the grammar forces after `last` (the token just accepted; None at
+        the start): (replaced, ids), ids accepted in place of the last `replaced` tokens (0 or
+        1: healed) and after them; at most `room` ids. (0, []) when nothing is forced
+        (toolcall/forcing.py)."""
+        if self._forced is None or self.error is not None or self._m.is_terminated():
+            return 0, []
+        replaced, ids = Jump(self._m, self._forced(), self._eos, self._raw_words).run(last, room)
+        self._accepted += len(ids) - replaced
+        return replaced, ids
+
+    def _raw_words(self) -> np.ndarray:
+        self._m.fill(self._bitmask)
+        if self._tail is not None:
+            self._words[-1] &= self._tail
+        return self._words
 
     def accepts_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens` the grammar accepts in order from here; the state is unchanged."""
@@ -179,7 +199,10 @@ class GrammarFactory:
             raise ConfigError(f"tool_format must be a ToolFormat, got {tool_format!r}")
         self.vocab_size = size
         self.tool_format = tool_format
-        self.backend: Backend = BACKENDS[backend](tokenizer, size, keep_token_ids(tool_format, tokenizer))
+        self._tags = keep_token_ids(tool_format, tokenizer)
+        self.backend: Backend = BACKENDS[backend](tokenizer, size, self._tags)
+        self._tokenizer = tokenizer
+        self._forced: ForcedText | None = None  # built at the first fast-forward
         self._eos = tokenizer.eos_token_ids
         self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._cache_size = cache_size
@@ -230,7 +253,15 @@ class GrammarFactory:
                 self._cache[key] = compiled
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
-        return ToolCallConstraint(self.backend.matcher(compiled), self.vocab_size, self._eos)
+        return ToolCallConstraint(self.backend.matcher(compiled), self.vocab_size, self._eos, self.forced_text)
+
+    def forced_text(self) -> ForcedText:
+        """The tokenizer tables fast-forward uses (built once, at first use)."""
+        if self._forced is None:
+            built = ForcedText(self._tokenizer, self.vocab_size, self._tags)
+            with self._lock:
+                self._forced = self._forced or built
+        return self._forced
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -73,6 +73,8 @@ class Matcher(Protocol):
     def accept(self, token: int) -> bool: ...  # False: rejected, state unchanged
     def rollback(self, n: int) -> None: ...
     def is_terminated(self) -> bool: ...  # an eos was accepted after a complete output
+    def completed(self) -> bool: ...  # the output so far is complete (an eos may follow)
+    def forced_bytes(self) -> bytes: ...  # the continuation the grammar forces from here
 
 
 class Backend(Protocol):
@@ -201,6 +203,12 @@ class _XgrMatcher:
 
     def is_terminated(self) -> bool:
         return bool(self._m.is_terminated())
+
+    def completed(self) -> bool:
+        return bool(self._m.is_completed())
+
+    def forced_bytes(self) -> bytes:
+        return self._m.find_jump_forward_string().encode("utf-8")
 
 
 # -- llguidance ------------------------------------------------------------------------------------

@@ -156,3 +156,9 @@ class _LlgMatcher:
 
     def is_terminated(self) -> bool:
         return self._ended
+
+    def completed(self) -> bool:
+        return not self._ended and bool(self._m.is_accepting())
+
+    def forced_bytes(self) -> bytes:
+        return b"" if self._ended else bytes(self._m.compute_ff_bytes())
