@@ -7,7 +7,11 @@ forced through: per token, the mask computation (fill the bitmask), then accepti
 Reported: mask us/token (median, p90), accept us/token, compile ms (median of fresh compiles),
 the one-off tokenizer setup, and the same mask figures for tool_choice "auto" (free text, then
 a call). Applying a bitmask to the logits is backend-independent (apply_bitmask) and reported
-once. Writes bench/results/grammar.json.   python bench/bench_grammar.py [--quick]
+once. Fast-forward (`ff_*`): the same outputs walked through the engine's constraint
+(GrammarFactory, xgrammar) as the model would write them, once token by token and once with
+fast-forward (bench/ff_case.py's ScriptedGrammar: jumps kept as far as they equal the output's
+ids): model steps per call, and grammar time (mask + apply + jump) per step and per call.
+Writes bench/results/grammar.json.   python bench/bench_grammar.py [--quick]
 """
 
 from __future__ import annotations
@@ -126,6 +130,59 @@ def measure(name: str, tok, passes: int, compiles: int) -> dict:
     return res
 
 
+def ff_walk(factory, ids: list[int], choice: str, ff: bool) -> dict:
+    """Steps the model takes for output `ids` under the tools grammar, and the grammar's time."""
+    from bench.ff_case import ScriptedGrammar
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in TOOLS.items()]
+    con = ScriptedGrammar(ids, factory.for_tools(tools, choice))
+    row = torch.zeros(factory.vocab_size)
+    steps, mask_s, jump_s = 0, 0.0, 0.0
+    t0 = time.perf_counter()
+    if ff:
+        con.fast_forward(None, len(ids))
+    jump_s += time.perf_counter() - t0
+    while not con.is_terminated():
+        t0 = time.perf_counter()
+        con.mask_logits(row)
+        t1 = time.perf_counter()
+        t = ids[con.pos]
+        con.advance(t)
+        steps += 1
+        if ff and not con.is_terminated():
+            con.fast_forward(t, len(ids) - con.pos)
+        jump_s += time.perf_counter() - t1
+        mask_s += t1 - t0
+        row.zero_()
+    if con.refused:
+        raise RuntimeError("the tools grammar refused the output")
+    return {"steps": steps, "mask_s": mask_s, "jump_s": jump_s, "forced": con.kept, "cut": con.cut}
+
+
+def measure_ff(tok) -> dict:
+    """Fast-forward at the grammar level on the six-call output (required and auto)."""
+    from agentrt.toolcall.grammar import GrammarFactory
+
+    factory = GrammarFactory(tok, tok.vocab_size)
+    res: dict = {}
+    for free_text, mode in ((False, "required"), (True, "auto")):
+        ids = tok.encode(output_text(free_text)) + [tok.eos_token_ids[0]]
+        ff_walk(factory, ids, mode, True)  # compile and warm
+        off, on = ff_walk(factory, ids, mode, False), ff_walk(factory, ids, mode, True)
+        n = len(CALLS)
+        res[f"ff_{mode}"] = {"tokens": len(ids), "steps_per_call_off": off["steps"] / n,
+                             "steps_per_call_on": on["steps"] / n, "forced_ids": on["forced"], "cut": on["cut"],
+                             "grammar_us_per_step_off": 1e6 * (off["mask_s"] + off["jump_s"]) / off["steps"],
+                             "grammar_us_per_step_on": 1e6 * (on["mask_s"] + on["jump_s"]) / on["steps"],
+                             "grammar_us_per_call_off": 1e6 * (off["mask_s"] + off["jump_s"]) / n,
+                             "grammar_us_per_call_on": 1e6 * (on["mask_s"] + on["jump_s"]) / n,
+                             "jump_us_per_step_on": 1e6 * on["jump_s"] / on["steps"]}
+    req = res["ff_required"]
+    res["ff_grammar_decode_steps_reduction"] = 1 - req["steps_per_call_on"] / req["steps_per_call_off"]
+    res["ff_grammar_forced_token_fraction"] = req["forced_ids"] / req["tokens"]
+    return res
+
+
 def apply_us(width: int, repeat: int, native: bool = True, random: bool = False) -> float:
     """Median us to apply a mixed bitmask (alternate bits, or random words; an all-ones mask is
     skipped), by the compiled kernel or (native=False) the numpy/torch fallback."""
@@ -167,6 +224,7 @@ def main() -> None:
     res["apply_bitmask_us_median_torch_fallback_random_mask"] = apply_us(tok.vocab_size, 200, native=False, random=True)
     # per-token cost decides (compiles are cached per tool set); a tie goes to xgrammar, whose
     # matcher rolls back natively and whose eos handling needs no bookkeeping
+    res |= measure_ff(tok)
     x, g = res["xgrammar_mask_us_median"], res["llguidance_mask_us_median"]
     res["chosen"] = "llguidance" if g < 0.9 * x else "xgrammar"
     print(f"grammar backends: SmolLM2 vocab {tok.vocab_size}, {len(TOOLS)} tools, {res['tokens']} forced tokens "
@@ -180,6 +238,13 @@ def main() -> None:
           f"({res['apply_bitmask_us_median_random_mask']:.1f} random mask; torch fallback "
           f"{res['apply_bitmask_us_median_torch_fallback']:.1f} / "
           f"{res['apply_bitmask_us_median_torch_fallback_random_mask']:.1f}); chosen: {res['chosen']}")
+    for mode in ("required", "auto"):
+        f = res[f"ff_{mode}"]
+        print(f"fast-forward ({mode}, {len(CALLS)} calls, {f['tokens']} ids): model steps per call "
+              f"{f['steps_per_call_off']:.1f} -> {f['steps_per_call_on']:.1f}; grammar us per step "
+              f"{f['grammar_us_per_step_off']:.1f} -> {f['grammar_us_per_step_on']:.1f} (jumps "
+              f"{f['jump_us_per_step_on']:.1f}); per call {f['grammar_us_per_call_off']:.0f} -> "
+              f"{f['grammar_us_per_call_on']:.0f} us; {f['forced_ids']} ids forced, {f['cut']} jumps cut")
     print("wrote", write_results("grammar", res))
 
 

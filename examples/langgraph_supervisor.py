@@ -92,8 +92,9 @@ def route(topic: Annotated[str, Field(max_length=30)], worker: Literal["weather"
 
 ROUTER = ("You route each question to one agent. Examples:\n"
           "'Is it raining in Rome?' -> route(topic='rain in Rome', worker='weather')\n"
+          "'What is the weather in Bern?' -> route(topic='weather in Bern', worker='weather')\n"
           "'What is 3 times 4?' -> route(topic='3 times 4', worker='math')\n"
-          "'A flight from Oslo to Nice?' -> route(topic='flight Oslo to Nice', worker='travel')")
+          "'A flight from Lyon to Nice?' -> route(topic='flight Lyon to Nice', worker='travel')")
 HANDOFF_ROUTER = ("You route each question to one agent. Examples:\n"
                   "'Is it raining in Rome?' -> transfer_to_weather\n"
                   "'What is 3 times 4?' -> transfer_to_math\n"

@@ -76,7 +76,7 @@ async def _two_rounds(lm, schema):
             pass
         await session.close()
         st = eng.stats()  # (the first round's constrained steps: each masked row timed)
-        assert st.grammar_mask_s > 0 and 0 < st.grammar_mask_us_per_row < 1e6 * st.grammar_mask_s
+        assert st.grammar_mask_s > 0 and 0 < st.grammar_mask_us_per_row <= 1e6 * st.grammar_mask_s
         return conv.chat, before, after, rec.prompts
 
 

@@ -213,6 +213,10 @@ class Conversation:
         if not state.stopped:
             for pe in state.feed(dec.flush(), closing=True):
                 yield pe
+        elif state.finish in ("stop", "length"):
+            # the engine finished before the stop reached it (fast-forward runs many ids a step):
+            # the round still ended where the parser stopped it, whatever the timing
+            state.finish = "early_stop"
         end = self._close(state, call_id, content)
         if end.calls and hasattr(self.session, "expect_tools"):  # keep the KV while the tools run
             with contextlib.suppress(EngineClosed):

@@ -28,7 +28,8 @@ Two backends implement it (xgrammar here, llguidance in grammar_llg.py); `gramma
 Both mark the tokenizer's special tokens as never matching text, and ids between the
 tokenizer's and the model's vocabulary size (padding rows) as never allowed. One difference:
 xgrammar (strict mode) never writes properties a schema does not declare; llguidance follows
-JSON Schema and allows them unless the schema says "additionalProperties": false.
+JSON Schema and allows them unless the schema says "additionalProperties": false. Another:
+llguidance refuses a raw U+007F (DEL) inside a JSON string, which JSON and xgrammar allow.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FINAL_ANSWER = "Done."
 
@@ -23,7 +23,8 @@ class ModelCall:
     prompt carries ran, i.e. the wait between the previous call's end and this call (0 first).
     `tools`: names of the tools `output` calls (empty for a final answer), so an agent can tell
     the engine which tools it waits on (`Session.expect_tools`) and tool latencies can be drawn
-    per tool."""
+    per tool. `offered`: the tools the prompt declares (OpenAI dicts), for a run under the tool
+    grammar (bench/ff_case.py)."""
 
     agent: int
     turn: int
@@ -31,6 +32,7 @@ class ModelCall:
     output: list[int]
     tool_latency_s: float
     tools: tuple[str, ...] = ()
+    offered: tuple = field(default=(), compare=False, repr=False)
 
 
 class ScriptBuilder:
@@ -66,7 +68,8 @@ class ScriptBuilder:
             raise ValueError("the assistant turn does not render as generation prompt + body + end of turn")
         output = delta[len(gen):len(delta) - len(end)] + [self._stop]
         names = tuple(c["function"]["name"] for c in message.get("tool_calls") or ())
-        call = ModelCall(self.agent, len(self.calls), self._prompt, output, self._latency, names)
+        call = ModelCall(self.agent, len(self.calls), self._prompt, output, self._latency, names,
+                         tuple(self.tools or ()))
         self.tokens = self._prompt + self.fmt.encode_assistant_tokens(output)
         if self.tokens != self._prompt[:len(self._prompt) - len(gen)] + delta:
             raise AssertionError("forced output does not continue the conversation token-exactly")

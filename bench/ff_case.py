@@ -1,0 +1,233 @@
+"""Grammar fast-forward on bench_agents' tool-call cases (BFCL replay, the 8-agent case).
+
+Each case's scripts are replayed on the full agentrt configuration (sessions, radix, speculation)
+twice per repetition, fast-forward on and off (`EngineConfig.grammar_fast_forward`), in
+alternating order. Every call runs under the real tool grammar of the tools its prompt declares
+(tool_choice auto, the chat format's tool-call format), as an agent's call would: each step
+computes the grammar's mask, and fast-forward jumps where the grammar forces text. The script's
+own tokens are still forced (`ScriptedGrammar`), so both runs write the same output; a forced
+jump is kept as far as it equals the script (the scripts are the tokenizer's encoding of the
+rendered calls, so a jump that respells a boundary is cut there and counted).
+
+Per tool call (a call whose output calls tools): decode steps (events that carried tokens, the
+first one included), wall latency, the ids fast-forward supplied.
+
+    python bench/ff_case.py --quick   # alone: bench/results/fast_forward.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from contextlib import aclosing
+from pathlib import Path
+
+import anyio
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentrt import Engine, EngineConfig, SamplingParams  # noqa: E402
+from agentrt.errors import AgentrtError  # noqa: E402
+from bench.peers.base import drive  # noqa: E402
+
+CASES = ("bfcl", "agents8")
+
+
+class ScriptedGrammar:
+    """The tool grammar's constraint (its mask computed every step, its fast-forward offered to
+    the engine) with the script's next token forced. A script token the grammar refuses drops
+    the grammar for the rest of the call (`refused`)."""
+
+    def __init__(self, script: list[int], grammar) -> None:
+        self.script, self.pos, self.g = list(script), 0, grammar
+        self.kept = self.offered = self.cut = 0
+        self.refused = False
+
+    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.pos >= len(self.script):
+            return logits
+        tok = self.script[self.pos]
+        keep = logits[tok].clone()
+        if self.g is not None:
+            self.g.mask_logits(logits)  # the real per-step cost
+        logits.fill_(float("-inf"))
+        logits[tok] = keep
+        return logits
+
+    def advance(self, token: int) -> None:
+        self.pos += 1
+        if self.g is not None:
+            self.g.advance(token)
+            if self.g.error is not None:
+                self.g, self.refused = None, True
+
+    def is_terminated(self) -> bool:
+        return self.pos >= len(self.script)
+
+    def accepts_prefix(self, draft: list[int]) -> int:
+        return min(len(draft), len(self.script) - self.pos)
+
+    def fast_forward(self, last: int | None, room: int) -> tuple[int, list[int]]:
+        if self.g is None:
+            return 0, []
+        replaced, ids = self.g.fast_forward(last, room)
+        if not ids:
+            return 0, []
+        self.offered += len(ids) - replaced
+        want = self.script[self.pos - replaced:]
+        k = 0
+        while k < len(ids) and k < len(want) and ids[k] == want[k]:
+            k += 1
+        if replaced and k == 0:  # a respelled model token: not the script's; undo the jump
+            self.g.rollback(len(ids))
+            self.g.advance(last)
+            self.cut += 1
+            return 0, []
+        if k < len(ids):
+            self.g.rollback(len(ids) - k)
+            self.cut += 1
+        self.pos += k - replaced
+        self.kept += k - replaced
+        return replaced, ids[:k]
+
+
+async def _call(eng: Engine, c, session, factory) -> dict:
+    grammar = None
+    if c.offered:
+        try:
+            grammar = factory.for_tools(list(c.offered), "auto")
+        except AgentrtError:
+            grammar = None
+    con = ScriptedGrammar(c.output, grammar)
+    t0 = anyio.current_time()
+    first, steps, toks = None, 0, []
+    stream = eng.generate(c.prompt, SamplingParams(max_tokens=len(c.output)), session=session,
+                          tag=f"agent{c.agent}", constraint=con)
+    async with aclosing(stream) as events:
+        async for ev in events:
+            if ev.token_ids:
+                steps += 1
+                first = first if first is not None else anyio.current_time()
+            toks.extend(ev.token_ids)
+    end = anyio.current_time()
+    return {"agent": c.agent, "turn": c.turn, "tool_call": bool(c.tools), "grammar": grammar is not None,
+            "refused": con.refused, "total_s": end - t0, "ttft_s": (first or end) - t0, "steps": steps,
+            "output_tokens": len(c.output), "ff_kept": con.kept, "ff_offered": con.offered, "ff_cut": con.cut,
+            "exact": toks == c.output}
+
+
+async def _run(lm, cfg: EngineConfig, scripts, arrival: str, factory) -> list[dict]:
+    async with Engine(lm, cfg) as eng:
+        sess = {s[0].agent: await eng.open_session(tag=f"agent{s[0].agent}") for s in scripts}
+        records, _ = await drive(scripts, arrival, lambda c: _call(eng, c, sess[c.agent], factory))
+        for s in sess.values():
+            await s.close()
+    return records
+
+
+def _summary(recs: list[dict]) -> dict:
+    calls = [r for r in recs if r["tool_call"]]
+    out_tokens = sum(r["output_tokens"] for r in calls)
+    return {"tool_calls": len(calls), "calls": len(recs), "exact": all(r["exact"] for r in recs),
+            "grammar_refused": sum(r["refused"] for r in calls),
+            "steps_per_tool_call": sum(r["steps"] for r in calls) / max(len(calls), 1),
+            "tool_call_latency_s": statistics.mean(r["total_s"] for r in calls) if calls else None,
+            "call_latency_s": statistics.mean(r["total_s"] for r in recs),
+            "ff_forced_token_fraction": sum(r["ff_kept"] for r in calls) / max(out_tokens, 1),
+            "ff_offered_fraction": sum(r["ff_offered"] for r in calls) / max(out_tokens, 1),
+            "ff_cut": sum(r["ff_cut"] for r in calls)}
+
+
+def run_ff(lm, cases, base: EngineConfig, reps: int, kv_tokens) -> dict:
+    """{case: per-rep on/off summaries and reductions} for the Case objects `cases`."""
+    from agentrt.conversation.formats import grammars_of
+
+    out: dict = {}
+    factory = None
+    for case in cases:
+        per_rep = []
+        for rep in range(reps):
+            scripts = case.make(rep)
+            cfg = base.replace(kv_cache_tokens=kv_tokens(scripts, case.pool_fraction))
+            res = {}
+            for ff in ((True, False) if rep % 2 == 0 else (False, True)):
+                c = cfg.replace(grammar_fast_forward=ff)
+
+                async def go():
+                    nonlocal factory
+                    if factory is None:
+                        async with Engine(lm, c.replace(kv_cache_tokens=4096)) as eng:
+                            factory = grammars_of(eng)
+                    for s in scripts:  # compile every tool set before the clock runs
+                        for call in s:
+                            if call.offered:
+                                try:
+                                    factory.for_tools(list(call.offered), "auto")
+                                except AgentrtError:
+                                    pass
+                    return await _run(lm, c, scripts, case.arrival, factory)
+                res["on" if ff else "off"] = _summary(anyio.run(go))
+            res["steps_reduction"] = 1 - res["on"]["steps_per_tool_call"] / res["off"]["steps_per_tool_call"]
+            if res["on"]["tool_call_latency_s"]:
+                res["tool_call_latency_reduction"] = 1 - res["on"]["tool_call_latency_s"] / res["off"]["tool_call_latency_s"]
+            res["call_latency_reduction"] = 1 - res["on"]["call_latency_s"] / res["off"]["call_latency_s"]
+            per_rep.append(res)
+        out[case.key] = {"title": case.title, "arrival": case.arrival, "per_rep": per_rep,
+                         **{k: statistics.median(r[k] for r in per_rep) for k in
+                            ("steps_reduction", "tool_call_latency_reduction", "call_latency_reduction")
+                            if all(k in r for r in per_rep)},
+                         "ff_forced_token_fraction": statistics.median(
+                             r["on"]["ff_forced_token_fraction"] for r in per_rep)}
+    return out
+
+
+def headline(ff: dict) -> dict:
+    """The issue's keys from run_ff's result."""
+    reps = [r for c in ff.values() for r in c["per_rep"]]
+    on = sum(r["on"]["steps_per_tool_call"] * r["on"]["tool_calls"] for r in reps)
+    off = sum(r["off"]["steps_per_tool_call"] * r["off"]["tool_calls"] for r in reps)
+    calls = sum(r["on"]["tool_calls"] for r in reps)
+    kept = sum(r["on"]["ff_forced_token_fraction"] * r["on"]["tool_calls"] for r in reps)
+    return {"ff_decode_steps_reduction_toolcalls": 1 - on / off if off else None,
+            "ff_turn_latency_reduction_bfcl": ff.get("bfcl", {}).get("tool_call_latency_reduction"),
+            "ff_forced_token_fraction": kept / calls if calls else None}
+
+
+def print_ff(ff: dict) -> None:
+    for key, c in ff.items():
+        r = c["per_rep"][0]
+        print(f"fast-forward, {c['title']}: steps per tool call {r['off']['steps_per_tool_call']:.1f} -> "
+              f"{r['on']['steps_per_tool_call']:.1f} ({c['steps_reduction']:.0%} fewer, median); tool-call "
+              f"latency -{c.get('tool_call_latency_reduction', float('nan')):.0%}; forced ids "
+              f"{c['ff_forced_token_fraction']:.0%} of a call's; grammar refused "
+              f"{r['on']['grammar_refused']} of {r['on']['tool_calls']} calls")
+
+
+def main() -> None:
+    from agentrt import load_model
+    from agentrt.conversation.chat import ChatFormat
+    from bench.agents_cases import build_cases, kv_tokens
+    from bench.common import RESULTS, machine
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=0)
+    args = ap.parse_args()
+    lm = load_model("smollm2-135m")
+    fmt = ChatFormat(lm.tokenizer)
+    cases = [c for c in build_cases(fmt, lm.tokenizer, quick=args.quick) if c.key in CASES]
+    base = EngineConfig(response_cache_size=0, max_session_seqs=32, max_transient_seqs=32)
+    ff = run_ff(lm, cases, base, args.reps or 2, kv_tokens)
+    print_ff(ff)
+    res = {**headline(ff), "cases": ff, "machine": machine(), "quick": args.quick}
+    path = RESULTS / "fast_forward.json"
+    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(headline(ff), indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
