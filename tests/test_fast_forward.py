@@ -205,3 +205,20 @@ def test_embedded_model_fast_forward_matches_reference_in_a_batch_of_8(embedded)
             out, _, st = _engine(embedded.model, factory, prompts, "required", params, enable_speculation=spec)
             assert out == ref
             assert st.ff_tokens > 0
+
+
+def test_extensions_are_exactly_the_longer_tokens_with_that_prefix():
+    """ForcedText.extensions (a bisect over the sorted vocabulary) against a scan of it."""
+    import random
+
+    from agentrt.toolcall.forcing import ForcedText
+
+    tok = tiny_model_with_tokenizer().tokenizer
+    ft = ForcedText(tok, tok.vocab_size, frozenset())
+    vocab = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+    special = set(tok.special_tokens.values())
+    picks = random.Random(0).sample(range(tok.vocab_size), 200) + tok.encode(' " { ":') + sorted(special)[:3]
+    for t in picks:
+        b = vocab[t]
+        want = [] if t in special else [i for i, v in enumerate(vocab) if len(v) > len(b) and v.startswith(b)]
+        assert sorted(ft.extensions(t).tolist()) == want, (t, b)

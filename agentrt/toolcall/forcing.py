@@ -75,10 +75,10 @@ class ForcedText:
         b = self._vocab[token]
         if not b or token in self._special:
             return self._order[:0]
+        # sorted: the extensions of b lie between b and the first key past every b + ...
         lo = bisect.bisect_right(self._keys, b)
-        hi = lo
-        while hi < len(self._keys) and self._keys[hi].startswith(b):
-            hi += 1  # (sorted: every extension of b lies right after b)
+        stem = b.rstrip(b"\xff")
+        hi = bisect.bisect_left(self._keys, stem[:-1] + bytes([stem[-1] + 1])) if stem else len(self._keys)
         return self._order[lo:hi]
 
 
