@@ -13,6 +13,7 @@ Per tool call (a call whose output calls tools): decode steps (events that carri
 first one included), wall latency, the ids fast-forward supplied.
 
     python bench/ff_case.py --quick   # alone: bench/results/fast_forward.json
+    (bench_agents.py runs it too, after its cases: agents.json `fast_forward` and its keys)
 """
 
 from __future__ import annotations
@@ -50,12 +51,11 @@ class ScriptedGrammar:
         if self.pos >= len(self.script):
             return logits
         tok = self.script[self.pos]
-        keep = logits[tok].clone()
         if self.g is not None:
-            self.g.mask_logits(logits)  # the real per-step cost
-        logits.fill_(float("-inf"))
-        logits[tok] = keep
-        return logits
+            self.g.mask_logits(logits.clone())  # the real per-step cost (logits kept for the script)
+        out = torch.full_like(logits, float("-inf"))
+        out[tok] = logits[tok]
+        return out
 
     def advance(self, token: int) -> None:
         self.pos += 1
@@ -128,6 +128,22 @@ async def _run(lm, cfg: EngineConfig, scripts, arrival: str, factory) -> list[di
     return records
 
 
+def ff_cases(cases, fmt, quick: bool) -> list:
+    """bench_agents' agents8 case, and its BFCL replay with every turn of its entries (the quick
+    BFCL case keeps only the first turn: cold prompts, whose prefill fast-forward cannot cut)."""
+    import dataclasses
+
+    from bench.agents_cases import BFCL_FULL, BFCL_QUICK, _bfcl
+
+    out = [c for c in cases if c.key == "agents8"]
+    size = {**(BFCL_QUICK if quick else BFCL_FULL), "max_turns": 2 if quick else None}
+    bfcl = next((c for c in cases if c.key == "bfcl"), None)
+    if bfcl is None:
+        return out
+    title = f"BFCL v4 multi_turn_base, {size['n']} entries" + (f", first {size['max_turns']} turns" if quick else "")
+    return out + [dataclasses.replace(bfcl, title=title, make=_bfcl(fmt, size["n"], size["max_turns"], size["pool"], 0.0))]
+
+
 def _summary(recs: list[dict]) -> dict:
     calls = [r for r in recs if r["tool_call"]]
     out_tokens = sum(r["output_tokens"] for r in calls)
@@ -136,15 +152,41 @@ def _summary(recs: list[dict]) -> dict:
             "steps_per_tool_call": sum(r["steps"] for r in calls) / max(len(calls), 1),
             "tool_call_latency_s": statistics.mean(r["total_s"] for r in calls) if calls else None,
             "call_latency_s": statistics.mean(r["total_s"] for r in recs),
+            "tool_call_ttft_s": statistics.mean(r["ttft_s"] for r in calls) if calls else None,
+            "tool_call_decode_s": statistics.mean(r["total_s"] - r["ttft_s"] for r in calls) if calls else None,
             "ff_forced_token_fraction": sum(r["ff_kept"] for r in calls) / max(out_tokens, 1),
             "ff_offered_fraction": sum(r["ff_offered"] for r in calls) / max(out_tokens, 1),
             "ff_cut": sum(r["ff_cut"] for r in calls)}
 
 
-def run_ff(lm, cases, base: EngineConfig, reps: int, kv_tokens) -> dict:
-    """{case: per-rep on/off summaries and reductions} for the Case objects `cases`."""
+async def _prepare(lm, cfg: EngineConfig, scripts, factory):
+    """The grammar factory (made once), every tool set compiled and a short call through a
+    throwaway engine, all before the clock runs."""
     from agentrt.conversation.formats import grammars_of
 
+    async with Engine(lm, cfg.replace(kv_cache_tokens=4096)) as eng:
+        factory = factory or grammars_of(eng)
+        await eng.complete(list(range(100, 164)), SamplingParams(max_tokens=4, ignore_eos=True))
+    for call in (c for s in scripts for c in s if c.offered):
+        try:
+            factory.for_tools(list(call.offered), "auto")
+        except AgentrtError:
+            pass  # (that call runs without the grammar: `grammar` false in its record)
+    return factory
+
+
+def _reductions(on: dict, off: dict) -> dict:
+    res = {"on": on, "off": off,
+           "steps_reduction": 1 - on["steps_per_tool_call"] / off["steps_per_tool_call"],
+           "call_latency_reduction": 1 - on["call_latency_s"] / off["call_latency_s"]}
+    if on["tool_call_latency_s"]:
+        res["tool_call_latency_reduction"] = 1 - on["tool_call_latency_s"] / off["tool_call_latency_s"]
+    return res
+
+
+def run_ff(lm, cases, base: EngineConfig, reps: int, kv_tokens) -> dict:
+    """{case: per-rep on/off summaries and reductions} for the Case objects `cases`; fast-forward
+    on and off alternate which runs first."""
     out: dict = {}
     factory = None
     for case in cases:
@@ -152,32 +194,19 @@ def run_ff(lm, cases, base: EngineConfig, reps: int, kv_tokens) -> dict:
         for rep in range(reps):
             scripts = case.make(rep)
             cfg = base.replace(kv_cache_tokens=kv_tokens(scripts, case.pool_fraction))
-            res = {}
+            runs = {}
             for ff in ((True, False) if rep % 2 == 0 else (False, True)):
                 c = cfg.replace(grammar_fast_forward=ff)
 
-                async def go():
+                async def go(c=c):
                     nonlocal factory
-                    if factory is None:
-                        async with Engine(lm, c.replace(kv_cache_tokens=4096)) as eng:
-                            factory = grammars_of(eng)
-                    for s in scripts:  # compile every tool set before the clock runs
-                        for call in s:
-                            if call.offered:
-                                try:
-                                    factory.for_tools(list(call.offered), "auto")
-                                except AgentrtError:
-                                    pass
+                    factory = await _prepare(lm, c, scripts, factory)
                     return await _run(lm, c, scripts, case.arrival, factory)
-                res["on" if ff else "off"] = _summary(anyio.run(go))
-            res["steps_reduction"] = 1 - res["on"]["steps_per_tool_call"] / res["off"]["steps_per_tool_call"]
-            if res["on"]["tool_call_latency_s"]:
-                res["tool_call_latency_reduction"] = 1 - res["on"]["tool_call_latency_s"] / res["off"]["tool_call_latency_s"]
-            res["call_latency_reduction"] = 1 - res["on"]["call_latency_s"] / res["off"]["call_latency_s"]
-            per_rep.append(res)
+                runs[ff] = _summary(anyio.run(go))
+            per_rep.append(_reductions(runs[True], runs[False]))
+        keys = ("steps_reduction", "tool_call_latency_reduction", "call_latency_reduction")
         out[case.key] = {"title": case.title, "arrival": case.arrival, "per_rep": per_rep,
-                         **{k: statistics.median(r[k] for r in per_rep) for k in
-                            ("steps_reduction", "tool_call_latency_reduction", "call_latency_reduction")
+                         **{k: statistics.median(r[k] for r in per_rep) for k in keys
                             if all(k in r for r in per_rep)},
                          "ff_forced_token_fraction": statistics.median(
                              r["on"]["ff_forced_token_fraction"] for r in per_rep)}
@@ -218,7 +247,7 @@ def main() -> None:
     args = ap.parse_args()
     lm = load_model("smollm2-135m")
     fmt = ChatFormat(lm.tokenizer)
-    cases = [c for c in build_cases(fmt, lm.tokenizer, quick=args.quick) if c.key in CASES]
+    cases = ff_cases(build_cases(fmt, lm.tokenizer, quick=args.quick), fmt, args.quick)
     base = EngineConfig(response_cache_size=0, max_session_seqs=32, max_transient_seqs=32)
     ff = run_ff(lm, cases, base, args.reps or 2, kv_tokens)
     print_ff(ff)

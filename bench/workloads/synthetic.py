@@ -45,10 +45,12 @@ def _system(fmt, tok, spec: SyntheticSpec, agent: int) -> tuple[str, list[dict]]
 
 
 def _arguments(schema: dict, source: str, rng: random.Random, max_args: int) -> dict:
-    """Arguments for one tool: strings copy 2-5 words of `source`, others are random."""
+    """Arguments for one tool: strings copy 2-5 words of `source`, others are random. The
+    required ones always (a call valid under the tool grammar), the rest up to max_args."""
     words = source.split() or WORDS
     args = {}
-    for name, prop in list(schema["function"]["parameters"]["properties"].items())[:max_args]:
+    params = schema["function"]["parameters"]
+    for name, prop in list(params["properties"].items())[:max(max_args, len(params.get("required", ())))]:
         if prop["type"] == "string":
             k = rng.randrange(2, 6)
             i = rng.randrange(max(len(words) - k, 1))
