@@ -67,6 +67,8 @@ class EngineConfig:
     # fast-forward over text a request's grammar forces (toolcall/forcing.py): its canonical ids
     # are appended after the sampled token and fed in one chunk, not one decode step each
     grammar_fast_forward: bool = True
+    # fill the step's grammar masks in a worker thread while the model's forward runs
+    grammar_overlap: bool = True
     # the model's forward: "auto" (the model's own default, fused kernels where available),
     # "fused" or "eager" (the torch reference path)
     forward_path: str = "auto"
@@ -131,4 +133,5 @@ _INTS = {"kv_cache_tokens": 1, "window_kv_tokens": 0, "page_size": 1, "max_trans
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}
 _BOOLS = ("enable_prefix_grouping", "enable_radix_cache", "enable_session_reuse", "debug_invariants",
-          "enable_speculation", "enable_prefetch", "tool_ttl", "grammar_fast_forward")
+          "enable_speculation", "enable_prefetch", "tool_ttl", "grammar_fast_forward",
+          "grammar_overlap")

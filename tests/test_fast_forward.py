@@ -222,3 +222,33 @@ def test_extensions_are_exactly_the_longer_tokens_with_that_prefix():
         b = vocab[t]
         want = [] if t in special else [i for i, v in enumerate(vocab) if len(v) > len(b) and v.startswith(b)]
         assert sorted(ft.extensions(t).tolist()) == want, (t, b)
+
+
+def test_masks_filled_beside_the_forward_change_nothing():
+    """grammar_overlap: the step's masks are filled in a worker during the forward; the outputs
+    equal those with every mask filled on the step thread, and the worker's time is counted."""
+    lm = tiny_model_with_tokenizer()
+    factory = GrammarFactory(lm.tokenizer, lm.model.cfg.vocab_size)
+    prompts = _prompts(ChatFormat(lm.tokenizer), 8)
+    params = SamplingParams(max_tokens=40)
+    on, _, st_on = _engine(lm.model, factory, prompts, "required", params, grammar_overlap=True)
+    off, _, st_off = _engine(lm.model, factory, prompts, "required", params, grammar_overlap=False)
+    assert on == off
+    assert st_on.grammar_prepare_s > 0 and st_off.grammar_prepare_s == 0
+
+
+def test_a_mask_that_fails_in_the_worker_fails_its_request_alone():
+    lm = tiny_model_with_tokenizer()
+    factory = GrammarFactory(lm.tokenizer, lm.model.cfg.vocab_size)
+    prompts = _prompts(ChatFormat(lm.tokenizer), 3)
+    core = EngineCore(lm.model, EngineConfig(response_cache_size=0, debug_invariants=True))
+    cons = [factory.for_tools(TOOLS, "required") for _ in prompts]
+
+    def broken():
+        raise RuntimeError("grammar state lost")
+    reqs = [submit(core, p, SamplingParams(max_tokens=40), constraint=c) for p, c in zip(prompts, cons)]
+    cons[1]._m.fill = lambda bitmask: broken()  # (after the start's fast-forward)
+    drain(core)
+    assert reqs[1].finish_reason == "error"
+    assert reqs[0].finish_reason in ("stop", "length") and reqs[2].finish_reason in ("stop", "length")
+    assert core.stats().grammar_prepare_s > 0

@@ -16,7 +16,7 @@ from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.response_cache import CachedResponse, ResponseCache
-from agentrt.engine.sample_step import finish_reason, mask_row, sample_rows
+from agentrt.engine.sample_step import MaskPrefetch, finish_reason, mask_row, sample_rows
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
@@ -73,6 +73,7 @@ class EngineCore:
                                    exhaustive_agents=cfg.topas_exhaustive_agents),
             ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
+        self.masks = MaskPrefetch(self.counters) if cfg.grammar_overlap and not self.executor.simulated else None
         self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
         self._rids = itertools.count(1)
 
@@ -254,7 +255,13 @@ class EngineCore:
                                        1 + len(r.draft)))
             else:
                 chunks.append(SeqChunk(r.target_slice(c, n), c, r.seq.pages, int(c + n == r.target_len)))
-        return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
+        if self.masks is None:
+            return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
+        pending = self.masks.start([r for (r, _), c in zip(plan, chunks) if r.constraint is not None and c.want_logits])
+        try:
+            return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
+        finally:
+            self.masks.wait(pending)  # (the worker is done with the constraints before anyone else)
 
     def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""

@@ -5,9 +5,48 @@ through `fail` and leaves the other rows' draws unchanged."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from agentrt.engine.request import Request
 from agentrt.sampling import sample_batch
+
+
+class MaskPrefetch:
+    """The grammar masks of a step's logits filled in one worker thread while the model's forward
+    runs: each state is final once the previous step's tokens were accepted, so mask_row then
+    only applies them (`prepare()`, toolcall/grammar.py). A constraint whose fill raises is left
+    unprepared: mask_row fills it again and its request alone fails."""
+
+    def __init__(self, counters) -> None:
+        self.counters = counters
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, reqs: list[Request]) -> Future | None:
+        todo = [r.constraint for r in reqs if hasattr(r.constraint, "prepare")]
+        if not todo:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentrt-grammar")
+        return self._pool.submit(_prepare_all, todo)
+
+    def wait(self, pending: Future | None) -> None:
+        if pending is not None:
+            self.counters.mask_prepare_seconds += pending.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _prepare_all(constraints) -> float:
+    t0 = time.perf_counter()
+    for c in constraints:
+        try:
+            c.prepare()
+        except Exception:
+            pass  # (mask_row fills it again on the step thread, where the failure is r's alone)
+    return time.perf_counter() - t0
 
 
 def mask_row(r: Request, logits, counters):

@@ -38,6 +38,7 @@ class Counters:
     ttl_expired: int = 0  # ... whose next request came after
     mask_seconds: float = 0.0  # grammar masks computed and applied on the step's critical path
     masked_rows: int = 0  # logits rows masked (one per constrained request per step)
+    mask_prepare_seconds: float = 0.0  # masks filled beside the forward (sample_step.MaskPrefetch)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class EngineStats:
     tool_ttls: dict  # tool name -> the TTL (seconds) chosen last for it
     grammar_mask_s: float  # seconds spent computing and applying grammar masks (critical path)
     grammar_mask_us_per_row: float  # ... per masked logits row (a constrained request's step)
+    grammar_prepare_s: float  # seconds filling masks in a worker beside the forward (off that path)
     scheduling_policy: str  # EngineConfig.scheduling_policy
     decisions: int  # scheduling decisions timed (0 under fcfs, which takes arrival order as is)
     decision_us_p50: float  # median time of one decision (view + policy), microseconds
@@ -129,6 +131,7 @@ class EngineStats:
             prefetch_saved_s=c.prefetch_saved_s + (radix.prefetch_used_pages * tier.copy_s_per_page if tier else 0.0),
             prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
             ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen), grammar_mask_s=c.mask_seconds,
+            grammar_prepare_s=c.mask_prepare_seconds,
             grammar_mask_us_per_row=1e6 * c.mask_seconds / c.masked_rows if c.masked_rows else 0.0,
             scheduling_policy=scheduler.cfg.scheduling_policy, decisions=len(times),
             decision_us_p50=_quantile(times, 0.5), decision_us_p99=_quantile(times, 0.99),

@@ -84,17 +84,28 @@ class ToolCallConstraint:
         self._tail = _low_bits(vocab_size % 32) if vocab_size % 32 else None
         self._eos = tuple(eos_ids)
         self._accepted = 0
+        self._ready = False  # the bitmask holds the current state's mask (prepare())
         self.error: str | None = None
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] (V = the model's vocabulary) masked in place; returned for convenience.
         Inference tensors (the model runs under inference_mode) are updated in that mode."""
-        self._fill()
+        if not self._ready:
+            self._fill()
+        self._ready = False
         with torch.inference_mode(logits.is_inference()):
             apply_bitmask(logits, self._bitmask)
         return logits
 
+    def prepare(self) -> None:
+        """Fill the mask of the current state now, for the next mask_logits: the engine runs it
+        in a worker thread while the model's forward runs (never beside another call on this
+        constraint)."""
+        self._fill()
+        self._ready = True
+
     def advance(self, token: int) -> None:
+        self._ready = False
         if self.error is not None:
             return
         if not self._m.accept(int(token)):
@@ -121,6 +132,7 @@ class ToolCallConstraint:
         the start): (replaced, ids), ids accepted in place of the last `replaced` tokens (0 or
         1: healed) and after them; at most `room` ids. (0, []) when nothing is forced
         (toolcall/forcing.py)."""
+        self._ready = False
         if self._forced is None or self.error is not None or self._m.is_terminated():
             return 0, []
         replaced, ids = Jump(self._m, self._forced(), self._eos, self._raw_words).run(last, room)
@@ -154,7 +166,7 @@ class ToolCallConstraint:
         if n:
             self._m.rollback(n)
             self._accepted -= n
-        self.error = None
+        self.error, self._ready = None, False
 
     def _fill(self) -> None:
         if self.error is None and not self.is_terminated():
