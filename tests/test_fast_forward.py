@@ -252,3 +252,35 @@ def test_a_mask_that_fails_in_the_worker_fails_its_request_alone():
     assert reqs[1].finish_reason == "error"
     assert reqs[0].finish_reason in ("stop", "length") and reqs[2].finish_reason in ("stop", "length")
     assert core.stats().grammar_prepare_s > 0
+
+
+@pytest.mark.embedded
+def test_a_session_keeps_the_canonical_call_and_respells_only_without_fast_forward(embedded):
+    """A required call on SmolLM2-135M through a Conversation and its session: with fast-forward
+    the reply's ids are the tokenizer's encoding of its text and nothing is respelled; without
+    it greedy spells `<tool_call>` in odd pieces and the round's fallback respells the reply."""
+    import anyio
+
+    from agentrt import Engine
+    from agentrt.conversation.conversation import Conversation
+
+    async def one(ff: bool):
+        cfg = EngineConfig(kv_cache_tokens=4096, response_cache_size=0, grammar_fast_forward=ff)
+        async with Engine(embedded, cfg) as eng:
+            session = await eng.open_session()
+            conv = Conversation(eng, tools=TOOLS, session=session)
+            conv.append([{"role": "user", "content": "What is the weather in Paris in celsius?"}])
+            [end] = [ev async for ev in conv.round(SamplingParams(max_tokens=64), tool_choice="required",
+                                                   parallel_tool_calls=False) if hasattr(ev, "message")]
+            await session.close()
+            return end, conv
+
+    tok = embedded.tokenizer
+    end, conv = anyio.run(one, True)
+    assert [(c.name, c.arguments) for c in end.calls] == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    body = end.generated[:-1]  # (less the end-of-turn)
+    assert body == conv.chat.tokenize_text(tok.decode(body)) and conv.respelled == 0
+    end_off, conv_off = anyio.run(one, False)
+    assert tok.decode(end_off.generated) == tok.decode(end.generated)  # the same call either way
+    assert end_off.generated != end.generated and conv_off.respelled == 1
+    assert conv_off.tokens == conv.tokens  # respelled: the history is the same ids

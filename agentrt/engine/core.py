@@ -13,6 +13,7 @@ import torch
 from agentrt.config import EngineConfig
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
+from agentrt.engine.fast_forward import fast_forward, forced_start
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.response_cache import CachedResponse, ResponseCache
@@ -155,21 +156,10 @@ class EngineCore:
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
         if constraint is not None:
-            self._forced_start(req)
+            forced = forced_start(req, self.cfg, self.model.cfg.max_position_embeddings, self.counters)
+            if forced:
+                self._emit_tokens(req, forced)
         return req
-
-    def _forced_start(self, r: Request) -> None:
-        """Text the grammar forces before the model's first choice joins the prefill (a required
-        call's `<tool_call>{"name": "`), emitted at once; one token of room is left to sample."""
-        ff = getattr(r.constraint, "fast_forward", None)
-        if ff is None or not self.cfg.grammar_fast_forward:
-            return
-        room = min(r.params.max_tokens, self.model.cfg.max_position_embeddings - len(r.prompt)) - 1
-        _, ids = ff(None, room)
-        if ids:
-            self.counters.ff_jumps += 1
-            self.counters.ff_tokens += len(ids)
-            self._emit_tokens(r, ids)
 
     def _cached_response(self, prompt, params, salt, constraint):
         if self.responses is None or constraint is not None:
@@ -292,7 +282,7 @@ class EngineCore:
         self.counters.spec_proposed += len(r.draft)
         self.counters.spec_accepted += len(accepted) - 1
         r.draft, r.forced = [], 0
-        self._emit_tokens(r, self._fast_forward(r, accepted))
+        self._emit_tokens(r, self._jump(r, accepted))
 
     def _account(self, r: Request, ch: SeqChunk) -> None:
         in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
@@ -308,26 +298,12 @@ class EngineCore:
             try:
                 if r.constraint is not None:
                     r.constraint.advance(t)
-                self._emit_tokens(r, self._fast_forward(r, [t]))
+                self._emit_tokens(r, self._jump(r, [t]))
             except Exception as e:
                 self.fail(r, e)
 
-    def _fast_forward(self, r: Request, toks: list[int]) -> list[int]:
-        """toks (the step's new ids, the last one the model's) followed by the ids r's grammar
-        forces after them, the last one healed where the tokenizer spells it with them
-        (toolcall/forcing.py); the forced ids ride r's next step (r.forced)."""
-        ff = getattr(r.constraint, "fast_forward", None)
-        if ff is None or not self.cfg.grammar_fast_forward or toks[-1] in r.stop_ids:
-            return toks
-        room = min(r.params.max_tokens - len(r.output), self.model.cfg.max_position_embeddings - r.target_len)
-        replaced, ids = ff(toks[-1], room - len(toks))
-        if not ids:
-            return toks
-        r.forced = len(ids) - replaced
-        self.counters.ff_jumps += 1
-        self.counters.ff_tokens += r.forced
-        self.counters.ff_healed += replaced
-        return toks[:len(toks) - replaced] + ids
+    def _jump(self, r: Request, toks: list[int]) -> list[int]:
+        return fast_forward(r, toks, self.cfg, self.model.cfg.max_position_embeddings, self.counters)
 
     def _emit_tokens(self, r: Request, toks: list[int]) -> None:
         """Append sampled tokens, stopping at the first that finishes the request."""
