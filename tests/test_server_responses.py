@@ -116,6 +116,28 @@ def test_json_schema_text_format(client):
     jsonschema.validate(json.loads(r.output_text), schema)
 
 
+def test_text_format_with_tools_calls_or_answers_in_the_schema(client):
+    """`text.format` json_schema beside `tools`: one grammar takes the calls or an answer in the
+    schema. tool_choice "required" gets a valid call; in auto, whichever the model picks is valid."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+              "additionalProperties": False}
+    fmt = {"format": {"type": "json_schema", "name": "reply", "schema": schema}}
+    r = client.responses.create(model="smol", input="What is the weather in Paris?", tools=[WEATHER], text=fmt,
+                                tool_choice="required", temperature=0, max_output_tokens=64)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and all(c.name == "get_weather" for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c.arguments), PARAMS)
+    for ask in ("What is the weather in Paris?", "Say hello to Ann."):
+        r = client.responses.create(model="smol", input=ask, tools=[WEATHER], text=fmt, temperature=0,
+                                    max_output_tokens=64)
+        calls = [o for o in r.output if o.type == "function_call"]
+        for c in calls:
+            jsonschema.validate(json.loads(c.arguments), PARAMS)
+        if not calls:
+            jsonschema.validate(json.loads(r.output_text), schema)
+
+
 def test_stored_responses_are_the_callers_own(server, client):
     r = client.responses.create(model="smol", input="Say hi.", max_output_tokens=4, temperature=0)
     assert client.responses.retrieve(r.id).id == r.id
