@@ -11,7 +11,8 @@ each in a fresh process. Batch invariance: prefill of the default (invariant) pa
 load_model(batch_invariant=False) (long chunks through torch SDPA), also for a chunk after a long
 cached prefix, and `deterministic` with the invariance cases checked on the embedded model
 (bench/invariance_case.py). The mixture-of-experts case (bench/moe_case.py): a random Q4_K
-Qwen3-MoE GGUF beside llama.cpp (moe_* keys); the sliding-window case (bench/swa_case.py): a
+Qwen3-MoE GGUF beside llama.cpp (moe_* keys); decode steps at contexts 128-4096 and a real
+turn's cost per token through Engine.generate (bench/context_case.py); the sliding-window case (bench/swa_case.py): a
 random Gemma 3 GGUF at 4x its window (swa_* keys). Writes bench/results/model.json.
 
     python bench/bench_model.py [--quick]
@@ -213,10 +214,11 @@ def main() -> None:
         "prefill_1024_fraction_of_int8_gemm_peak": native_ops / int8_peak,
         "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path": fp32_ops / peaks["fp32_gemm_flops"],
     })
-    from bench import moe_case, swa_case  # (modules of their own: moe_case imports this one)
+    from bench import context_case, moe_case, swa_case  # (modules of their own: moe_case imports this one)
 
     res.update(moe_case.run(rounds, steps))
     res.update(swa_case.run(rounds, steps))
+    res.update(context_case.run(rounds, steps))
     if "llama.cpp" in systems:
         res["decode_b1_speedup_vs_llamacpp"] = b1["llama.cpp"] / b1["agentrt native"]
         res["prefill_1024_speedup_vs_llamacpp"] = pre[1024]["llama.cpp"] / pre[1024]["agentrt native"]
@@ -229,7 +231,9 @@ def main() -> None:
           res["invariance_cases"])
     keys = ("decode_b1_speedup_vs_llamacpp", "decode_b8_step_over_b1_step", "decode_b1_bandwidth_fraction",
             "prefill_1024_speedup_vs_llamacpp", "prefill_1024_fraction_of_int8_gemm_peak",
-            "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path", "prefill_1024_invariant_over_sdpa", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s")
+            "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path", "prefill_1024_invariant_over_sdpa", "peak_rss_mb_native", "peak_rss_mb_fp32", "cold_start_s", "warm_start_s",
+            "decode_b1_step_ctx4096_over_ctx128", "decode_b8_step_over_b1_step_ctx4096",
+            "turn_decode_ms_per_token_over_step_ms")
     print(json.dumps({k: round(res[k], 3) for k in keys if k in res}, indent=1))
     print(f"read bandwidth {bw / 1e9:.1f} GB/s; weights read per native step {wbytes / 1e6:.1f} MB")
     print("wrote", write_results("model", res))

@@ -1,0 +1,134 @@
+"""Decode at long contexts, and a real turn's cost per token (issue 34), on the embedded model.
+
+Kernel steps: the native forward of one decode step of 1 and 8 sequences whose KV holds
+`ctx` tokens each (128, 2048, 4096), medians of alternating rounds. A turn: one session holds a
+~2k-token tool-calling conversation; its next turn (a short user delta) streams 64 tokens through
+`Engine.generate` (greedy, end-of-turn ignored, speculation off so one token is one step); the
+time per token after the first, over the kernel step at that context, is what the per-token path
+(events, detokenisation, stops, the step loop) adds.
+
+    python bench/context_case.py --quick     # alone: merged into bench/results/model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
+from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
+from agentrt.model.kv import KVStore  # noqa: E402
+
+PAGE = 16
+CONTEXTS = (128, 2048, 4096)
+TURN_TOKENS = 64
+
+
+def step_ms(model, ctx: int, batch: int, rounds: int, steps: int) -> float:
+    """Median ms of one decode step of `batch` sequences at context `ctx` (random ids)."""
+    per = -(-(ctx + steps + 1) // PAGE)
+    kv = KVStore.allocate(model.cfg, per * batch, PAGE, model.kv_dtype)
+    pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
+    gen = torch.Generator().manual_seed(ctx)
+    with torch.inference_mode():
+        for b in range(batch):  # fill each sequence's KV
+            ids = torch.randint(100, 40000, (ctx,), generator=gen).tolist()
+            for s in range(0, ctx, 1024):
+                fb = build_batch([SeqChunk(ids[s:s + 1024], s, pages[b], 0)], PAGE)
+                model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
+        times = []
+        for _ in range(rounds):
+            for i in range(steps):
+                fb = build_batch([SeqChunk([200 + i], ctx + i, pages[b]) for b in range(batch)], PAGE)
+                t0 = time.perf_counter()
+                model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
+                times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def conversation(tok, target: int) -> list[list[int]]:
+    """Two turns of a tool-calling chat: the first ~target tokens (system + tools + a long tool
+    result), then a short user question."""
+    from agentrt.conversation.chat import ChatFormat
+
+    fmt = ChatFormat(tok)
+    tools = [{"type": "function", "function": {"name": "search_docs", "description": "Search the docs.",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+    rows = "\n".join(f"row {i}: order {1000 + i} shipped to warehouse {i % 7}, status ok" for i in range(400))
+    msgs = [{"role": "system", "content": "You are a helpful agent."},
+            {"role": "user", "content": "Find the shipping status of the orders."},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "search_docs", "arguments": {"query": "orders"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": rows}]
+    first = fmt.encode(msgs, tools=tools)
+    while len(first) > target:  # trim the tool result to about `target` tokens
+        rows = rows[:int(len(rows) * target / len(first) * 0.98)]
+        msgs[-1]["content"] = rows
+        first = fmt.encode(msgs, tools=tools)
+    second = fmt.encode(msgs + [{"role": "assistant", "content": "All orders shipped."},
+                                {"role": "user", "content": "Which warehouse got order 1003?"}], tools=tools)
+    return [first, second]
+
+
+async def turn_ms_per_token(lm, prompts: list[list[int]], reps: int) -> dict:
+    """ms per streamed token after the first, through Engine.generate on a session."""
+    cfg = EngineConfig(kv_cache_tokens=16384, response_cache_size=0, enable_speculation=False)
+    per_token, ttft = [], []
+    async with Engine(lm, cfg) as eng:
+        for _ in range(reps):
+            session = await eng.open_session()
+            await eng.complete(prompts[0], SamplingParams(max_tokens=1), session=session)
+            t0, stamps = time.perf_counter(), []
+            async for ev in eng.generate(prompts[1], SamplingParams(max_tokens=TURN_TOKENS, ignore_eos=True),
+                                         session=session):
+                stamps += [time.perf_counter()] * len(ev.token_ids)
+            await session.close()
+            ttft.append(stamps[0] - t0)
+            per_token.append(1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1))
+    return {"turn_ms_per_token": statistics.median(per_token), "turn_ttft_s": statistics.median(ttft),
+            "turn_context": len(prompts[1]) + TURN_TOKENS // 2}
+
+
+def run(rounds: int, steps: int) -> dict:
+    lm = load_model("smollm2-135m")
+    res: dict = {"decode_step_ms_by_context": {}}
+    for ctx in CONTEXTS:
+        res["decode_step_ms_by_context"][str(ctx)] = {"b1": step_ms(lm.model, ctx, 1, rounds, steps),
+                                                     "b8": step_ms(lm.model, ctx, 8, max(1, rounds // 2), steps)}
+    by = res["decode_step_ms_by_context"]
+    res["decode_b1_step_ctx4096_over_ctx128"] = by["4096"]["b1"] / by["128"]["b1"]
+    res["decode_b8_step_over_b1_step_ctx4096"] = by["4096"]["b8"] / by["4096"]["b1"]
+    turn = anyio.run(turn_ms_per_token, lm, conversation(lm.tokenizer, 2000), max(2, rounds))
+    step = step_ms(lm.model, turn["turn_context"], 1, rounds, steps)
+    res.update(turn, turn_step_ms=step, turn_decode_ms_per_token_over_step_ms=turn["turn_ms_per_token"] / step)
+    return res
+
+
+def main() -> None:
+    from bench.common import RESULTS, machine, print_table, write_results
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    res = run(*((3, 16) if args.quick else (7, 32)))
+    print_table("decode step by context (SmolLM2-135M native, ms)", ["context", "batch 1", "batch 8"],
+                [[c, v["b1"], v["b8"]] for c, v in res["decode_step_ms_by_context"].items()])
+    keys = ("decode_b1_step_ctx4096_over_ctx128", "decode_b8_step_over_b1_step_ctx4096", "turn_ms_per_token",
+            "turn_step_ms", "turn_context", "turn_decode_ms_per_token_over_step_ms", "turn_ttft_s")
+    print(json.dumps({k: res[k] for k in keys}, indent=1))
+    old = RESULTS / "model.json"
+    merged = {**(json.loads(old.read_text()) if old.is_file() else {}), **res, "context_machine": machine()}
+    print("wrote", write_results("model", merged))
+
+
+if __name__ == "__main__":
+    main()
