@@ -59,10 +59,33 @@ def cpu() -> dict:
 
 
 def machine() -> dict:
+    """The machine's facts every bench JSON records: CPU model and ISA flags, agentrt's compiled
+    kernels (their flags, whether the VNNI kernels are in), the peer's build where installed."""
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, **cpu(),
+            "torch": torch.__version__, **cpu(), "agentrt_kernels": kernel_facts(), "llama_cpp_build": peer_build(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def kernel_facts() -> dict:
+    from agentrt.kernels import native
+
+    lib = native.load()
+    if lib is None:
+        return {"built": False, "path": "torch fallback"}
+    return {"built": True, "flags": " ".join(native.flags()), "avx512_vnni_kernels": bool(lib.agrt_has_vnni())}
+
+
+def peer_build() -> dict | None:
+    """llama-cpp-python's version and the ISA its llama.cpp was built with (its own report);
+    None when it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    info = llama_cpp.llama_print_system_info()
+    info = info.decode() if isinstance(info, bytes) else str(info)
+    return {"version": llama_cpp.__version__, "system_info": info.strip(" |")}
 
 
 def write_results(name: str, data: dict) -> Path:
