@@ -245,13 +245,12 @@ class EngineCore:
                                        1 + len(r.draft)))
             else:
                 chunks.append(SeqChunk(r.target_slice(c, n), c, r.seq.pages, int(c + n == r.target_len)))
+        def forward() -> StepOutput:
+            return self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
         if self.masks is None:
-            return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
-        pending = self.masks.start([r for (r, _), c in zip(plan, chunks) if r.constraint is not None and c.want_logits])
-        try:
-            return chunks, self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
-        finally:
-            self.masks.wait(pending)  # (the worker is done with the constraints before anyone else)
+            return chunks, forward()
+        masked = [r for (r, _), c in zip(plan, chunks) if r.constraint is not None and c.want_logits]
+        return chunks, self.masks.beside(masked, forward)
 
     def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""

@@ -21,6 +21,15 @@ class MaskPrefetch:
         self.counters = counters
         self._pool: ThreadPoolExecutor | None = None
 
+    def beside(self, reqs: list[Request], forward):
+        """forward()'s result, reqs' masks filled in the worker meanwhile (done before it returns:
+        the worker is through with the constraints before anything else touches them)."""
+        pending = self.start(reqs)
+        try:
+            return forward()
+        finally:
+            self.wait(pending)
+
     def start(self, reqs: list[Request]) -> Future | None:
         todo = [r.constraint for r in reqs if hasattr(r.constraint, "prepare")]
         if not todo:
