@@ -284,3 +284,26 @@ def test_a_session_keeps_the_canonical_call_and_respells_only_without_fast_forwa
     assert tok.decode(end_off.generated) == tok.decode(end.generated)  # the same call either way
     assert end_off.generated != end.generated and conv_off.respelled == 1
     assert conv_off.tokens == conv.tokens  # respelled: the history is the same ids
+
+
+def test_a_request_preempted_with_forced_ids_pending_recomputes_them():
+    """Preempted between the step that fast-forwarded and the one that feeds the ids: its KV is
+    dropped, the forced ids are recomputed with the rest as a prefill, the output is unchanged."""
+    lm = tiny_model_with_tokenizer()
+    factory = GrammarFactory(lm.tokenizer, lm.model.cfg.vocab_size)
+    prompts = _prompts(ChatFormat(lm.tokenizer), 8)
+    params = SamplingParams(max_tokens=64)
+    ref = [generate(lm.model, p, params, lm.tokenizer.eos_token_ids, constraint=factory.for_tools(TOOLS, "required"),
+                    fast_forward=True) for p in prompts]
+    core = EngineCore(lm.model, EngineConfig(response_cache_size=0, debug_invariants=True, enable_radix_cache=False))
+    reqs = [submit(core, p, params, constraint=factory.for_tools(TOOLS, "required")) for p in prompts]
+    preempted = 0
+    for _ in range(40):
+        core.step()
+        pending = [r for r in core.running if r.forced > 0]
+        if pending:
+            core.mem.preempt(pending[0])
+            preempted += 1
+    drain(core)
+    assert preempted > 0 and core.stats().preemptions >= preempted
+    assert [r.output for r in reqs] == ref
