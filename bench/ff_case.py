@@ -19,6 +19,7 @@ first one included), wall latency, the ids fast-forward supplied.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -32,43 +33,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import Engine, EngineConfig, SamplingParams  # noqa: E402
 from agentrt.errors import AgentrtError  # noqa: E402
+from bench.peers.agentrt_peer import ForcedTokens  # noqa: E402
 from bench.peers.base import drive  # noqa: E402
 
 CASES = ("bfcl", "agents8")
 
 
-class ScriptedGrammar:
-    """The tool grammar's constraint (its mask computed every step, its fast-forward offered to
-    the engine) with the script's next token forced. A script token the grammar refuses drops
-    the grammar for the rest of the call (`refused`)."""
+class ScriptedGrammar(ForcedTokens):
+    """ForcedTokens (the script's next token forced) beside the tool grammar's constraint: its
+    mask computed every step, its fast-forward offered to the engine. A script token the grammar
+    refuses drops the grammar for the rest of the call (`refused`)."""
 
     def __init__(self, script: list[int], grammar) -> None:
-        self.script, self.pos, self.g = list(script), 0, grammar
+        super().__init__(script)
+        self.g = grammar
         self.kept = self.offered = self.cut = 0
         self.refused = False
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.pos >= len(self.script):
-            return logits
-        tok = self.script[self.pos]
-        if self.g is not None:
+        if self.g is not None and self.pos < len(self.script):
             self.g.mask_logits(logits.clone())  # the real per-step cost (logits kept for the script)
-        out = torch.full_like(logits, float("-inf"))
-        out[tok] = logits[tok]
-        return out
+        return super().mask_logits(logits)
 
     def advance(self, token: int) -> None:
-        self.pos += 1
+        super().advance(token)
         if self.g is not None:
             self.g.advance(token)
             if self.g.error is not None:
                 self.g, self.refused = None, True
-
-    def is_terminated(self) -> bool:
-        return self.pos >= len(self.script)
-
-    def accepts_prefix(self, draft: list[int]) -> int:
-        return min(len(draft), len(self.script) - self.pos)
 
     def fast_forward(self, last: int | None, room: int) -> tuple[int, list[int]]:
         if self.g is None:
@@ -119,7 +111,7 @@ async def _call(eng: Engine, c, session, factory) -> dict:
             "exact": toks == c.output}
 
 
-async def _run(lm, cfg: EngineConfig, scripts, arrival: str, factory) -> list[dict]:
+async def run_scripts(lm, cfg: EngineConfig, scripts, arrival: str, factory) -> list[dict]:
     async with Engine(lm, cfg) as eng:
         sess = {s[0].agent: await eng.open_session(tag=f"agent{s[0].agent}") for s in scripts}
         records, _ = await drive(scripts, arrival, lambda c: _call(eng, c, sess[c.agent], factory))
@@ -144,7 +136,7 @@ def ff_cases(cases, fmt, quick: bool) -> list:
     return out + [dataclasses.replace(bfcl, title=title, make=_bfcl(fmt, size["n"], size["max_turns"], size["pool"], 0.0))]
 
 
-def _summary(recs: list[dict]) -> dict:
+def summary(recs: list[dict]) -> dict:
     calls = [r for r in recs if r["tool_call"]]
     out_tokens = sum(r["output_tokens"] for r in calls)
     return {"tool_calls": len(calls), "calls": len(recs), "exact": all(r["exact"] for r in recs),
@@ -159,7 +151,7 @@ def _summary(recs: list[dict]) -> dict:
             "ff_cut": sum(r["ff_cut"] for r in calls)}
 
 
-async def _prepare(lm, cfg: EngineConfig, scripts, factory):
+async def prepare(lm, cfg: EngineConfig, scripts, factory):
     """The grammar factory (made once), every tool set compiled and a short call through a
     throwaway engine, all before the clock runs."""
     from agentrt.conversation.formats import grammars_of
@@ -168,10 +160,9 @@ async def _prepare(lm, cfg: EngineConfig, scripts, factory):
         factory = factory or grammars_of(eng)
         await eng.complete(list(range(100, 164)), SamplingParams(max_tokens=4, ignore_eos=True))
     for call in (c for s in scripts for c in s if c.offered):
-        try:
+        # a tool set the grammar cannot compile: that call runs without it (`grammar` false)
+        with contextlib.suppress(AgentrtError):
             factory.for_tools(list(call.offered), "auto")
-        except AgentrtError:
-            pass  # (that call runs without the grammar: `grammar` false in its record)
     return factory
 
 
@@ -202,9 +193,9 @@ def run_ff(lm, cases, base: EngineConfig, reps: int, kv_tokens) -> dict:
 
                 async def go(c=c):
                     nonlocal factory
-                    factory = await _prepare(lm, c, scripts, factory)
-                    return await _run(lm, c, scripts, case.arrival, factory)
-                runs[ff] = _summary(anyio.run(go))
+                    factory = await prepare(lm, c, scripts, factory)
+                    return await run_scripts(lm, c, scripts, case.arrival, factory)
+                runs[ff] = summary(anyio.run(go))
             per_rep.append(_reductions(runs[True], runs[False]))
         keys = ("steps_reduction", "tool_call_latency_reduction", "tool_call_decode_reduction",
                 "call_latency_reduction")

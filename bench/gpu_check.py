@@ -64,7 +64,7 @@ def turn_loop(device: str) -> dict:
     from agentrt import EngineConfig, load_model
     from agentrt.conversation.chat import ChatFormat
     from bench.agents_cases import QUICK, build_cases, kv_tokens
-    from bench.ff_case import _prepare, _run, _summary
+    from bench.ff_case import prepare, run_scripts, summary
 
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("no CUDA device")
@@ -76,11 +76,11 @@ def turn_loop(device: str) -> dict:
     cfg = EngineConfig(response_cache_size=0, kv_cache_tokens=kv_tokens(scripts, None))
 
     async def go():
-        factory = await _prepare(lm, cfg, scripts, None)
-        return await _run(lm, cfg, scripts, case.arrival, factory)
+        factory = await prepare(lm, cfg, scripts, None)
+        return await run_scripts(lm, cfg, scripts, case.arrival, factory)
     t0 = time.perf_counter()
     recs = anyio.run(go)
-    return {**_summary(recs), "wall_s": time.perf_counter() - t0}
+    return {**summary(recs), "wall_s": time.perf_counter() - t0}
 
 
 def main() -> None:

@@ -214,7 +214,7 @@ def test_extensions_are_exactly_the_longer_tokens_with_that_prefix():
     from agentrt.toolcall.forcing import ForcedText
 
     tok = tiny_model_with_tokenizer().tokenizer
-    ft = ForcedText(tok, tok.vocab_size, frozenset())
+    ft = ForcedText(tok, frozenset())
     vocab = [tok.token_bytes(i) for i in range(tok.vocab_size)]
     special = set(tok.special_tokens.values())
     picks = random.Random(0).sample(range(tok.vocab_size), 200) + tok.encode(' " { ":') + sorted(special)[:3]

@@ -74,7 +74,7 @@ class EngineCore:
                                    exhaustive_agents=cfg.topas_exhaustive_agents),
             ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
-        self.masks = MaskPrefetch(self.counters) if cfg.grammar_overlap and not self.executor.simulated else None
+        self.masks = MaskPrefetch(self.counters, cfg.grammar_overlap and not self.executor.simulated)
         self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
         self._rids = itertools.count(1)
 
@@ -138,7 +138,8 @@ class EngineCore:
         validate_request(self, prompt, params, seq_id, session)
         if session is not None and self.sessions.get(session.sid) is not session:
             raise ConfigError("this session belongs to another engine; open a session on this one")
-        hit = self._cached_response(prompt, params, cache_salt if session is None else session.cache_salt, constraint)
+        salt = cache_salt if session is None else session.cache_salt
+        hit = self.responses.lookup(params, prompt, salt, constraint) if self.responses is not None else None
         if hit is not None:
             return self._answer_from_cache(prompt, params, hit, emit, seq_id)
         if session is not None:
@@ -155,16 +156,10 @@ class EngineCore:
         self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
-        if constraint is not None:
-            forced = forced_start(req, self.cfg, self.model.cfg.max_position_embeddings, self.counters)
-            if forced:
-                self._emit_tokens(req, forced)
+        if constraint is not None and (forced := forced_start(req, self.cfg, self.model.cfg.max_position_embeddings,
+                                                              self.counters)):
+            self._emit_tokens(req, forced)
         return req
-
-    def _cached_response(self, prompt, params, salt, constraint):
-        if self.responses is None or constraint is not None:
-            return None
-        return self.responses.get(ResponseCache.key("model", params, prompt, salt))
 
     def _answer_from_cache(self, prompt, params, hit, emit, seq_id) -> Request:
         """A repeat of a finished prompt: the same output with zero model work."""
@@ -237,20 +232,9 @@ class EngineCore:
 
     def _run(self, plan: list[tuple[Request, int]]) -> tuple[list[SeqChunk], StepOutput]:
         """The executor's run of the planned chunks: (chunks, each chunk's logits rows)."""
-        chunks = []
-        for r, n in plan:
-            c = r.seq.num_cached
-            if r.draft:  # the last token (and forced ids) plus the draft: logits from the last on
-                chunks.append(SeqChunk(r.target_slice(c, n - len(r.draft)) + r.draft, c, r.seq.pages,
-                                       1 + len(r.draft)))
-            else:
-                chunks.append(SeqChunk(r.target_slice(c, n), c, r.seq.pages, int(c + n == r.target_len)))
-        def forward() -> StepOutput:
-            return self.executor.run(plan, chunks, self.kvm.store, self.cfg.page_size)
-        if self.masks is None:
-            return chunks, forward()
-        masked = [r for (r, _), c in zip(plan, chunks) if r.constraint is not None and c.want_logits]
-        return chunks, self.masks.beside(masked, forward)
+        chunks = [r.chunk(n) for r, n in plan]
+        return chunks, self.masks.beside(plan, chunks, lambda: self.executor.run(plan, chunks, self.kvm.store,
+                                                                                  self.cfg.page_size))
 
     def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""

@@ -165,8 +165,7 @@ class StepThread:
         with self.lock:
             for r in list(self.core.waiting) + list(self.core.running):
                 self.core.cancel(r.rid, "cancelled")
-            if self.core.masks is not None:
-                self.core.masks.close()
+            self.core.masks.close()
         self._flush()
 
     def _flush(self) -> None:

@@ -10,6 +10,7 @@ from typing import Protocol
 import torch
 
 from agentrt.kv.kv_manager import Sequence
+from agentrt.model.batch import SeqChunk
 from agentrt.sampling import SamplingParams
 
 
@@ -126,6 +127,16 @@ class Request:
         if start >= p:
             return self.output[start - p:start - p + n]
         return self.prompt[start:start + n] + self.output[:max(0, start + n - p)]
+
+    def chunk(self, n: int) -> SeqChunk:
+        """This step's forward chunk of n tokens from the KV's end: prefill (logits at the
+        prompt's end), a decode (its next token and any forced ids after it), or those plus its
+        draft (logits from the last fed token on)."""
+        c = self.seq.num_cached
+        if self.draft:
+            return SeqChunk(self.target_slice(c, n - len(self.draft)) + self.draft, c, self.seq.pages,
+                            1 + len(self.draft))
+        return SeqChunk(self.target_slice(c, n), c, self.seq.pages, int(c + n == self.target_len))
 
     @property
     def remaining(self) -> int:

@@ -28,6 +28,11 @@ class ResponseCache:
     def key(model_id: str, params, prompt: list[int], salt: str | None) -> Hashable:
         return (model_id, params, tuple(prompt), salt)
 
+    def lookup(self, params, prompt: list[int], salt: str | None, constraint=None) -> CachedResponse | None:
+        """The cached response of a request (never of a constrained one: its grammar is not in
+        the key, and such requests are not cached)."""
+        return None if constraint is not None else self.get(self.key("model", params, prompt, salt))
+
     def get(self, key: Hashable) -> CachedResponse | None:
         hit = self._lru.get(key)
         if hit is None:

@@ -4,6 +4,7 @@ through `fail` and leaves the other rows' draws unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -17,14 +18,17 @@ class MaskPrefetch:
     only applies them (`prepare()`, toolcall/grammar.py). A constraint whose fill raises is left
     unprepared: mask_row fills it again and its request alone fails."""
 
-    def __init__(self, counters) -> None:
-        self.counters = counters
+    def __init__(self, counters, enabled: bool = True) -> None:
+        self.counters, self.enabled = counters, enabled
         self._pool: ThreadPoolExecutor | None = None
 
-    def beside(self, reqs: list[Request], forward):
-        """forward()'s result, reqs' masks filled in the worker meanwhile (done before it returns:
-        the worker is through with the constraints before anything else touches them)."""
-        pending = self.start(reqs)
+    def beside(self, plan, chunks, forward):
+        """forward()'s result, the masks of the plan's rows that sample filled in the worker
+        meanwhile (done before it returns: the worker is through with the constraints before
+        anything else touches them)."""
+        if not self.enabled:
+            return forward()
+        pending = self.start([r for (r, _), c in zip(plan, chunks) if r.constraint is not None and c.want_logits])
         try:
             return forward()
         finally:
@@ -51,10 +55,10 @@ class MaskPrefetch:
 def _prepare_all(constraints) -> float:
     t0 = time.perf_counter()
     for c in constraints:
-        try:
+        # a fill that raises stays undone: mask_row fills it again on the step thread, where
+        # the failure is its request's alone
+        with contextlib.suppress(Exception):
             c.prepare()
-        except Exception:
-            pass  # (mask_row fills it again on the step thread, where the failure is r's alone)
     return time.perf_counter() - t0
 
 

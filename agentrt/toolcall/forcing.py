@@ -37,7 +37,7 @@ class ForcedText:
     """What fast-forward needs of one tokenizer: canonical encoding of forced text and, per
     token, the longer tokens that begin with its bytes. Built once per GrammarFactory."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, tags: frozenset[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, tags: frozenset[int]) -> None:
         self._tok = tokenizer
         self._special = frozenset(tokenizer.special_tokens.values())
         self._tags = {tokenizer.token_bytes(i).decode("utf-8"): i for i in tags}
@@ -98,6 +98,7 @@ class Jump:
 
     def __init__(self, m, forced: ForcedText, eos: Sequence[int], words: Callable[[], np.ndarray]) -> None:
         self.m, self.forced, self.eos, self.words = m, forced, tuple(eos), words
+        self._room = 0  # (run's cap, which the end-of-turn respects too)
 
     def run(self, last: int | None, room: int) -> tuple[int, list[int]]:
         """(replaced, ids) right after m accepted `last` (None: at the start of the output): `ids`

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -74,7 +74,7 @@ class ToolCallConstraint:
     """
 
     def __init__(self, matcher: Matcher, vocab_size: int, eos_ids: Sequence[int],
-                 forced: Callable[[], ForcedText] | None = None) -> None:
+                 forced: ForcedText | None = None) -> None:
         self._m = matcher
         self._forced = forced
         self._width = vocab_size
@@ -135,11 +135,12 @@ class ToolCallConstraint:
         self._ready = False
         if self._forced is None or self.error is not None or self._m.is_terminated():
             return 0, []
-        replaced, ids = Jump(self._m, self._forced(), self._eos, self._raw_words).run(last, room)
+        replaced, ids = Jump(self._m, self._forced, self._eos, self._raw_words).run(last, room)
         self._accepted += len(ids) - replaced
         return replaced, ids
 
     def _raw_words(self) -> np.ndarray:
+        """The matcher's mask for the current state, padding bits past the vocabulary cleared."""
         self._m.fill(self._bitmask)
         if self._tail is not None:
             self._words[-1] &= self._tail
@@ -170,10 +171,7 @@ class ToolCallConstraint:
 
     def _fill(self) -> None:
         if self.error is None and not self.is_terminated():
-            self._m.fill(self._bitmask)
-            if self._tail is not None:
-                self._words[-1] &= self._tail
-            if self._words.any():
+            if self._raw_words().any():
                 return
             self.error = "the grammar allows no token here (unsatisfiable schema?)"
         self._eos_only()
@@ -211,10 +209,9 @@ class GrammarFactory:
             raise ConfigError(f"tool_format must be a ToolFormat, got {tool_format!r}")
         self.vocab_size = size
         self.tool_format = tool_format
-        self._tags = keep_token_ids(tool_format, tokenizer)
-        self.backend: Backend = BACKENDS[backend](tokenizer, size, self._tags)
-        self._tokenizer = tokenizer
-        self._forced: ForcedText | None = None  # built at the first fast-forward
+        tags = keep_token_ids(tool_format, tokenizer)
+        self.backend: Backend = BACKENDS[backend](tokenizer, size, tags)
+        self.forced_text = ForcedText(tokenizer, tags)  # fast-forward's tables (~20 ms for 49k ids)
         self._eos = tokenizer.eos_token_ids
         self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._cache_size = cache_size
@@ -266,14 +263,6 @@ class GrammarFactory:
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
         return ToolCallConstraint(self.backend.matcher(compiled), self.vocab_size, self._eos, self.forced_text)
-
-    def forced_text(self) -> ForcedText:
-        """The tokenizer tables fast-forward uses (built once, at first use)."""
-        if self._forced is None:
-            built = ForcedText(self._tokenizer, self.vocab_size, self._tags)
-            with self._lock:
-                self._forced = self._forced or built
-        return self._forced
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
