@@ -76,19 +76,21 @@ def test_a_rows_logits_are_bitwise_the_same_alone_chunked_cached_and_batched(arc
         assert torch.equal(row[0], whole[i]), i
 
 
-@pytest.mark.parametrize("window", [0, 5, 21, 32])
+@pytest.mark.parametrize("n,window", [(75, 0), (75, 5), (75, 21), (75, 32), (300, 0), (300, 130)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 16), (4, 4, 64), (8, 2, 64), (4, 2, 128), (3, 1, 48),
                                               (4, 2, 12), (4, 1, 256)])
-def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads, d, window):
+def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads, d, n, window):
     """Full causal attention and sliding windows (a query sees its last `window` keys) against
-    torch, and each row the same bits whatever chunk it is computed in."""
+    torch, and each row the same bits whatever chunk it is computed in: short chunks run their
+    key segments as separate tasks, long ones fold them in one (300 keys: five segments)."""
     lib, g = native.load(), torch.Generator().manual_seed(0)
-    n, page = 75, 8
-    kc = torch.randn(12, page, kv_heads, d, generator=g).to(dtype)
-    vc = torch.randn(12, page, kv_heads, d, generator=g).to(dtype)
+    page = 8
+    total = (n + page - 1) // page + 2
+    kc = torch.randn(total, page, kv_heads, d, generator=g).to(dtype)
+    vc = torch.randn(total, page, kv_heads, d, generator=g).to(dtype)
     q = torch.randn(n, heads, d, generator=g)
-    pages = torch.randperm(12, generator=g)[:10].tolist()
+    pages = torch.randperm(total, generator=g)[:total - 2].tolist()
 
     def attend(start: int, rows: int) -> torch.Tensor:
         m = build_batch([SeqChunk([0] * rows, start, pages)], page).meta
@@ -110,7 +112,7 @@ def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads
     s = s.masked_fill(hidden, float("-inf"))
     ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[:n])
     torch.testing.assert_close(whole, ref, atol=2e-5, rtol=1e-4)
-    for start, rows in ((0, 1), (5, 1), (16, 17), (40, 35), (74, 1)):
+    for start, rows in ((0, 1), (5, 1), (16, 17), (40, 35), (74, 1), (n - 16, 16), (n - 40, 40), (n - 1, 1)):
         assert torch.equal(attend(start, rows), whole[start:start + rows]), (start, rows)
 
 
