@@ -77,7 +77,7 @@ class Layer(ctypes.Structure):  # AgrtLayer
 class Dims(ctypes.Structure):  # AgrtDims
     _fields_ = [("hidden", _I32), ("inter", _I32), ("heads", _I32), ("kv_heads", _I32),
                 ("head_dim", _I32), ("page_size", _I32), ("eps", _F32), ("scale", _F32),
-                ("kv_half", _I32)]
+                ("kv_mode", _I32)]
 
 
 def cache_dir() -> Path:

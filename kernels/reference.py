@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -9,15 +11,53 @@ from agentrt.kernels import native
 from agentrt.kernels.base import AttentionMeta
 
 
+KV_GROUP = 32  # an int8 KV row: D int8 values, then a float32 scale per group of 32 of them
+
+
+def kv_groups(head_dim: int) -> int:
+    return -(-head_dim // KV_GROUP)
+
+
+def quantize_kv(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] float -> [..., D + 4 * kv_groups(D)] int8: each group of 32 values / (its
+    amax / 127), rounded to nearest even, then the groups' amax / 127 as float32 bytes (the
+    compiled store's arithmetic, csrc/ops.cpp)."""
+    x, qs, ds = x.float(), [], []
+    for a in range(0, x.shape[-1], KV_GROUP):
+        g = x[..., a:a + KV_GROUP]
+        d = g.abs().amax(-1, keepdim=True) / 127.0
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        qs.append(torch.round(g * inv).clamp(-127, 127).to(torch.int8))
+        ds.append(d)
+    return torch.cat([*qs, torch.cat(ds, -1).contiguous().view(torch.int8)], -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _head_dim(width: int) -> int:
+    """The D of an int8 row `width` elements wide (width grows with D: one answer)."""
+    return next(d for d in range(width, 0, -1) if d + 4 * kv_groups(d) == width)
+
+
+def dequantize_kv(rows: torch.Tensor) -> torch.Tensor:
+    """[..., D + 4 * kv_groups(D)] int8 rows -> [..., D] float32."""
+    dim = _head_dim(rows.shape[-1])
+    d = rows[..., dim:].contiguous().view(torch.float32).repeat_interleave(KV_GROUP, -1)[..., :dim]
+    return rows[..., :dim].float() * d
+
+
 def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     # caches: [P, S, Hkv, D] viewed as [P*S, Hkv, D]; k, v: [T, Hkv, D]; slot_mapping: [T]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    enc = quantize_kv if k_cache.dtype == torch.int8 else (lambda x: x.to(k_cache.dtype))
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, enc(k))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, enc(v))
 
 
 def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
-    """cache [P, S, Hkv, D], pages [..., n] -> [..., Hkv, n*S, D] (heads-major for SDPA)."""
+    """cache [P, S, Hkv, D], pages [..., n] -> [..., Hkv, n*S, D] (heads-major for SDPA); an
+    int8 store's rows come back as float32."""
     g = cache[pages]  # [..., n, S, Hkv, D]
+    if g.dtype == torch.int8:
+        g = dequantize_kv(g)
     g = g.flatten(-4, -3)  # [..., n*S, Hkv, D]
     return g.transpose(-3, -2)
 

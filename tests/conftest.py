@@ -95,6 +95,14 @@ def embedded_native():
     return load_model("smollm2-135m", quantize="native")
 
 
+@pytest.fixture(scope="session")
+def embedded_native_int8():
+    """embedded_native over an int8 KV store (load_model(kv_dtype="int8"))."""
+    from agentrt.model.loaders.load import load_model
+
+    return load_model("smollm2-135m", quantize="native", kv_dtype="int8")
+
+
 @functools.lru_cache(maxsize=2)
 def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
     """A random model over a tiny vocabulary with a spread-out next-token distribution, for

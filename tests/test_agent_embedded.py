@@ -1,6 +1,7 @@
 """End to end on the embedded SmolLM2: a constrained tool call, a real Python function, the
 result in the same session, a final answer, and delta-only prefill on the second round. Runs on
-the fp32 reference and on the GGUF's own quantization (the same tool calls are required)."""
+the fp32 reference and on the GGUF's own quantization, with a float16 and an int8 KV store (the
+same tool calls are required)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> float:
     return value * 9 / 5 + 32 if from_unit.startswith("c") else (value - 32) * 5 / 9
 
 
-@pytest.fixture(params=["fp32", "native"])
-def lm(request, embedded, embedded_native):
-    return embedded if request.param == "fp32" else embedded_native
+@pytest.fixture(params=["fp32", "native", "native-int8-kv"])
+def lm(request, embedded, embedded_native, embedded_native_int8):
+    return {"fp32": embedded, "native": embedded_native, "native-int8-kv": embedded_native_int8}[request.param]
 
 
 def test_required_tool_call_runs_and_second_round_prefills_only_its_delta(lm):

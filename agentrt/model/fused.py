@@ -31,6 +31,7 @@ from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.base import AttentionMeta
 from agentrt.kernels.reference import paged_attention_rows
+from agentrt.model.kv import KV_MODES, kv_mode
 from agentrt.model.moe import MoE
 from agentrt.model.moe import describe as describe_moe
 from agentrt.model.moe import run_native as run_moe
@@ -38,7 +39,7 @@ from agentrt.model.quant import QLinear, linear_slots
 
 PATHS = ("fused", "eager")
 KERNEL_ATTENTION_MAX_Q = 16  # without batch invariance, longer chunks attend through torch SDPA
-KV_DTYPES = (torch.float32, torch.float16)  # what the kernels read and write in the KV store
+KV_DTYPES = tuple(KV_MODES)  # what the kernels read and write in the KV store
 
 
 def use_fused(model, path: str) -> bool:
@@ -104,12 +105,12 @@ class _Step:
                             self.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                             slots.data_ptr(), *head_norms(attn),
                             self.cfg.rms_norm_eps, k.data_ptr(), v.data_ptr(), self.q.data_ptr(),
-                            int(k.dtype == torch.float16))
+                            kv_mode(k.dtype))
         if self.short.numel():
             lib.agrt_attention(self.q.data_ptr(), k.data_ptr(), v.data_ptr(), table.data_ptr(),
                                table.shape[1], self.cu.data_ptr(), self.kv_lens.data_ptr(),
                                self.short.data_ptr(), self.short.numel(), self.h, self.hkv, self.d,
-                               k.shape[1], scale, self.attn.data_ptr(), int(k.dtype == torch.float16),
+                               k.shape[1], scale, self.attn.data_ptr(), kv_mode(k.dtype),
                                attn.window, attn.softcap)
         if self.long:
             q3 = self.q.view(t, self.h, self.d)
@@ -140,7 +141,7 @@ def norm_projections(attn, qkv: torch.Tensor, eps: float) -> None:
 def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> None:
     """The kernels index raw memory: reject what torch's indexing would have rejected."""
     if kv.k[0].dtype not in KV_DTYPES:
-        raise ConfigError(f"the fused forward needs a float32 or float16 KV store, got {kv.k[0].dtype}")
+        raise ConfigError(f"the fused forward needs a float32, float16 or int8 KV store, got {kv.k[0].dtype}")
     if positions.numel() == 0:
         return
     if int(positions.min()) < 0 or int(positions.max()) >= model.rope.cos.shape[0]:
@@ -226,7 +227,7 @@ def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
     cached = model.fused_cache.get("kv")  # per-KV-store arguments, rebuilt when the store changes
     if cached is None or cached[0]() is not kv:  # (a weak reference: the store may be freed)
         dims = native.Dims.from_buffer_copy(shared)
-        dims.page_size, dims.kv_half = kv.k[0].shape[1], int(kv.k[0].dtype == torch.float16)
+        dims.page_size, dims.kv_mode = kv.k[0].shape[1], kv_mode(kv.k[0].dtype)
         cached = (weakref.ref(kv), (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k)),
                   (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v)), dims)
         model.fused_cache["kv"] = cached

@@ -11,13 +11,32 @@ from dataclasses import dataclass
 import torch
 
 from agentrt.errors import ConfigError
+from agentrt.kernels.reference import kv_groups
 from agentrt.model.config import ModelConfig
+
+
+KV_MODES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernels' kv_mode
+
+
+def kv_mode(dtype: torch.dtype) -> int:
+    """The compiled kernels' code for a KV store's element type (ConfigError for others)."""
+    if dtype not in KV_MODES:
+        raise ConfigError(f"the CPU kernels read a float32, float16 or int8 KV store, got {dtype}")
+    return KV_MODES[dtype]
+
+
+def head_width(head_dim: int, dtype: torch.dtype) -> int:
+    """Elements of one head's row in the store: int8 rows carry a float32 scale per 32 values."""
+    return head_dim + 4 * kv_groups(head_dim) if dtype == torch.int8 else head_dim
 
 
 @dataclass(frozen=True)
 class KVStore:
     """k[layer], v[layer]: [num_pages, page_size, Hkv, D] ([num_local, ...] on the local layers
-    of a store with `local_of`)."""
+    of a store with `local_of`). An int8 store's rows are D + 4 * ceil(D / 32) bytes: each
+    (token, head)'s values quantized to int8 with a scale per 32 of them, amax / 127, kept after
+    them as float32 bytes (kernels/reference.quantize_kv), so pages copy, demote and snapshot
+    as whole rows."""
 
     k: tuple[torch.Tensor, ...]
     v: tuple[torch.Tensor, ...]
@@ -55,7 +74,8 @@ class KVStore:
 
         def one(layer: int) -> torch.Tensor:
             rows = num_local if local and local[layer] else num_pages
-            return torch.zeros((rows, page_size, cfg.num_kv_heads, cfg.head_dim), dtype=dtype, device=device)
+            width = head_width(cfg.head_dim, dtype)
+            return torch.zeros((rows, page_size, cfg.num_kv_heads, width), dtype=dtype, device=device)
         k = tuple(one(i) for i in range(cfg.num_layers))
         v = tuple(one(i) for i in range(cfg.num_layers))
         local_of = torch.full((num_pages,), -1, dtype=torch.int64) if local else None
@@ -68,4 +88,4 @@ class KVStore:
         False: of the others)."""
         elem = torch.empty((), dtype=dtype).element_size()
         n = sum(1 for i in range(cfg.num_layers) if local is None or (cfg.window(i) > 0) == local)
-        return 2 * n * cfg.num_kv_heads * cfg.head_dim * elem
+        return 2 * n * cfg.num_kv_heads * head_width(cfg.head_dim, dtype) * elem

@@ -17,11 +17,11 @@ void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const floa
 void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D, const int64_t* pos,
                      const float* cos_t, const float* sin_t, const int64_t* slot, const float* q_norm,
                      const float* k_norm, float eps, void* k_cache, void* v_cache, float* q_out,
-                     int32_t kv_half);
+                     int32_t kv_mode);
 void agrt_attention(const float* q, const void* k_cache, const void* v_cache, const int64_t* page_table,
                     int64_t max_pages, const int64_t* cu_q, const int64_t* kv_lens, const int64_t* seqs,
                     int64_t nseq, int32_t H, int32_t Hkv, int32_t D, int32_t S, float scale, float* out,
-                    int32_t kv_half, int32_t window, float softcap);
+                    int32_t kv_mode, int32_t window, float softcap);
 void agrt_argmax(const float* x, int64_t M, int64_t N, int64_t ldx, int64_t* out);
 void agrt_apply_bitmask(float* x, const int32_t* words, int64_t n);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
@@ -64,5 +64,5 @@ void qgemm_group(const GemmJob* jobs, int n);
 }  // namespace agrt
 struct AgrtDims {
   int32_t hidden, inter, heads, kv_heads, head_dim, page_size; float eps, scale;
-  int32_t kv_half;  // the KV caches hold IEEE half (else float)
+  int32_t kv_mode;  // the KV caches hold 0 float, 1 IEEE half, 2 int8 rows with a scale
 };

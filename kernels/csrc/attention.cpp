@@ -19,8 +19,6 @@
 // before n - window are skipped; in the first one the keys before n - window get probability 0.
 #include <omp.h>
 
-#include <type_traits>
-
 #include "common.h"
 #include "api.h"
 
@@ -30,17 +28,17 @@ constexpr int64_t kBlock = 16;  // keys per score block
 constexpr int64_t kSeg = 64;    // keys per segment (a multiple of kBlock)
 constexpr int64_t kRowsPerTask = 16;  // rows sharing each key block's loads (not their sums)
 
-// int8 KV rows: D int8 values then their float scale (4 bytes): kv_row_bytes in kernels
-inline float row_scale(const int8_t* row, int D) {
+// int8 KV rows: D int8 values, then one float scale per group of 32 of them (kKvGroup, the
+// last group may be shorter): D + 4 * kv_groups(D) bytes
+inline float scale_at(const int8_t* row, int D, int d) {
   float s;
-  std::memcpy(&s, row + D, sizeof s);
+  std::memcpy(&s, row + D + 4 * (d / kKvGroup), sizeof s);
   return s;
 }
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t x) { return agrt_half_to_float(x); }
-inline float to_float(int8_t x) { return (float)x; }
-template <typename T> inline float scale_of(const T*, int) { return 1.f; }
-template <> inline float scale_of(const int8_t* row, int D) { return row_scale(row, D); }
+template <typename T> inline float value_at(const T* row, int, int d) { return to_float(row[d]); }
+inline float value_at(const int8_t* row, int D, int d) { return (float)row[d] * scale_at(row, D, d); }
 
 // One task's rows: rows r0..r0+nr-1 of sequence b (row r sees keys [cut(r), n(r))), `group`
 // query heads of one KV head, over the keys [j0, j1) of one segment. Each (row, head)'s partial
@@ -83,10 +81,14 @@ struct Task {
 };
 
 #ifdef __AVX512F__
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
-inline __m512 load16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+// values [d, d + 16) of one head's row as floats
+inline __m512 load16(const float* row, int, int d) { return _mm512_loadu_ps(row + d); }
+inline __m512 load16(const uint16_t* row, int, int d) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + d)));
+}
+inline __m512 load16(const int8_t* row, int D, int d) {  // (d % 16 == 0: one scale group)
+  const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + d))));
+  return _mm512_mul_ps(x, _mm512_set1_ps(scale_at(row, D, d)));
 }
 #endif
 
@@ -99,16 +101,11 @@ void key_block(const Task<T>& t, int64_t jb, int64_t end, float* kf) {
   for (int64_t i = 0; i < live; ++i, rows.next()) {
     float* dst = kf + i * t.D;
     const T* src = rows.at;
-    const float s = scale_of(src, t.D);
     int d = 0;
 #ifdef __AVX512F__
-    const __m512 sv = _mm512_set1_ps(s);
-    for (; d + 16 <= t.D; d += 16) {
-      const __m512 x = load16(src + d);
-      _mm512_storeu_ps(dst + d, std::is_same<T, int8_t>::value ? _mm512_mul_ps(x, sv) : x);
-    }
+    for (; d + 16 <= t.D; d += 16) _mm512_storeu_ps(dst + d, load16(src, t.D, d));
 #endif
-    for (; d < t.D; ++d) dst[d] = std::is_same<T, int8_t>::value ? to_float(src[d]) * s : to_float(src[d]);
+    for (; d < t.D; ++d) dst[d] = value_at(src, t.D, d);
   }
 }
 
@@ -180,13 +177,9 @@ void values_units(const Task<T>& t, const int64_t* ur, const int* uh, int64_t a,
   typename Task<T>::Rows rows(t, t.v, a < b ? a : 0);
   for (int64_t j = a; j < b; ++j, rows.next()) {
     const T* vr = rows.at;
-    const __m512 sv = _mm512_set1_ps(scale_of(vr, t.D));
     __m512 vv[NV];
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) {
-      vv[c] = load16(vr + 16 * c);
-      if (std::is_same<T, int8_t>::value) vv[c] = _mm512_mul_ps(vv[c], sv);
-    }
+    for (int c = 0; c < NV; ++c) vv[c] = load16(vr, t.D, 16 * c);
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
       const __m512 pj = _mm512_set1_ps(p[u][j]);
@@ -264,9 +257,7 @@ void values_generic(const Task<T>& t) {
       std::fill(o, o + t.D, 0.f);
       for (int64_t j = t.first(); j < t.hi(r); ++j) {
         const T* vr = t.row(t.v, j);
-        const float s = scale_of(vr, t.D);
-        for (int d = 0; d < t.D; ++d)
-          o[d] = std::fma(p[j], std::is_same<T, int8_t>::value ? to_float(vr[d]) * s : to_float(vr[d]), o[d]);
+        for (int d = 0; d < t.D; ++d) o[d] = std::fma(p[j], value_at(vr, t.D, d), o[d]);
       }
     }
 }
@@ -489,7 +480,8 @@ extern "C" {
 // Causal attention over paged KV for the sequences listed in seqs[nseq]: sequence b has
 // q_len = cu_q[b+1] - cu_q[b] queries (rows cu_q[b].. of q [T, H, D]) at the last q_len of its
 // kv_lens[b] positions, whose pages are page_table[b, :]. Writes the same rows of out [T, H, D].
-// kv_mode: 0 float, 1 IEEE half, 2 int8 (each head's row: D int8 then a float scale).
+// kv_mode: 0 float, 1 IEEE half, 2 int8 (each head's row: D int8, then a float scale per group
+// of 32).
 // window > 0: each query attends its last `window` keys only; softcap > 0: scores pass through
 // softcap * tanh(score / softcap) before the softmax.
 void agrt_attention(const float* q, const void* k_cache, const void* v_cache,
@@ -500,7 +492,8 @@ void agrt_attention(const float* q, const void* k_cache, const void* v_cache,
   const AttnArgs a{q, page_table, max_pages, cu_q, kv_lens, seqs, nseq, H, Hkv, D, S, scale, out, window,
                    softcap};
   if (kv_mode == 2)
-    attention(a, static_cast<const int8_t*>(k_cache), static_cast<const int8_t*>(v_cache), (int64_t)D + 4);
+    attention(a, static_cast<const int8_t*>(k_cache), static_cast<const int8_t*>(v_cache),
+              (int64_t)D + 4 * kv_groups(D));
   else if (kv_mode == 1)
     attention(a, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache), (int64_t)D);
   else

@@ -62,6 +62,11 @@ inline uint16_t agrt_float_to_half(float f) {
 #endif
 }
 
+// An int8 KV store's rows: a head's D values as int8, then one float scale (amax / 127) per
+// group of kKvGroup values (kernels/reference.quantize_kv).
+constexpr int kKvGroup = 32;
+inline int kv_groups(int D) { return (D + kKvGroup - 1) / kKvGroup; }
+
 // One KV cache element: float, or IEEE half stored as uint16_t.
 inline float agrt_kv_load(const float* p) { return *p; }
 inline float agrt_kv_load(const uint16_t* p) { return agrt_half_to_float(*p); }

@@ -47,10 +47,10 @@ extern "C" void agrt_decoder_layers(const AgrtLayer* layers, int32_t nlayers, co
     const bool loc = local_table && L.window > 0;
     agrt_rope_store(qkv, T, d->heads, d->kv_heads, d->head_dim, pos, L.cos ? L.cos : cos_t, L.sin ? L.sin : sin_t,
                     loc ? local_slots : slots, L.q_norm,
-                    L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_half);
+                    L.k_norm, d->eps, k_caches[i], v_caches[i], q, d->kv_mode);
     agrt_attention(q, k_caches[i], v_caches[i], loc ? local_table : page_table, loc ? local_max_pages : max_pages,
                    cu_q, kv_lens, seqs,
-                   nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_half,
+                   nseq, d->heads, d->kv_heads, d->head_dim, d->page_size, d->scale, att, d->kv_mode,
                    L.window, L.softcap);
     residual(L.o, att, hd, L.attn_post_norm);
     agrt_rmsnorm(x, T, d->hidden, d->hidden, L.mlp_norm, d->eps, h);

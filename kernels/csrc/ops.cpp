@@ -1,5 +1,7 @@
 // Fused elementwise kernels of one decoder layer (fp32), one call each (attention: attention.cpp).
 // They replace chains of small torch ops whose per-op dispatch cost dominated a decode step.
+#include <type_traits>
+
 #include "common.h"
 #include "api.h"
 
@@ -43,8 +45,26 @@ inline void store_row(const float* src, int n, uint16_t* dst) {
   for (; i < n; ++i) dst[i] = agrt_float_to_half(src[i]);
 }
 
+// int8: one head's D values as int8, each group of kKvGroup with its scale amax / 127 (floats
+// after the values: D + 4 * kv_groups(D) bytes), rounded to nearest even as the activations'
+// int8 (kernels/reference.quantize_kv)
+inline void store_row_int8(const float* src, int D, int8_t* dst) {
+  for (int g = 0; g < kv_groups(D); ++g) {
+    const int a = g * kKvGroup, b = std::min(D, a + kKvGroup);
+    float amax = 0.f;
+    for (int i = a; i < b; ++i) amax = std::max(amax, std::fabs(src[i]));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    for (int i = a; i < b; ++i) dst[i] = (int8_t)std::max(-127.f, std::min(127.f, std::nearbyint(src[i] * id)));
+    std::memcpy(dst + D + 4 * g, &d, sizeof d);
+  }
+}
+inline void store_head(const float* src, int D, float* dst) { store_row(src, D, dst); }
+inline void store_head(const float* src, int D, uint16_t* dst) { store_row(src, D, dst); }
+inline void store_head(const float* src, int D, int8_t* dst) { store_row_int8(src, D, dst); }
+
 template <typename T>
 void rope_store(const RopeArgs& a, T* k_cache, T* v_cache) {
+  const int extra = std::is_same<T, int8_t>::value ? 4 * kv_groups(a.D) : 0;  // (the int8 rows' scales)
   const int64_t ld = (int64_t)(a.H + 2 * a.Hkv) * a.D;
   const int D = a.D;
 #pragma omp parallel for schedule(static) if (a.T > 16)
@@ -53,14 +73,14 @@ void rope_store(const RopeArgs& a, T* k_cache, T* v_cache) {
     const float* c = a.cos_t + a.pos[t] * D;
     const float* s = a.sin_t + a.pos[t] * D;
     for (int h = 0; h < a.H; ++h) norm_rope_row(row + h * D, a.q_norm, a.eps, c, s, D, a.q_out + (t * a.H + h) * D);
-    T* kd = k_cache + a.slot[t] * a.Hkv * D;
-    T* vd = v_cache + a.slot[t] * a.Hkv * D;
+    T* kd = k_cache + a.slot[t] * a.Hkv * (D + extra);
+    T* vd = v_cache + a.slot[t] * a.Hkv * (D + extra);
     float* kr = agrt_scratch<float>(kSlotKvRow, (size_t)D);
     for (int h = 0; h < a.Hkv; ++h) {
       norm_rope_row(row + (a.H + h) * D, a.k_norm, a.eps, c, s, D, kr);
-      store_row(kr, D, kd + h * D);
+      store_head(kr, D, kd + h * (D + extra));
+      store_head(row + (a.H + a.Hkv + h) * D, D, vd + h * (D + extra));
     }
-    store_row(row + (a.H + a.Hkv) * D, a.Hkv * D, vd);
   }
 }
 
@@ -85,15 +105,18 @@ void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const floa
 }
 
 // qkv [T, (H + 2 Hkv) * D] -> q_out [T, H, D] rotated; rotated k and v stored in the paged
-// caches [P, S, Hkv, D] at flat slots slot[T] (float, or IEEE half when kv_half). cos/sin:
+// caches [P, S, Hkv, D] at flat slots slot[T] (kv_mode 0 float, 1 IEEE half, 2 int8 rows of D
+// values and a float scale per 32: [P, S, Hkv, D + 4 * ceil(D / 32)] bytes). cos/sin:
 // [max_pos, D] tables. q_norm/k_norm ([D] or null): each q/k head is RMS-normalised (eps) before
 // its rotation.
 void agrt_rope_store(const float* qkv, int64_t T, int32_t H, int32_t Hkv, int32_t D,
                      const int64_t* pos, const float* cos_t, const float* sin_t,
                      const int64_t* slot, const float* q_norm, const float* k_norm, float eps,
-                     void* k_cache, void* v_cache, float* q_out, int32_t kv_half) {
+                     void* k_cache, void* v_cache, float* q_out, int32_t kv_mode) {
   const RopeArgs a{qkv, T, H, Hkv, D, pos, cos_t, sin_t, slot, q_norm, k_norm, eps, q_out};
-  if (kv_half)
+  if (kv_mode == 2)
+    rope_store(a, static_cast<int8_t*>(k_cache), static_cast<int8_t*>(v_cache));
+  else if (kv_mode == 1)
     rope_store(a, static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache));
   else
     rope_store(a, static_cast<float*>(k_cache), static_cast<float*>(v_cache));

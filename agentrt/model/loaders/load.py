@@ -25,7 +25,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16}
 
 DEFAULT_MODEL = "smollm2-135m"
-KV_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16}
+KV_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "int8": torch.int8}
 
 
 def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
@@ -94,8 +94,10 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
     reference); an engine can override it per step (EngineConfig.forward_path).
     kv_dtype: the KV cache's element type, "float32", "float16" (CPU: the compiled kernels and the
-    torch reference read it in float32) or "auto" (the default: float16 with quantized weights on
-    the CPU kernels, else the model's dtype).
+    torch reference read it in float32), "int8" (CPU only: each token's head quantized with its
+    own scale, about half float16's bytes per token; tests/test_kv_int8.py holds its accuracy
+    oracle) or "auto" (the default: float16 with quantized weights on the CPU kernels, else the
+    model's dtype).
     batch_invariant: True (the default): on the fused path with quantized weights, a sequence's
     logits do not depend on what the prefix cache held, how its prefill was chunked, what else
     was batched with it or speculation (greedy output is the same however the work was cut);
@@ -116,4 +118,6 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     model.eval()
     model = model.to(device)
     model.kv_dtype = resolve_kv_dtype(kv_dtype, model, quantized=mode != "none")
+    if model.kv_dtype == torch.int8 and torch.device(device).type != "cpu":
+        raise ConfigError("kv_dtype='int8' runs on the CPU kernels only; use 'float16' on a GPU")
     return LoadedModel(model, tokenizer, config, source)
