@@ -14,48 +14,21 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-
 import agentrt  # noqa: E402
 from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool, tracing  # noqa: E402
 from agentrt.errors import ConfigError  # noqa: E402
 from agentrt.tracing import attributes as A  # noqa: E402
 from tests.conftest import tiny_native_with_tokenizer  # noqa: E402
+from tests.tracing_util import named, parent_of, traced, tree  # noqa: E402
 
 CFG = EngineConfig(kv_cache_tokens=4096)
 
 
 @pytest.fixture
 def spans():
-    """Tracing on into a fresh provider; yields the exporter (and turns tracing off after)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    try:
-        yield exporter, provider
-    finally:
-        tracing.disable()
-
-
-def tree(exporter) -> tuple[dict, dict]:
-    """(span id -> span, span id -> its children's names in start order)."""
-    by_id = {s.context.span_id: s for s in exporter.get_finished_spans()}
-    kids: dict = {i: [] for i in by_id}
-    for s in sorted(by_id.values(), key=lambda s: s.start_time):
-        if s.parent is not None and s.parent.span_id in kids:
-            kids[s.parent.span_id].append(s.name)
-    return by_id, kids
-
-
-def named(exporter, prefix: str) -> list:
-    return sorted((s for s in exporter.get_finished_spans() if s.name.startswith(prefix)), key=lambda s: s.start_time)
-
-
-def parent_of(span, by_id):
-    return by_id.get(span.parent.span_id) if span.parent is not None else None
+    """Tracing on into a fresh provider: (exporter, provider); off after the test."""
+    with traced() as exporter_and_provider:
+        yield exporter_and_provider
 
 
 # ---- a two-agent handoff with tool calls -------------------------------------------------------

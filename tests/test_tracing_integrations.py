@@ -20,9 +20,15 @@ from agentrt.integrations.langgraph import ChatAgentrt, agent_node  # noqa: E402
 from agentrt.integrations.langgraph.host import EngineHost  # noqa: E402
 from agentrt.tracing import attributes as A  # noqa: E402
 from tests.conftest import tiny_model_with_tokenizer, tiny_native_with_tokenizer  # noqa: E402
-from tests.test_tracing import named, parent_of, spans, tree  # noqa: E402,F401 - (the fixture)
+from tests.tracing_util import named, parent_of, traced, tree  # noqa: E402
 
 CFG = EngineConfig(kv_cache_tokens=4096)
+
+
+@pytest.fixture
+def spans():
+    with traced() as exporter_and_provider:
+        yield exporter_and_provider
 
 
 @tool
