@@ -188,3 +188,19 @@ def test_attribute_names_follow_the_genai_semantic_conventions():
     assert {k: getattr(g, k, None) for k in ours} == ours
     ops = {v.value for v in g.GenAiOperationNameValues}
     assert {"invoke_agent", "chat", "execute_tool"} <= ops
+
+
+def test_agentrt_serve_trace_enables_tracing(monkeypatch):
+    import agentrt.cli as cli
+    import agentrt.server as server
+
+    served = []
+    monkeypatch.setattr(cli, "_load", lambda args: "model")
+    monkeypatch.setattr(server, "serve", lambda *a, **kw: served.append(tracing.is_enabled()))
+    try:
+        assert cli.main(["serve", "--trace", "--port", "0"]) == 0
+        tracing.disable()
+        assert cli.main(["serve", "--port", "0"]) == 0
+    finally:
+        tracing.disable()
+    assert served == [True, False]
