@@ -204,3 +204,35 @@ def test_agentrt_serve_trace_enables_tracing(monkeypatch):
     finally:
         tracing.disable()
     assert served == [True, False]
+
+
+def test_log_lines_name_the_actor_task_and_span(spans):
+    """structlog's context holds the actor and task while a message is handled; add_trace_ids
+    joins a line to the span current where it was logged (here: the tool call's)."""
+    import structlog
+    from structlog.contextvars import merge_contextvars
+
+    exporter, _ = spans
+    log = structlog.get_logger("test")
+
+    @tool
+    async def note(what: Literal["x"]) -> str:
+        """Write a log line."""
+        log.info("tool ran")
+        return "ok"
+
+    async def main():
+        async with Engine(tiny_native_with_tokenizer(), CFG) as eng, Runtime(eng) as rt:
+            a = await rt.spawn(Agent("a", "Call note.", [note], tool_choice="required", max_tool_rounds=1,
+                                     settings=SamplingParams(max_tokens=48)))
+            with structlog.testing.capture_logs(processors=[merge_contextvars, tracing.add_trace_ids]) as logs:
+                await a.ask("go", timeout=120, workflow="wf")
+            return logs
+    logs = [e for e in anyio.run(main) if e["event"] == "tool ran"]
+    tools = named(exporter, "execute_tool note")
+    assert logs and len(logs) == len(tools)
+    assert {e["actor"] for e in logs} == {"a"} and all(e["task"] for e in logs)
+    assert sorted(e["span_id"] for e in logs) == sorted(format(t.context.span_id, "016x") for t in tools)
+    assert {e["trace_id"] for e in logs} == {format(tools[0].context.trace_id, "032x")}
+    tracing.disable()
+    assert tracing.add_trace_ids(None, "info", {"event": "e"}) == {"event": "e"}

@@ -17,6 +17,8 @@ from a tool, A -> B -> A -- raises AskCycle at once instead of waiting forever.
 
 Traces (agentrt/tracing/): a message carries its sender's OpenTelemetry context, current while
 the actor handles it, so the work it causes (an agent's turn) is a child of the sender's span.
+Logs: while it handles a message, structlog's context variables hold `actor` and `task`, so every
+line logged meanwhile (by the runtime, a tool) names them (`tracing.add_trace_ids` adds the span).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 
 import anyio
 import structlog
+from structlog.contextvars import bound_contextvars
 
 from agentrt import tracing
 from agentrt.errors import (ActorStopped, AskCycle, AskTimeout, ConfigError, EngineClosed, EngineFailed, MailboxFull,
@@ -267,7 +270,8 @@ class ActorRef:
     async def _handle(self, env: Envelope, ctx: ActorContext) -> bool:
         task = task_scope(env.task.task_id, env.task.workflow) if env.task is not None else nullcontext()
         asks = _ASKS.set((*env.chain, self))
-        with anyio.CancelScope() as scope, task, tracing.attached(env.trace):
+        ids = {"actor": self.name, "task": env.task.task_id} if env.task is not None else {"actor": self.name}
+        with anyio.CancelScope() as scope, task, tracing.attached(env.trace), bound_contextvars(**ids):
             self._scope = scope
             try:
                 if env.streaming and hasattr(self.behavior, "stream"):

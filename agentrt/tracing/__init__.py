@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrt.errors import ConfigError
 
-__all__ = ["disable", "enable", "is_enabled"]
+__all__ = ["add_trace_ids", "disable", "enable", "is_enabled"]
 
 
 class NoSpan:
@@ -132,3 +132,11 @@ def headers(context: Any) -> dict[str, str]:
     """The W3C trace headers (`traceparent`) that carry `context` to a peer ({} when off)."""
     spans = SWITCH.spans
     return {} if spans is None or context is None else spans.headers(context)
+
+
+def add_trace_ids(logger: Any, method: str, event: dict) -> dict:
+    """A structlog processor: `trace_id` and `span_id` (hex, as trace backends show them) of the
+    current span, so log lines join their trace; nothing when off or outside a span.
+    `structlog.configure(processors=[structlog.contextvars.merge_contextvars, add_trace_ids, ...])`."""
+    spans = SWITCH.spans
+    return event if spans is None else spans.add_ids(event)

@@ -106,6 +106,14 @@ class Spans:
         return self._start(f"{method} {path}", SpanKind.SERVER, propagate.extract(headers), attrs, A.http_attributes)
 
     @staticmethod
+    def add_ids(event: dict) -> dict:
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            event.setdefault("trace_id", format(ctx.trace_id, "032x"))
+            event.setdefault("span_id", format(ctx.span_id, "016x"))
+        return event
+
+    @staticmethod
     def headers(context: Any) -> dict[str, str]:
         """The headers that carry `context` on (`traceparent`, maybe `tracestate`)."""
         carrier: dict[str, str] = {}
