@@ -236,3 +236,14 @@ def test_log_lines_name_the_actor_task_and_span(spans):
     assert {e["trace_id"] for e in logs} == {format(tools[0].context.trace_id, "032x")}
     tracing.disable()
     assert tracing.add_trace_ids(None, "info", {"event": "e"}) == {"event": "e"}
+
+
+def test_usage_attributes_carry_the_engines_numbers():
+    u = agentrt.Usage(100, 60, 40, 7, queue_wait_s=0.25, preemptions=1, spec_proposed=8, spec_accepted=6,
+                      promoted_tokens=32, promote_s=0.002, overtook=3)
+    a = A.usage_attributes(u)
+    assert (a[A.INPUT_TOKENS], a[A.CACHE_READ_TOKENS], a[A.PREFILL_COMPUTED], a[A.OUTPUT_TOKENS]) == (100, 60, 40, 7)
+    assert (a[A.QUEUE_WAIT], a[A.PREEMPTIONS], a[A.OVERTOOK]) == (0.25, 1, 3)
+    assert (a[A.KV_PROMOTED], a[A.KV_PROMOTE_S]) == (32, 0.002)
+    assert (a[A.SPEC_PROPOSED], a[A.SPEC_ACCEPTED], a[A.SPEC_ACCEPTANCE]) == (8, 6, 0.75)
+    assert A.SPEC_ACCEPTANCE not in A.usage_attributes(agentrt.Usage(1, 0, 1, 1))  # (no drafts: no rate)
