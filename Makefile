@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,langgraph,grammar,bench-lite,server,ray,mcp,hub
+EXTRAS ?= dev,langgraph,grammar,bench-lite,server,ray,mcp,hub,otel
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 

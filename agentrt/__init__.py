@@ -6,7 +6,7 @@ internal and may change. Internals stay importable from their modules (the refer
 agent's settings are `SamplingParams`.
 """
 
-from agentrt import errors
+from agentrt import errors, tracing
 from agentrt.kv.agent_aware import AgentAwarePolicy
 from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
@@ -73,4 +73,5 @@ __all__ = [
     "load_model",
     "task_scope",
     "tool",
+    "tracing",
 ]

@@ -17,7 +17,7 @@ PUBLIC = [
     "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
     "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
     "TurnResult", "Usage", "Workflow", "current_task", "detect_tool_format", "errors", "load_model",
-    "task_scope", "tool",
+    "task_scope", "tool", "tracing",
 ]
 
 

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="engine replicas on Ray (pip install -e .[ray]); conversations stay on one replica")
     s.add_argument("--threads-per-replica", type=int, default=1, help="torch threads of each replica")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.add_argument("--trace", action="store_true",
+                   help="OpenTelemetry traces into the global TracerProvider (configure one, e.g. run under "
+                        "opentelemetry-instrument with OTEL_* variables); needs pip install -e .[otel]")
     c = sub.add_parser("chat", help="chat in the terminal")
     _model_arg(c)
     c.add_argument("--system", default=None, help="a system message (default: the chat template's own)")
@@ -95,6 +98,10 @@ def cmd_serve(args) -> None:
                           max_stored_responses=args.max_stored_responses, response_ttl_s=args.response_ttl,
                           session_ttl_s=args.session_ttl, replicas=args.replicas,
                           threads_per_replica=args.threads_per_replica)
+    if args.trace:
+        from agentrt import tracing
+
+        tracing.enable()
     if config.public and not keys:
         print(f"warning: listening on {args.host} without an API key: anyone who can reach this port can use "
               "the model (set --api-key or AGENTRT_API_KEY)", file=sys.stderr)

@@ -40,6 +40,7 @@ from typing import Any
 
 import anyio
 
+from agentrt import tracing
 from agentrt.engine.context import context_overflow
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
@@ -66,6 +67,14 @@ class RoundEnd:
     stopped: bool  # the parser or a stop string ended the round early
     message: dict = field(default_factory=dict)  # the assistant message appended
     reasoning: str = ""  # a leading <think> block (kept out of text, calls and message content)
+
+    @property
+    def api_finish_reason(self) -> str:
+        """The finish reason as API clients name it: "length" when max_tokens cut the round,
+        "tool_calls" when it made calls, else "stop" (an early stop included)."""
+        if self.finish_reason == "length":
+            return "length"
+        return "tool_calls" if self.calls else "stop"
 
 
 class Conversation:
@@ -165,19 +174,63 @@ class Conversation:
                     call_id: Callable[[int], str] = lambda i: f"call_{i}",
                     content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
                     tag: str | None = None, task: str | None = None, workflow: str | None = None,
-                    limits: CallLimits | None = None, schema_hint: bool = True) -> AsyncIterator[Any]:
+                    limits: CallLimits | None = None, schema_hint: bool = True,
+                    trace_context: Any = None) -> AsyncIterator[Any]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
         docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
         reasoning=True also streams a leading <think> block as ReasoningDelta events. `tag` (the
         stage; default the session's), `task`, `workflow`: as in Engine.generate. `limits`
         (`CallLimits`: a repeated call or too many calls end the round; default CallLimits()).
         schema_hint: a reply held to `json_schema` is told the schema's fields first (schema_hint.py;
-        for this round only)."""
-        if limits is not None and not isinstance(limits, CallLimits):
-            raise ConfigError(f"limits must be a CallLimits, got {type(limits).__name__}")
-        if not self._open:
-            self.append([])  # (re)open the assistant turn
-        self.fit(params.max_tokens)
+        for this round only). trace_context: the OpenTelemetry context the round's `chat` span is a
+        child of (default: the current one; see agentrt.tracing)."""
+        span = tracing.chat(self.engine, params, trace_context)
+        try:
+            if limits is not None and not isinstance(limits, CallLimits):
+                raise ConfigError(f"limits must be a CallLimits, got {type(limits).__name__}")
+            if not self._open:
+                self.append([])  # (re)open the assistant turn
+            self.fit(params.max_tokens)
+            engine = self.engine
+            state, dec, constraint, prompt = self._plan(params, tool_choice, parallel_tool_calls, constrained,
+                                                        json_schema, tuple(stop), reasoning, limits, schema_hint)
+            request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
+                                         ("cache_salt", self.cache_salt)) if v is not None}
+            async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session,
+                                                constraint=constraint, **request)) as events:
+                async for ev in events:
+                    for tok in ev.token_ids if not state.stopped else ():
+                        state.generated.append(tok)
+                        for pe in state.feed(dec.push(tok)):
+                            yield pe
+                        if state.stopped:
+                            engine.stop(ev.request_id)
+                            break
+                    if ev.finish_reason is not None:
+                        state.usage, state.finish = ev.usage, ev.finish_reason
+            if not state.stopped:
+                for pe in state.feed(dec.flush(), closing=True):
+                    yield pe
+            elif state.finish in ("stop", "length"):
+                # the engine finished before the stop reached it (fast-forward runs many ids a step):
+                # the round still ended where the parser stopped it, whatever the timing
+                state.finish = "early_stop"
+            end = self._close(state, call_id, content)
+            if end.calls and hasattr(self.session, "expect_tools"):  # keep the KV while the tools run
+                with contextlib.suppress(EngineClosed):
+                    await self.session.expect_tools([c.name for c in end.calls])
+            span.add(end)
+            yield end
+        except Exception as e:
+            span.fail(e)
+            raise
+        finally:
+            span.end()
+
+    def _plan(self, params, tool_choice, parallel_tool_calls, constrained, json_schema, stop, reasoning, limits,
+              schema_hint) -> tuple[RoundState, IncrementalDecoder, Any, list[int] | None]:
+        """A round's parts: its state (parser and stops), decoder, constraint, and the prompt when
+        it differs from `tokens` (a schema hint); `limits` (or the default) applies."""
         engine = self.engine
         # tools and a response schema in one round: the calls, or an answer matching the schema
         # (tool_choice auto in a tagged call format; a bare-JSON format's calls are JSON objects
@@ -190,38 +243,13 @@ class Conversation:
         parser = self._parser(tools, parallel_tool_calls, limits, both)
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = RoundState(parser, tuple(stop), reasoning, limits.stop_on_repeat)
+        state = RoundState(parser, stop, reasoning, limits.stop_on_repeat)
         # fast-forward spells forced text canonically in the engine; without it, respell after
         state.constrained = constraint is not None and not getattr(getattr(engine, "config", None),
                                                                    "grammar_fast_forward", False)
-        request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
-                                     ("cache_salt", self.cache_salt)) if v is not None}
         answer = json_schema is not None and not (both and tool_choice not in (None, "auto"))  # (may it answer?)
         prompt = hinted_prompt(self, json_schema, params.max_tokens, both) if answer and schema_hint else None
-        async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session, constraint=constraint,
-                                            **request)) as events:
-            async for ev in events:
-                for tok in ev.token_ids if not state.stopped else ():
-                    state.generated.append(tok)
-                    for pe in state.feed(dec.push(tok)):
-                        yield pe
-                    if state.stopped:
-                        engine.stop(ev.request_id)
-                        break
-                if ev.finish_reason is not None:
-                    state.usage, state.finish = ev.usage, ev.finish_reason
-        if not state.stopped:
-            for pe in state.feed(dec.flush(), closing=True):
-                yield pe
-        elif state.finish in ("stop", "length"):
-            # the engine finished before the stop reached it (fast-forward runs many ids a step):
-            # the round still ended where the parser stopped it, whatever the timing
-            state.finish = "early_stop"
-        end = self._close(state, call_id, content)
-        if end.calls and hasattr(self.session, "expect_tools"):  # keep the KV while the tools run
-            with contextlib.suppress(EngineClosed):
-                await self.session.expect_tools([c.name for c in end.calls])
-        yield end
+        return state, dec, constraint, prompt
 
     def _parser(self, tools, parallel: bool, limits: CallLimits, answer: bool = False) -> Any:
         """The round's parser. It enforces limits.max_calls: it stops at the closing brace of the

@@ -23,6 +23,4 @@ def call_id(prefix: str, index: int) -> str:
 def finish_reason(end: RoundEnd) -> str:
     """OpenAI's finish_reason: "length" when max_tokens cut the round, "tool_calls" when it made
     calls, else "stop" (an early stop by the parser or a stop string included)."""
-    if end.finish_reason == "length":
-        return "length"
-    return "tool_calls" if end.calls else "stop"
+    return end.api_finish_reason

@@ -50,6 +50,9 @@ class Engine:
         loaded = getattr(model, "model", None)
         self.model = loaded if loaded is not None else model
         self.tokenizer = getattr(model, "tokenizer", None)
+        # the model's name in traces (gen_ai.request.model): a LoadedModel's source, else its architecture
+        arch = getattr(getattr(self.model, "cfg", None), "arch", "local")
+        self.model_name = str(getattr(model, "source", None) or arch)
         if eos_token_ids is None:
             eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else ()
         self.config = config or EngineConfig()

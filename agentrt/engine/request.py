@@ -37,6 +37,14 @@ class Usage:
     cached_tokens: int  # prompt tokens served from KV already held (session or radix)
     computed_prompt_tokens: int  # prompt tokens this turn actually prefilled (incl. recompute)
     completion_tokens: int
+    # what the engine did for the request (the numbers a trace shows: agentrt/tracing/)
+    queue_wait_s: float = 0.0  # from submission to its (latest) admission, on the core clock
+    preemptions: int = 0  # times its KV was dropped for memory and recomputed
+    spec_proposed: int = 0  # speculative draft tokens proposed ...
+    spec_accepted: int = 0  # ... and accepted
+    promoted_tokens: int = 0  # prompt tokens copied back from the KV tier at its admission
+    promote_s: float = 0.0  # ... their copy time (pages x the tier's measured cost per page)
+    overtook: int = 0  # requests that arrived before it and still waited when the policy admitted it
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,9 @@ class Request:
     workflow: str | None = None
     submitted_s: float = 0.0  # the core clock's now() at add_request
     admitted_s: float = 0.0  # ... at its (latest) admission
+    promoted: int = 0  # prompt tokens promoted from the KV tier at its first admission
+    promote_s: float = 0.0  # ... their copy time, estimated from the tier's cost per page
+    overtook: int = 0  # earlier arrivals still waiting when it was (last) admitted
 
     @property
     def target(self) -> list[int]:
@@ -153,5 +164,7 @@ class Request:
         return self.remaining > 1 + self.forced or not self.output
 
     def usage(self) -> Usage:
-        return Usage(len(self.prompt), max(self.cached_tokens, 0), self.computed_prompt,
-                     len(self.output))
+        wait = self.admitted_s - self.submitted_s if self.admitted_at else 0.0
+        return Usage(len(self.prompt), max(self.cached_tokens, 0), self.computed_prompt, len(self.output),
+                     wait, self.preemptions, self.spec_proposed, self.spec_accepted, self.promoted,
+                     self.promote_s, self.overtook)

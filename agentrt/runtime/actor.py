@@ -14,6 +14,11 @@ Asks that could never be answered are refused: a message carries its chain of as
 whose handlers are waiting on it, in the same context as the task, so it follows tools and
 LangGraph nodes), and ask() of an actor already in the caller's chain -- an agent asking itself
 from a tool, A -> B -> A -- raises AskCycle at once instead of waiting forever.
+
+Traces (agentrt/tracing/): a message carries its sender's OpenTelemetry context, current while
+the actor handles it, so the work it causes (an agent's turn) is a child of the sender's span.
+Logs: while it handles a message, structlog's context variables hold `actor` and `task`, so every
+line logged meanwhile (by the runtime, a tool) names them (`tracing.add_trace_ids` adds the span).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from typing import Any, Protocol
 
 import anyio
 import structlog
+from structlog.contextvars import bound_contextvars
 
+from agentrt import tracing
 from agentrt.errors import (ActorStopped, AskCycle, AskTimeout, ConfigError, EngineClosed, EngineFailed, MailboxFull,
                             RequestCancelled)
 from agentrt.runtime.supervision import RestartTracker, Supervision
@@ -79,6 +86,7 @@ class Envelope:
     settled: bool = field(default=False)
     task: TaskContext | None = None  # the task the message belongs to (None: no task)
     chain: tuple = ()  # the actors waiting, through asks, on this message's answer
+    trace: Any = None  # the sender's OpenTelemetry context (agentrt.tracing; None when off)
 
     def answer(self, value: Any) -> None:
         self._send(("ok", value))
@@ -128,10 +136,10 @@ class ActorRef:
 
     async def tell(self, message: Any, *, workflow: str | None = None) -> None:
         """Queue a message, waiting while the mailbox is full."""
-        await self._put(Envelope(message, task=message_task(workflow)))
+        await self._put(Envelope(message, task=message_task(workflow), trace=tracing.capture()))
 
     def tell_nowait(self, message: Any, *, workflow: str | None = None) -> None:
-        env = Envelope(message, task=message_task(workflow))
+        env = Envelope(message, task=message_task(workflow), trace=tracing.capture())
         try:
             self._send.send_nowait(env)
         except anyio.WouldBlock:
@@ -147,7 +155,7 @@ class ActorRef:
         `workflow`: the workflow of the fresh task a message from outside any task starts."""
         task, chain = message_task(workflow), self._chain()
         send, recv = anyio.create_memory_object_stream(1)
-        env = Envelope(message, send, task=task, chain=chain)
+        env = Envelope(message, send, task=task, chain=chain, trace=tracing.capture())
         await self._put(env)
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
             async with recv:
@@ -164,7 +172,7 @@ class ActorRef:
         """Send and yield the behaviour's events as they come; ends with the final answer."""
         task, chain = message_task(workflow), self._chain()
         send, recv = anyio.create_memory_object_stream(math.inf)
-        env = Envelope(message, send, streaming=True, task=task, chain=chain)
+        env = Envelope(message, send, streaming=True, task=task, chain=chain, trace=tracing.capture())
         await self._put(env)
         async with recv:
             async for kind, value in recv:
@@ -262,7 +270,8 @@ class ActorRef:
     async def _handle(self, env: Envelope, ctx: ActorContext) -> bool:
         task = task_scope(env.task.task_id, env.task.workflow) if env.task is not None else nullcontext()
         asks = _ASKS.set((*env.chain, self))
-        with anyio.CancelScope() as scope, task:
+        ids = {"actor": self.name, "task": env.task.task_id} if env.task is not None else {"actor": self.name}
+        with anyio.CancelScope() as scope, task, tracing.attached(env.trace), bound_contextvars(**ids):
             self._scope = scope
             try:
                 if env.streaming and hasattr(self.behavior, "stream"):

@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 
+from agentrt import tracing
 from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
@@ -191,14 +192,21 @@ class Agent:
 
     async def stream(self, message: Any, ctx) -> AsyncIterator[Any]:
         messages = as_messages(message)
+        span = tracing.agent_turn(self.spec.name, self.engine)  # (a child of the message's sender)
         await self._leases.acquire(self)
         try:
-            async for ev in self._turn(messages):
+            async for ev in self._turn(messages, span.context):
                 yield ev
+            span.add(ev)  # the TurnResult
+        except Exception as e:
+            span.fail(e)
+            raise
         finally:
+            span.end()
             self._leases.release(self)
 
-    async def _turn(self, messages: list[dict]) -> AsyncIterator[Any]:
+    async def _turn(self, messages: list[dict], trace: Any = None) -> AsyncIterator[Any]:
+        """`trace`: the OpenTelemetry context of the turn's span (None: tracing is off)."""
         await self.conversation.add(messages)
         turn: list[dict] = []
         results: list[ToolResult] = []
@@ -213,13 +221,14 @@ class Agent:
             async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(
                         self.spec.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.spec.parallel_tool_calls,
-                        constrained=self.spec.constrained, call_id=call_id, content=clean_text, limits=self.spec.call_limits):
+                        constrained=self.spec.constrained, call_id=call_id, content=clean_text, limits=self.spec.call_limits,
+                        trace_context=trace):
                     if isinstance(ev, RoundEnd):
                         end = ev
-                        self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done)
+                        self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done, trace)
                         continue
                     if isinstance(ev, CallComplete) and self._is_pure(ev.name):
-                        self._start_calls(tg, [ev], call_id, done)
+                        self._start_calls(tg, [ev], call_id, done, trace)
                     yield ev
             self._skip_ids(end)
             if end.usage is not None:
@@ -268,7 +277,8 @@ class Agent:
         for _ in range(len(end.calls) + len(end.invalid) - 1):
             next(self._call_ids)
 
-    def _start_calls(self, tg, calls, call_id: Callable[[int], str], done: dict) -> None:
+    def _start_calls(self, tg, calls, call_id: Callable[[int], str], done: dict, trace: Any = None) -> None:
+        """Start `calls` in `tg`; each call's span is a child of `trace` (the turn's)."""
         ctx = ToolContext(agent=self.spec.name, deps=self.spec.deps)
         for c in calls:
             t = self.tools.get(c.name)
@@ -278,8 +288,9 @@ class Agent:
             done[c.index] = None  # started
 
             async def run(c=c, t=t) -> None:
-                done[c.index] = await run_tool_call(t, c.arguments, call_id=call_id(c.index), context=ctx,
-                                                    limiter=self._limiter)
+                with tracing.attached(trace):
+                    done[c.index] = await run_tool_call(t, c.arguments, call_id=call_id(c.index), context=ctx,
+                                                        limiter=self._limiter)
             tg.start_soon(run)
 
     @staticmethod

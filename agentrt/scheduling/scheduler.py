@@ -97,6 +97,7 @@ class Scheduler:
                 break
             footprint.add(r)
             self.waiting.remove(r)
+            r.overtook = sum(w.arrival < r.arrival for w in self.waiting)  # (the policy's choice, for traces)
             r.state, r.admitted_at, r.admitted_s = State.RUNNING, next(self.ticks), self.clock.now()
             self.running.append(r)
             admitted.append(r)
@@ -116,8 +117,9 @@ class Scheduler:
             counters = self.kv.counters
             r.cached_tokens = reused
             counters.prompt_cached += reused
-            if promoted:
-                counters.prompt_promoted += max(0, min(reused, promoted[1]) - promoted[0])
+            if promoted and (n := max(0, min(reused, promoted[1]) - promoted[0])):
+                counters.prompt_promoted += n
+                r.promoted, r.promote_s = n, -(-n // self.cfg.page_size) * self.radix.tier.copy_s_per_page
             if self._on_request is not None:
                 self._on_request(r.tag)
 

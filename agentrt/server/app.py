@@ -37,6 +37,7 @@ from .handling import as_api_error, error_response, finished_round, observe, req
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse
 from .responses import ResponseStore
 from .sse import EventStream, until_disconnect
+from .trace_headers import TraceHeaders
 
 log = logging.getLogger("agentrt.server")
 
@@ -113,6 +114,7 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
                         await state.backends.release_all()
 
     app = FastAPI(title="agentrt", lifespan=lifespan)
+    app.add_middleware(TraceHeaders)  # (W3C traceparent in and out while agentrt.tracing is on)
     app.state.agentrt = state
     _handlers(app, state)
     _routes(app, state)

@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from agentrt import tracing
 from agentrt.errors import ConfigError, ToolCallError, ToolDefinitionError
 from agentrt.tools.results import ToolResult, check_max_chars, format_result
 from agentrt.tools.tool import Tool, ToolContext
@@ -47,8 +48,24 @@ async def run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, *, call_
     contained: any BaseException it raises -- SystemExit from a `sys.exit` or argparse, too --
     becomes an error result the model reads, and the agent goes on; only KeyboardInterrupt (the
     user's Ctrl-C), GeneratorExit and cancellation propagate.
-    `max_chars` truncates the content (see `format_result`).
+    `max_chars` truncates the content (see `format_result`). With tracing on (agentrt.tracing) the
+    call is an `execute_tool` span, current while the tool runs (an actor it asks continues the trace).
     """
+    span = tracing.tool_call(tool.name, call_id, context.agent if context is not None else None)
+    try:
+        with tracing.attached(span.context):
+            result = await _run_tool_call(tool, arguments, call_id, context, limiter, max_chars)
+        span.add(result)
+        return result
+    except Exception as e:  # (a broken tool definition or max_chars: the caller's bug)
+        span.fail(e)
+        raise
+    finally:
+        span.end()
+
+
+async def _run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, call_id: str, context: ToolContext | None,
+                         limiter: anyio.CapacityLimiter | None, max_chars: int | None) -> ToolResult:
     started = time.perf_counter()
     check_max_chars(max_chars)  # a caller bug: raise before running anything
     try:

@@ -27,6 +27,7 @@ from langchain_core.runnables.config import ensure_config
 from langchain_core.utils import secret_from_env
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
+from agentrt import tracing
 from agentrt.conversation.formats import chat_format_of
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
@@ -188,11 +189,12 @@ class ChatAgentrt(BaseChatModel):
 
     def _call(self, messages: list[BaseMessage], stop: list[str] | None,
               kwargs: dict) -> tuple[CallSpec, _Shared | None]:
-        """The call's spec with its task (resolved here, on the caller's side: the engine's loop
-        may run in another thread, where the caller's task_scope is not seen)."""
+        """The call's spec with its task and trace context (resolved here, on the caller's side: the
+        engine's loop may run in another thread, where the caller's task_scope and span are not seen)."""
         spec, sh = self._spec(messages, stop, kwargs), self._shared
         if sh is not None:
             spec.task = sh.tasks.context(ensure_config())
+            spec.trace = tracing.capture()
         return spec, sh
 
     def _spec(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> CallSpec:

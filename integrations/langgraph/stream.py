@@ -54,6 +54,7 @@ class CallSpec:
     tag: str | None = None  # the request's stage (the LangGraph node), None: the session's tag
     task: TaskContext | None = None  # resolved on the caller's side (the engine's loop may be another)
     limits: CallLimits | None = None  # repeated / too many calls end the reply
+    trace: Any = None  # the caller's OpenTelemetry context (agentrt.tracing; None: off, or a remote call)
     timeout: float | None = None  # seconds the call may run
     retries: int = 0  # attempts after a transient failure before the first chunk
 
@@ -100,7 +101,8 @@ async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGen
     task, workflow = (spec.task.task_id, spec.task.workflow) if spec.task is not None else (None, None)
     rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
                         constrained=spec.constrained, json_schema=spec.json_schema, stop=spec.stop,
-                        call_id=chunker.call_id, tag=spec.tag, task=task, workflow=workflow, limits=spec.limits)
+                        call_id=chunker.call_id, tag=spec.tag, task=task, workflow=workflow, limits=spec.limits,
+                        trace_context=spec.trace)
     async with aclosing(rounds) as events:
         async for ev in events:
             if isinstance(ev, RoundEnd):
