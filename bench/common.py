@@ -73,7 +73,8 @@ def kernel_facts() -> dict:
     lib = native.load()
     if lib is None:
         return {"built": False, "path": "torch fallback"}
-    return {"built": True, "flags": " ".join(native.flags()), "avx512_vnni_kernels": bool(lib.agrt_has_vnni())}
+    return {"built": True, "flags": " ".join(native.flags()), "avx512_vnni_kernels": bool(lib.agrt_has_vnni()),
+            "amx_kernels": bool(lib.agrt_has_amx())}
 
 
 def peer_build() -> dict | None:

@@ -9,7 +9,8 @@ def main() -> None:
     path = native.build(verbose=True)
     lib = native.load()
     vnni = "yes" if lib is not None and lib.agrt_has_vnni() else "no (portable loops)"
-    print(f"agentrt CPU kernels: {path} (AVX-512 VNNI: {vnni})")
+    amx = "yes" if lib is not None and lib.agrt_has_amx() else "no"
+    print(f"agentrt CPU kernels: {path} (AVX-512 VNNI: {vnni}, AMX from 2 rows: {amx})")
 
 
 if __name__ == "__main__":

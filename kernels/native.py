@@ -29,13 +29,14 @@ import torch  # (imported first: loads torch's libgomp, whose thread pool the li
 from agentrt.errors import ConfigError
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("qgemm.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp", "moe.cpp")
+SOURCES = ("qgemm.cpp", "amx.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp", "moe.cpp")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
          "-ffp-contract=off", "-fno-math-errno")
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 SIGNATURES = {
     "agrt_has_vnni": ([], ctypes.c_int),
+    "agrt_has_amx": ([], ctypes.c_int),
     "agrt_qgemm": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _I32, _P, _I32], None),
     "agrt_qrefine": ([_P, _I64, _I64, _I64, _P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _I32], None),
     "agrt_qrows": ([_P, _P, _P, _I32, _I32, _I32, _I32, _I64, _P, _I64, _P], None),

@@ -68,7 +68,8 @@ def describe(lm, *, bandwidth: bool = False) -> Iterator[tuple[str, str]]:
     if lib is None:
         kernels = "torch fallback (compiled kernels off: AGENTRT_NATIVE=0 or no compiler)"
     else:
-        kernels = f"compiled CPU kernels (AVX-512 VNNI: {'yes' if lib.agrt_has_vnni() else 'no'})"
+        kernels = (f"compiled CPU kernels (AVX-512 VNNI: {'yes' if lib.agrt_has_vnni() else 'no'}, "
+                   f"AMX: {'yes' if lib.agrt_has_amx() else 'no'})")
     yield "kernels", f"{kernels}; forward path {model.forward_path}"
     yield "machine", f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {_memory_gib()} RAM"
     yield "torch", f"{torch.__version__}, {torch.get_num_threads()} threads"

@@ -234,7 +234,13 @@ constexpr int64_t kTileMajorBlocks = 8;  // up to 64 rows: every row block per w
 // takes this weight shape (blocks == nullptr: the portable loops).
 struct XRows {
   XQ xs; int64_t M; const int32_t* blocks; const float* bsx; const float* bss; const int32_t* bzs;
+  bool amx = false;  // the AMX kernel runs (else the VNNI kernel or the portable loops)
 };
+
+// From this many rows the AMX kernel runs, where usable: below, VNNI is as fast or faster (the
+// per-group float steps, the same in both, dominate; bench in the closing note of issue 34).
+constexpr int64_t kAmxMinRows = 32;
+constexpr int64_t kAmxChunk = 256;  // rows per AMX task (one weight tile's unpacking shared by them)
 
 // Rows [rb * kRowBlock, +kRowBlock) x the 16 columns of `tile`.
 void run_tile(const QMat& w, const XRows& x, int64_t N, int64_t tile, int64_t rb, float* y,
@@ -282,7 +288,9 @@ XRows prepare_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat
   quantize_rows(x, M, K, ldx, w.G, xq, sx, sum, sxsum);
   XRows xr{XQ{xq, sx, sum, sxsum, K, ng}, M, nullptr, nullptr, nullptr, nullptr};
 #ifdef __AVX512VNNI__
-  if (vnni_shape(w)) {
+  if (vnni_shape(w) && M >= kAmxMinRows && agrt::amx_usable()) {
+    xr.amx = true;
+  } else if (vnni_shape(w)) {
     const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
     int32_t* bw = static_cast<int32_t*>(take(kSlotBlockW, b[4]));
     float* bsx = static_cast<float*>(take(kSlotBlockSx, b[5]));
@@ -303,12 +311,20 @@ XRows prepare_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat
 // x one row block, tiles fastest, so that threads share the rows and split the weights.
 struct Tasks {
   int64_t tiles, rblocks; bool tile_major;
-  Tasks(int64_t M, int64_t N) : tiles((N + 15) / 16), rblocks((M + kRowBlock - 1) / kRowBlock),
-                                tile_major(rblocks <= kTileMajorBlocks) {}
-  int64_t count() const { return tile_major ? tiles : tiles * rblocks; }
+  Tasks(int64_t M, int64_t N, bool amx) : tiles((N + 15) / 16), rblocks((M + kRowBlock - 1) / kRowBlock),
+                                          tile_major(rblocks <= kTileMajorBlocks), amx_chunks((M + kAmxChunk - 1) / kAmxChunk),
+                                          amx(amx) {}
+  int64_t amx_chunks; bool amx;
+  int64_t count() const { return amx ? tiles * amx_chunks : tile_major ? tiles : tiles * rblocks; }
   void run(int64_t task, const QMat& w, const XRows& x, int64_t N, float* y, int64_t ldy, bool acc,
            const float* bias) const {
     const int64_t tile = task % tiles;
+    if (x.amx) {  // one tile x up to kAmxChunk rows (a 4-bit tile is unpacked once for them)
+      const agrt::AmxRows xa{x.xs.q, x.xs.sx, x.xs.sum, x.xs.sxsum, x.xs.K};
+      const int64_t r0 = task / tiles * kAmxChunk;
+      return agrt::tiles_amx(w, tile, xa, r0, std::min(x.M, r0 + kAmxChunk), y, ldy, tile * 16,
+                             (int)std::min<int64_t>(16, N - tile * 16), acc, bias);
+    }
     const int64_t rb0 = tile_major ? 0 : task / tiles, rb1 = tile_major ? rblocks : rb0 + 1;
     for (int64_t rb = rb0; rb < rb1; ++rb) run_tile(w, x, N, tile, rb, y, ldy, acc, bias);
   }
@@ -319,7 +335,7 @@ struct Tasks {
 static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat& w, int64_t N,
                        float* y, int64_t ldy, bool accumulate, const float* bias) {
   const XRows xr = prepare_rows(x, M, K, ldx, w, [](int slot, size_t b) { return agrt_scratch_bytes(slot, b); });
-  const Tasks t(M, N);
+  const Tasks t(M, N, xr.amx);
   const int64_t ntasks = t.count();
 #pragma omp parallel for schedule(static) if (ntasks > 1)
   for (int64_t task = 0; task < ntasks; ++task) t.run(task, w, xr, N, y, ldy, accumulate, bias);
@@ -328,6 +344,8 @@ static void qgemm_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const 
 }  // namespace
 
 extern "C" {
+
+int agrt_has_amx(void) { return agrt::amx_usable() ? 1 : 0; }
 
 int agrt_has_vnni(void) {
 #ifdef __AVX512VNNI__
@@ -389,13 +407,15 @@ void agrt::qgemm_group(const GemmJob* jobs, int n) {
     const AgrtPart& p = *jobs[j].p;
     ws.push_back(QMat{p.q, p.s, p.m, p.z, p.bits, p.group, p.half, p.k});
     for (size_t b : row_bytes(jobs[j].M, p.k, ws.back())) bytes += pad(b);
-    ts.emplace_back(jobs[j].M, p.n);
-    first[j + 1] = first[j] + ts.back().count();
   }
   uint8_t* buf = static_cast<uint8_t*>(agrt_scratch_bytes(kSlotGroup, bytes));
   size_t at = 0;
   auto take = [&](int, size_t b) { void* q = buf + at; at += pad(b); return q; };
-  for (int j = 0; j < n; ++j) xr[j] = prepare_rows(jobs[j].x, jobs[j].M, jobs[j].p->k, jobs[j].ldx, ws[j], take);
+  for (int j = 0; j < n; ++j) {
+    xr[j] = prepare_rows(jobs[j].x, jobs[j].M, jobs[j].p->k, jobs[j].ldx, ws[j], take);
+    ts.emplace_back(jobs[j].M, jobs[j].p->n, xr[j].amx);
+    first[j + 1] = first[j] + ts.back().count();
+  }
   const int64_t ntasks = first[n];
 #pragma omp parallel for schedule(static) if (ntasks > 1)
   for (int64_t task = 0; task < ntasks; ++task) {

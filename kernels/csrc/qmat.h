@@ -46,4 +46,14 @@ struct QMat {
 #endif
 };
 
+// The AMX kernel (amx.cpp): rows [r_begin, r_end) of the quantized activations x [M, K] (per row
+// and group: scale sx, sum of q, sx * sum) x one 16-column weight tile, in blocks of kAmxRows
+// rows, the VNNI kernel's numbers. amx_usable(): the CPU has AMX and the kernel granted this process its tile
+// state (AGENTRT_AMX=0: never).
+struct AmxRows { const int8_t* q; const float* sx; const int32_t* sum; const float* sxsum; int64_t K; };
+constexpr int kAmxRows = 16;
+bool amx_usable();
+void tiles_amx(const QMat& w, int64_t tile, const AmxRows& x, int64_t r_begin, int64_t r_end, float* y,
+               int64_t ldy, int64_t n0, int nvalid, bool accumulate, const float* bias);
+
 }  // namespace agrt
