@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +64,7 @@ def test_the_dashboard_shows_a_running_workload(tmp_path):
         assert page.locator("#workflows g.node").count() == len(AGENTS)
         assert page.locator("#workflows path.edge").count() == len(AGENTS) - 1
         assert page.inner_text("#status") == "live"
-        time.sleep(0.5)  # (one more update drawn before the picture)
+        _wait(page, "Number(document.querySelector('#timeline').dataset.turns) >= 9")  # (a fuller picture)
         shot = tmp_path / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)
         browser.close()
