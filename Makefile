@@ -33,6 +33,7 @@ chat: kernels
 	$(PY) examples/demo.py
 
 test: kernels
+	bash .ci/ensure_chromium  # (the dashboard's browser test; skipped, with its reason, without one)
 	$(PY) -m pytest -q -x --durations=15
 	# the torch fallback of the compiled kernels (what a machine without a compiler runs)
 	AGENTRT_NATIVE=0 $(PY) -m pytest -q -x -m "not embedded" tests/test_qformats.py tests/test_quant.py \

@@ -6,7 +6,7 @@ internal and may change. Internals stay importable from their modules (the refer
 agent's settings are `SamplingParams`.
 """
 
-from agentrt import errors, tracing
+from agentrt import dashboard, errors, tracing
 from agentrt.kv.agent_aware import AgentAwarePolicy
 from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
@@ -68,6 +68,7 @@ __all__ = [
     "Usage",
     "Workflow",
     "current_task",
+    "dashboard",
     "detect_tool_format",
     "errors",
     "load_model",

@@ -16,7 +16,7 @@ PUBLIC = [
     "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineStats", "EvictionPolicy", "LRUPolicy",
     "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
     "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
-    "TurnResult", "Usage", "Workflow", "current_task", "detect_tool_format", "errors", "load_model",
+    "TurnResult", "Usage", "Workflow", "current_task", "dashboard", "detect_tool_format", "errors", "load_model",
     "task_scope", "tool", "tracing",
 ]
 

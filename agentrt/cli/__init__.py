@@ -3,6 +3,7 @@
     agentrt serve [MODEL]      an OpenAI-compatible server (127.0.0.1:8000 by default)
     agentrt chat [MODEL]       chat in the terminal; tool calls are shown as they run
     agentrt demo               the multi-agent tool-calling demo (= make demo)
+    agentrt dashboard [MODEL]  a multi-agent workload on an in-process engine, with the live dashboard
     agentrt bench NAME         a benchmark of bench/ (e.g. `agentrt bench model --quick`)
     agentrt info [MODEL]       architecture, quantization, context, formats, kernels, machine
 
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="engine replicas on Ray (pip install -e .[ray]); conversations stay on one replica")
     s.add_argument("--threads-per-replica", type=int, default=1, help="torch threads of each replica")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.add_argument("--dashboard", action="store_true", help="serve the live dashboard page at /dashboard/")
     s.add_argument("--trace", action="store_true",
                    help="OpenTelemetry traces into the global TracerProvider (configure one, e.g. run under "
                         "opentelemetry-instrument with OTEL_* variables); needs pip install -e .[otel]")
@@ -64,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tool-choice", default="auto", choices=("auto", "required"),
                    help="required: every message starts with a tool call (the 135M model seldom calls one itself)")
     sub.add_parser("demo", help="the multi-agent tool-calling demo on the embedded model")
+    d = sub.add_parser("dashboard", help="agents working on an in-process engine, watched on the live dashboard")
+    _model_arg(d)
+    d.add_argument("--host", default="127.0.0.1", help="address of the dashboard (default: this machine only)")
+    d.add_argument("--port", type=int, default=8265, help="dashboard port (0: any free one)")
+    d.add_argument("--agents", type=int, default=3, help="agents in the pipeline (default 3)")
+    d.add_argument("--tasks", type=int, default=0, help="tasks to run, then keep serving (default 0: until Ctrl-C)")
     b = sub.add_parser("bench", help="run a benchmark of bench/ (arguments after NAME go to it)")
     b.add_argument("name", help="e.g. model, sessions, agents, server (bench/bench_NAME.py)")
     b.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick")
@@ -97,7 +105,7 @@ def cmd_serve(args) -> None:
                           max_concurrency_per_key=args.max_concurrency_per_key, max_sessions=args.max_sessions,
                           max_stored_responses=args.max_stored_responses, response_ttl_s=args.response_ttl,
                           session_ttl_s=args.session_ttl, replicas=args.replicas,
-                          threads_per_replica=args.threads_per_replica)
+                          threads_per_replica=args.threads_per_replica, dashboard=args.dashboard)
     if args.trace:
         from agentrt import tracing
 
@@ -113,6 +121,8 @@ def cmd_serve(args) -> None:
         model = _load(args)
     where = f" on {args.replicas} replicas" if args.replicas > 1 else ""
     print(f"agentrt: serving {config.model_name}{where} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    if args.dashboard:
+        print(f"agentrt: dashboard on http://{args.host}:{args.port}/dashboard/", file=sys.stderr)
     serve(model, config, _engine_config(args), log_level=args.log_level)
 
 
@@ -145,6 +155,15 @@ def cmd_chat(args) -> None:
     anyio.run(chat, _load(args), _engine_config(args), args)
 
 
+def cmd_dashboard(args) -> None:
+    import anyio
+
+    from agentrt.cli.dashboard import check_args, run
+
+    check_args(args)  # (before loading the model)
+    anyio.run(run, _load(args), _engine_config(args), args)
+
+
 def cmd_info(args) -> None:
     from agentrt.cli.info import describe
 
@@ -159,7 +178,7 @@ def cmd_pull(args) -> None:
 
 
 COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "demo": cmd_demo, "bench": cmd_bench, "info": cmd_info,
-            "pull": cmd_pull}
+            "pull": cmd_pull, "dashboard": cmd_dashboard}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from agentrt.config import EngineConfig
 from agentrt.engine.clock import Clock, WallClock
+from agentrt.engine.events import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.fast_forward import fast_forward, forced_start
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
@@ -68,11 +69,12 @@ class EngineCore:
         self.retention = Retention(kv, cfg.tool_ttl_max_s)
         self.branching = Branching(kv, self.hierarchy)
         self.ticks = itertools.count(1)  # the logical clock: arrivals, admissions, sessions' last use
+        self.events = EngineEvents(self.counters, kv)  # structlog events of state changes (off: ~free)
         self.scheduler = Scheduler(
             cfg, self.queues, kv, self.hierarchy, self.tasks,
             make_scheduling_policy(cfg.scheduling_policy, aging_s=cfg.task_aging_s,
                                    exhaustive_agents=cfg.topas_exhaustive_agents),
-            ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock)
+            ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock, events=self.events)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self.masks = MaskPrefetch(self.counters, cfg.grammar_overlap and not self.executor.simulated)
         self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
@@ -113,7 +115,13 @@ class EngineCore:
         """Work for an idle step loop: prefetch (engine/prefetch.py). Returns the seconds until a
         session waiting on tools is due for its return prefetch (None: none is): the loop
         wakes then, in case its result has not arrived."""
-        return prefetch(self, PAGES_IDLE, PAGES_IDLE) if self.cfg.enable_prefetch else None
+        if not self.cfg.enable_prefetch:
+            return None
+        mark = self.events.before_step()
+        wake = prefetch(self, PAGES_IDLE, PAGES_IDLE)
+        if mark is not None:
+            self.events.after_step(mark)
+        return wake
 
     # ---- branching (kv/branching.py), between two steps ---------------------------------
     def fork_session(self, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
@@ -186,8 +194,7 @@ class EngineCore:
         error for its caller; what it holds is freed as on any finish, the others go on."""
         if r.state is State.FINISHED:
             return
-        log.warning("request failed in the engine step", rid=r.rid, error=repr(exc))
-        err = exc
+        err = exc  # (logged by _finish: the request.failed event)
         if not isinstance(exc, AgentrtError):
             err = AgentrtError(f"request {r.rid} failed in the engine step ({type(exc).__name__}: {exc}); "
                                "the other requests go on")
@@ -203,7 +210,15 @@ class EngineCore:
     # ---- one iteration --------------------------------------------------------------
     def step(self) -> int:
         """One iteration, schedule -> run -> postprocess; returns the tokens that went through
-        the model."""
+        the model. (With state-change events on, engine/events.py names what the step moved.)"""
+        mark = self.events.before_step()
+        try:
+            return self._step()
+        finally:
+            if mark is not None:
+                self.events.after_step(mark)
+
+    def _step(self) -> int:
         plan = self.scheduler.schedule()
         for r, err in plan.failed:
             self._finish(r, "error", error=err)
@@ -274,10 +289,13 @@ class EngineCore:
         self.counters.decode_tokens += len(ch.tokens) - in_prompt
 
     def _sample_and_emit(self, reqs: list[Request], logits) -> None:
-        """Sample every row (engine/sample_step.py), then advance constraints and emit."""
+        """Sample every row (engine/sample_step.py), then advance constraints and emit. A
+        request's first sampled token ends its prefill (Usage.prefill_s)."""
+        now = self.clock.now()
         for r, t in zip(reqs, sample_rows(reqs, logits, self.executor.argmax, self.fail)):
             if t is None or r.state is State.FINISHED:
                 continue
+            r.first_token_s = r.first_token_s or now
             try:
                 if r.constraint is not None:
                     r.constraint.advance(t)
@@ -301,14 +319,17 @@ class EngineCore:
 
     def _finish(self, r: Request, reason: str, last: tuple[int, ...] = (), error: BaseException | None = None) -> None:
         """The one exit path of a request: frees or hands over everything it holds."""
+        now = self.clock.now()
         if r.state is State.WAITING:
             self.waiting.remove(r)
         elif r.state is State.RUNNING:
             if r in self.running:  # (a request the memory manager failed has left it already)
                 self.running.remove(r)
-            self.tasks.served(r.tag, self.clock.now() - r.admitted_s)
-        self.tasks.ended(r.task, self.clock.now())
-        r.state, r.finish_reason = State.FINISHED, reason
+            self.tasks.served(r.tag, now - r.admitted_s)
+        self.tasks.ended(r.task, now)
+        r.state, r.finish_reason, r.finished_s = State.FINISHED, reason, now
+        if reason == "error":
+            self.events.failed(r, error)
         self.mem.drop_links(r)
         if self.responses is not None and r.constraint is None and reason in ("stop", "length"):
             key = ResponseCache.key("model", r.params, r.prompt, r.cache_salt)

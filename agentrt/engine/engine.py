@@ -302,6 +302,13 @@ class Engine:
         with self._steps.lock:
             return self.core.stats()
 
+    def inspect(self, fn: Callable[[EngineCore], object]) -> object:
+        """fn(core) between two steps (under the step lock, like stats()), from any thread: a
+        consistent read of the core's state for an observer (agentrt.dashboard). fn must only read,
+        and be quick: the step loop waits for it. Call it off the event loop (a thread)."""
+        with self._steps.lock:
+            return fn(self.core)
+
     def cached_prefix_len(self, tokens: list[int], cache_salt: str | None = None) -> int:
         """How many leading tokens of `tokens` the prefix cache holds now, in whole pages (0
         without a radix cache): what a router asks each replica to send a prompt where most of it

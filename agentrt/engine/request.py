@@ -45,6 +45,8 @@ class Usage:
     promoted_tokens: int = 0  # prompt tokens copied back from the KV tier at its admission
     promote_s: float = 0.0  # ... their copy time (pages x the tier's measured cost per page)
     overtook: int = 0  # requests that arrived before it and still waited when the policy admitted it
+    prefill_s: float = 0.0  # from its (latest) admission to its first sampled token
+    decode_s: float = 0.0  # from its first sampled token to its end
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class Request:
     promoted: int = 0  # prompt tokens promoted from the KV tier at its first admission
     promote_s: float = 0.0  # ... their copy time, estimated from the tier's cost per page
     overtook: int = 0  # earlier arrivals still waiting when it was (last) admitted
+    first_token_s: float = 0.0  # ... when its first token was sampled (0: none yet)
+    finished_s: float = 0.0  # ... when it finished
 
     @property
     def target(self) -> list[int]:
@@ -165,6 +169,9 @@ class Request:
 
     def usage(self) -> Usage:
         wait = self.admitted_s - self.submitted_s if self.admitted_at else 0.0
+        end = self.finished_s or self.admitted_s
+        first = self.first_token_s or end
+        prefill, decode = (max(0.0, first - self.admitted_s), max(0.0, end - first)) if self.admitted_at else (0.0, 0.0)
         return Usage(len(self.prompt), max(self.cached_tokens, 0), self.computed_prompt, len(self.output),
                      wait, self.preemptions, self.spec_proposed, self.spec_accepted, self.promoted,
-                     self.promote_s, self.overtook)
+                     self.promote_s, self.overtook, prefill, decode)

@@ -130,6 +130,11 @@ class ActorRef:
         return self._stopped.is_set()
 
     @property
+    def queued(self) -> int:
+        """Messages waiting in the mailbox (the one being handled not counted)."""
+        return self._recv.statistics().current_buffer_used
+
+    @property
     def busy(self) -> bool:
         """True while the actor handles a message (False between messages)."""
         return self._scope is not None

@@ -33,11 +33,13 @@ from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
+from agentrt.conversation import timeline
 from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.toolcall import CallComplete
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
+from agentrt.workflow import current_task
 
 
 @asynccontextmanager
@@ -193,9 +195,11 @@ class Agent:
     async def stream(self, message: Any, ctx) -> AsyncIterator[Any]:
         messages = as_messages(message)
         span = tracing.agent_turn(self.spec.name, self.engine)  # (a child of the message's sender)
+        log, task = timeline.timeline_of(self.engine), current_task()
+        timing = timeline.TurnBuilder(self.spec.name, task and task.task_id) if log is not None else None
         await self._leases.acquire(self)
         try:
-            async for ev in self._turn(messages, span.context):
+            async for ev in self._turn(messages, span.context, timing):
                 yield ev
             span.add(ev)  # the TurnResult
         except Exception as e:
@@ -204,9 +208,13 @@ class Agent:
         finally:
             span.end()
             self._leases.release(self)
+            if timing is not None:
+                log.add(timing)
 
-    async def _turn(self, messages: list[dict], trace: Any = None) -> AsyncIterator[Any]:
-        """`trace`: the OpenTelemetry context of the turn's span (None: tracing is off)."""
+    async def _turn(self, messages: list[dict], trace: Any = None,
+                    timing: timeline.TurnBuilder | None = None) -> AsyncIterator[Any]:
+        """`trace`: the OpenTelemetry context of the turn's span (None: tracing is off);
+        `timing`: where the rounds' and tools' times go (conversation/timeline.py)."""
         await self.conversation.add(messages)
         turn: list[dict] = []
         results: list[ToolResult] = []
@@ -217,19 +225,23 @@ class Agent:
 
             def call_id(index: int, base: int = base) -> str:
                 return f"call_{self.spec.name}_{base + index}"
-            end, done = None, {}
+            end, done, started = None, {}, timeline.now()
             async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(
                         self.spec.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.spec.parallel_tool_calls,
                         constrained=self.spec.constrained, call_id=call_id, content=clean_text, limits=self.spec.call_limits,
                         trace_context=trace):
                     if isinstance(ev, RoundEnd):
-                        end = ev
+                        end, ended = ev, timeline.now()
                         self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done, trace)
                         continue
                     if isinstance(ev, CallComplete) and self._is_pure(ev.name):
                         self._start_calls(tg, [ev], call_id, done, trace)
                     yield ev
+            if timing is not None:
+                timing.round(started, ended, end.usage)
+                if end.calls:
+                    timing.tools(ended, timeline.now())
             self._skip_ids(end)
             if end.usage is not None:
                 usage.append(end.usage)

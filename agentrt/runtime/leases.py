@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from agentrt.engine import events
 from agentrt.errors import ConfigError, PoolExhausted
 
 _POLL_S = 0.25  # a session closed outside the runtime (not an agent's) frees an id without telling
@@ -61,6 +62,9 @@ class SessionLeases:
                     await self._freed.wait()
         agent.attach(session)
         self.activations += passivated
+        if passivated:
+            events.debug("agent.activated", agent=agent.spec.name, session=_sid(session),
+                         tokens=len(agent.conversation.tokens))
 
     def release(self, agent: Any) -> None:
         """`agent` finished a turn: it keeps its session, idle (first to go when ids run out)."""
@@ -85,9 +89,16 @@ class SessionLeases:
             if agent.session is session:  # (a cluster may have moved it since)
                 await agent.passivate()
                 self.passivations += 1
+                events.debug("agent.passivated", agent=agent.spec.name, session=_sid(session))
                 return True
         return False
 
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+
+def _sid(session: Any) -> int | None:
+    """A session's engine id (None for one without: a remote replica's)."""
+    es = getattr(session, "engine_session", None)
+    return getattr(es, "sid", None)

@@ -58,12 +58,13 @@ class Plan:
 
 class Scheduler:
     def __init__(self, cfg, queues: Queues, kv: KVSpace, hierarchy: Hierarchy, tasks, policy, *,
-                 ticks, context: int, clock):
-        """`ticks`: the engine's logical clock (an iterator of ints, shared with the core)."""
+                 ticks, context: int, clock, events=None):
+        """`ticks`: the engine's logical clock (an iterator of ints, shared with the core);
+        `events`: the core's state-change events (engine/events.py; admissions and preemptions)."""
         self.cfg, self.queues, self.kv, self.hierarchy = cfg, queues, kv, hierarchy
         self.mem, self.kvm, self.radix = kv.mem, kv.kvm, kv.radix
         self.tasks, self.policy, self.ticks = tasks, policy, ticks
-        self.context, self.clock = context, clock
+        self.context, self.clock, self.events = context, clock, events
         self._on_request = getattr(kv.policy, "on_request", None)
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)
@@ -101,6 +102,8 @@ class Scheduler:
             r.state, r.admitted_at, r.admitted_s = State.RUNNING, next(self.ticks), self.clock.now()
             self.running.append(r)
             admitted.append(r)
+            if self.events is not None and self.events.on:
+                self.events.admitted(r)
         if self.cfg.enable_prefix_grouping and len(admitted) > 1:
             group_new_requests(admitted, self.cfg.prefix_group_k)
 
@@ -186,8 +189,14 @@ class Scheduler:
     def plan(self) -> Plan:
         """Decodes first (each needs at most one page), then prefill chunks while memory
         allows. Memory is taken by evicting cache, then idle sessions, then preempting."""
+        events = self.events if self.events is not None and self.events.on else None
+        before = {r: r.preemptions for r in self.running} if events is not None else None
         with self.mem.planning():
-            return self._plan()
+            plan = self._plan()
+        for r, n in (before or {}).items():
+            if r.preemptions > n:
+                events.preempted(r)
+        return plan
 
     def _plan(self) -> Plan:
         self.mem.resolve_followers()

@@ -120,7 +120,22 @@ def build_app(model, config: ServerConfig | None = None, engine_config=None) -> 
     _routes(app, state)
     responses_routes.register(app, state)
     messages_routes.register(app, state)
+    if config.dashboard:
+        _dashboard(app, state)
     return app
+
+
+def _dashboard(app: FastAPI, state: ServerState) -> None:
+    """The live dashboard at /dashboard/ (its engine: the one the lifespan starts)."""
+    from fastapi.responses import RedirectResponse
+
+    from agentrt.dashboard.app import Dashboard, build_app as dashboard_app
+
+    app.mount("/dashboard/", dashboard_app(Dashboard(lambda: state.engine)))
+
+    @app.get("/dashboard", include_in_schema=False)
+    async def dashboard_root():
+        return RedirectResponse("/dashboard/")
 
 
 @asynccontextmanager

@@ -16,7 +16,8 @@ class ServerConfig:
     requests per API key (429 beyond it). Sessions: the most routed conversation sessions, and
     how long an idle one keeps its KV (seconds). Responses API: the most stored responses (for
     `previous_response_id` and GET), and how long each is kept (seconds). `replicas` > 1 serves
-    on that many Ray engine replicas (`threads_per_replica` torch threads each)."""
+    on that many Ray engine replicas (`threads_per_replica` torch threads each). `dashboard`: the
+    live dashboard page at /dashboard/ (agentrt.dashboard; one in-process engine only)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -31,6 +32,7 @@ class ServerConfig:
     response_ttl_s: float = 3600.0
     replicas: int = 1  # > 1: engine replicas on Ray (integrations/ray), conversations routed session-affine
     threads_per_replica: int = 1
+    dashboard: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -46,6 +48,9 @@ class ServerConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
+        if self.dashboard and self.replicas > 1:
+            raise ConfigError("the dashboard shows one in-process engine: use it without replicas (Ray's own "
+                              "dashboard shows replicas)")
         for name in ("session_ttl_s", "response_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
