@@ -1,7 +1,10 @@
 """Decode at long contexts, and a real turn's cost per token (issue 34), on the embedded model.
 
 Kernel steps: the native forward of one decode step of 1 and 8 sequences whose KV holds
-`ctx` tokens each (128, 2048, 4096), medians of alternating rounds. A turn: one session holds a
+`ctx` tokens each (128, 2048, 4096), medians of alternating rounds, with the float16 and the int8
+KV store, and llama-cpp-python's step at 4096 on the same GGUF. The int8 store's accuracy:
+teacher-forced greedy agreement with float16 over 4096 tokens (the float32 store's agreement
+with float16 beside it: the noise floor of a 135M model's argmax). A turn: one session holds a
 ~2k-token tool-calling conversation; its next turn (a short user delta) streams 64 tokens through
 `Engine.generate` (greedy, end-of-turn ignored, speculation off so one token is one step); the
 time per token after the first, over the kernel step at that context, is what the per-token path
@@ -35,22 +38,25 @@ TURN_TOKENS = 64
 
 def step_ms(model, ctx: int, batch: int, rounds: int, steps: int) -> float:
     """Median ms of one decode step of `batch` sequences at context `ctx` (random ids)."""
-    per = -(-(ctx + steps + 1) // PAGE)
-    kv = KVStore.allocate(model.cfg, per * batch, PAGE, model.kv_dtype)
+    per, dev = -(-(ctx + steps + 1) // PAGE), model.norm.device  # (a GPU model: KV and batches there)
+    kv = KVStore.allocate(model.cfg, per * batch, PAGE, model.kv_dtype, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
     gen = torch.Generator().manual_seed(ctx)
     with torch.inference_mode():
         for b in range(batch):  # fill each sequence's KV
             ids = torch.randint(100, 40000, (ctx,), generator=gen).tolist()
             for s in range(0, ctx, 1024):
-                fb = build_batch([SeqChunk(ids[s:s + 1024], s, pages[b], 0)], PAGE)
+                fb = build_batch([SeqChunk(ids[s:s + 1024], s, pages[b], 0)], PAGE).to(dev)
                 model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
         times = []
         for _ in range(rounds):
             for i in range(steps):
-                fb = build_batch([SeqChunk([200 + i], ctx + i, pages[b]) for b in range(batch)], PAGE)
+                fb = build_batch([SeqChunk([200 + i], ctx + i, pages[b]) for b in range(batch)], PAGE).to(dev)
+                sync()
                 t0 = time.perf_counter()
                 model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
+                sync()
                 times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
 
@@ -98,15 +104,80 @@ async def turn_ms_per_token(lm, prompts: list[list[int]], reps: int) -> dict:
             "turn_context": len(prompts[1]) + TURN_TOKENS // 2}
 
 
+def teacher_forced(model, ids: list[int]) -> torch.Tensor:
+    """Greedy next-token choice at every position of `ids` (chunks of 256)."""
+    pages = list(range(-(-len(ids) // PAGE)))
+    kv = KVStore.allocate(model.cfg, len(pages), PAGE, model.kv_dtype)
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(ids), 256):
+            fb = build_batch([SeqChunk(ids[s:s + 256], s, pages, want_logits=len(ids[s:s + 256]))], PAGE)
+            out.append(model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows).argmax(-1))
+    return torch.cat(out)
+
+
+def agreement(lm, tokens: int = 4096) -> dict:
+    """Teacher-forced greedy agreement of the int8 and float32 KV stores with float16, over the
+    repository's docs (prose and code) and a tool-calling chat."""
+    import copy
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "architecture.md").read_text() + (root / "README.md").read_text()
+    ids = (conversation(lm.tokenizer, 600)[1] + lm.tokenizer.encode(text))[:tokens]
+    choice = {}
+    for dt in (torch.float16, torch.int8, torch.float32):
+        m = copy.copy(lm.model)
+        m.kv_dtype, m.fused_cache = dt, {}
+        choice[dt] = teacher_forced(m, ids)
+    same = lambda a, b: (choice[a] == choice[b]).float().mean().item()  # noqa: E731
+    return {"kv_int8_teacher_forced_agreement": same(torch.int8, torch.float16),
+            "kv_float32_teacher_forced_agreement": same(torch.float32, torch.float16),
+            "kv_agreement_tokens": len(ids)}
+
+
+def llama_cpp_step_ms(ctx: int, steps: int, rounds: int) -> float | None:
+    """llama-cpp-python's decode step at context `ctx` (same GGUF, float16 KV, 2 threads)."""
+    from bench.bench_model import TOKEN
+    from bench.peers.llamacpp_peer import llama_cpp_missing
+    from agentrt.model.loaders.load import resolve_source
+
+    if llama_cpp_missing() is not None:
+        return None
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(resolve_source("smollm2-135m")), n_ctx=ctx + steps + 8, n_threads=2,
+                n_threads_batch=2, n_batch=1024, verbose=False)
+    times = []
+    for _ in range(rounds):
+        llm.reset()
+        llm.eval(list(range(100, 100 + ctx)))
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            llm.eval([TOKEN])
+            times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def run(rounds: int, steps: int) -> dict:
-    lm = load_model("smollm2-135m")
-    res: dict = {"decode_step_ms_by_context": {}}
-    for ctx in CONTEXTS:
-        res["decode_step_ms_by_context"][str(ctx)] = {"b1": step_ms(lm.model, ctx, 1, rounds, steps),
-                                                     "b8": step_ms(lm.model, ctx, 8, max(1, rounds // 2), steps)}
-    by = res["decode_step_ms_by_context"]
-    res["decode_b1_step_ctx4096_over_ctx128"] = by["4096"]["b1"] / by["128"]["b1"]
-    res["decode_b8_step_over_b1_step_ctx4096"] = by["4096"]["b8"] / by["4096"]["b1"]
+    lms = {"float16": load_model("smollm2-135m"), "int8": load_model("smollm2-135m", kv_dtype="int8")}
+    res: dict = {"decode_step_ms_by_context": {}, "decode_step_ms_by_context_int8_kv": {}}
+    for kvd, key in (("float16", "decode_step_ms_by_context"), ("int8", "decode_step_ms_by_context_int8_kv")):
+        for ctx in CONTEXTS:
+            m = lms[kvd].model
+            res[key][str(ctx)] = {"b1": step_ms(m, ctx, 1, rounds, steps), "b8": step_ms(m, ctx, 8, max(1, rounds // 2), steps)}
+    for suffix, key in (("", "decode_step_ms_by_context"), ("_int8_kv", "decode_step_ms_by_context_int8_kv")):
+        by = res[key]
+        res["decode_b1_step_ctx4096_over_ctx128" + suffix] = by["4096"]["b1"] / by["128"]["b1"]
+        res["decode_b8_step_over_b1_step_ctx4096" + suffix] = by["4096"]["b8"] / by["4096"]["b1"]
+    llama = llama_cpp_step_ms(4096, steps, rounds)
+    res["decode_b1_step_ms_ctx4096"] = {"agentrt float16 KV": res["decode_step_ms_by_context"]["4096"]["b1"],
+                                        "agentrt int8 KV": res["decode_step_ms_by_context_int8_kv"]["4096"]["b1"],
+                                        "llama.cpp": llama}
+    if llama is not None:
+        res["decode_b1_speedup_vs_llamacpp_ctx4096"] = llama / res["decode_b1_step_ms_ctx4096"]["agentrt float16 KV"]
+        res["decode_b1_speedup_vs_llamacpp_ctx4096_int8_kv"] = llama / res["decode_b1_step_ms_ctx4096"]["agentrt int8 KV"]
+    res.update(agreement(lms["float16"]))
+    lm = lms["float16"]
     turn = anyio.run(turn_ms_per_token, lm, conversation(lm.tokenizer, 2000), max(2, rounds))
     step = step_ms(lm.model, turn["turn_context"], 1, rounds, steps)
     res.update(turn, turn_step_ms=step, turn_decode_ms_per_token_over_step_ms=turn["turn_ms_per_token"] / step)
@@ -120,11 +191,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     res = run(*((3, 16) if args.quick else (7, 32)))
-    print_table("decode step by context (SmolLM2-135M native, ms)", ["context", "batch 1", "batch 8"],
-                [[c, v["b1"], v["b8"]] for c, v in res["decode_step_ms_by_context"].items()])
-    keys = ("decode_b1_step_ctx4096_over_ctx128", "decode_b8_step_over_b1_step_ctx4096", "turn_ms_per_token",
-            "turn_step_ms", "turn_context", "turn_decode_ms_per_token_over_step_ms", "turn_ttft_s")
-    print(json.dumps({k: res[k] for k in keys}, indent=1))
+    i8 = res["decode_step_ms_by_context_int8_kv"]
+    print_table("decode step by context (SmolLM2-135M native, ms)",
+                ["context", "b1 f16 KV", "b8 f16 KV", "b1 int8 KV", "b8 int8 KV"],
+                [[c, v["b1"], v["b8"], i8[c]["b1"], i8[c]["b8"]] for c, v in res["decode_step_ms_by_context"].items()])
+    keys = ("decode_b1_step_ctx4096_over_ctx128", "decode_b1_step_ctx4096_over_ctx128_int8_kv",
+            "decode_b8_step_over_b1_step_ctx4096", "decode_b8_step_over_b1_step_ctx4096_int8_kv",
+            "decode_b1_step_ms_ctx4096", "decode_b1_speedup_vs_llamacpp_ctx4096",
+            "decode_b1_speedup_vs_llamacpp_ctx4096_int8_kv", "kv_int8_teacher_forced_agreement",
+            "kv_float32_teacher_forced_agreement", "turn_ms_per_token", "turn_step_ms", "turn_context",
+            "turn_decode_ms_per_token_over_step_ms", "turn_ttft_s")
+    print(json.dumps({k: res.get(k) for k in keys}, indent=1))
     old = RESULTS / "model.json"
     merged = {**(json.loads(old.read_text()) if old.is_file() else {}), **res, "context_machine": machine()}
     print("wrote", write_results("model", merged))

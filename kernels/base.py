@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Protocol
 
@@ -35,6 +35,12 @@ class AttentionMeta:
     # the same batch over the sliding-window layers' own pages (kv/window.py), where the store
     # keeps them apart: page_table and slot_mapping in local rows; None otherwise
     local: "AttentionMeta | None" = None
+
+    def to(self, device: torch.device | str) -> "AttentionMeta":
+        """The same metadata with its tensors on `device` (a GPU model's batch)."""
+        local = self.local.to(device) if self.local is not None else None
+        return replace(self, page_table=self.page_table.to(device), slot_mapping=self.slot_mapping.to(device),
+                       kv_lens_t=self.kv_lens_t.to(device), local=local)
 
     def for_layer(self, local: bool) -> "AttentionMeta":
         """The metadata a layer reads (a sliding-window layer's, where they have their own)."""

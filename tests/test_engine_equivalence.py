@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
@@ -178,3 +179,28 @@ def test_sessions_of_equal_length_with_different_histories_are_never_grouped(rad
     for r, h in zip(reqs, hists):
         assert r.output == generate(model, h + common, sp)
     assert core.counters.grouped_tokens == 0
+
+
+def test_a_batch_moves_every_tensor_to_the_models_device():
+    """ModelExecutor builds batches on the host and moves them to the model's device (a GPU's):
+    every tensor of the batch and of its metadata, the sliding-window part included, goes."""
+    import dataclasses
+
+    from agentrt.model.batch import SeqChunk, build_batch
+
+    local_of = torch.arange(8, dtype=torch.int64)
+    fb = build_batch([SeqChunk([1, 2, 3], 0, [0]), SeqChunk([4], 5, [1, 2])], 4, local_of)
+    assert fb.to("cpu") is fb
+    moved = fb.to("meta")
+
+    def tensors(obj):
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if isinstance(v, torch.Tensor):
+                yield f.name, v
+            elif dataclasses.is_dataclass(v):
+                yield from tensors(v)
+    names = [n for n, _ in tensors(fb)]
+    assert len(names) >= 9 and all(t.device.type == "meta" for _, t in tensors(moved)), names
+    assert [t.shape for _, t in tensors(moved)] == [t.shape for _, t in tensors(fb)]
+    assert moved.meta.cu_q == fb.meta.cu_q and moved.logits_count == fb.logits_count

@@ -45,23 +45,29 @@ class Executor(Protocol):
 
 
 class ModelExecutor:
-    """The real executor: the model's forward over a paged KV store."""
+    """The real executor: the model's forward over a paged KV store, on the model's device. The
+    KV pool lives there; each batch is built on the host and moved there, and the logits rows
+    come back to the host, where sampling, grammars and stops run (one copy of a few rows a step
+    on a GPU; nothing on the CPU)."""
 
     simulated = False
 
     def __init__(self, model, path: str | None = None):
         self.model, self.path = model, path  # path None: the model's own default forward
+        self.device = model.norm.device
 
     def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
-        return KVStore.allocate(self.model.cfg, num_pages, page_size, self.model.kv_dtype, num_local=num_local)
+        return KVStore.allocate(self.model.cfg, num_pages, page_size, self.model.kv_dtype, device=self.device,
+                                num_local=num_local)
 
     def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
         return HostTier(store, budget_bytes)
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
-        fb = build_batch(chunks, page_size, store.local_of)
+        fb = build_batch(chunks, page_size, store.local_of).to(self.device)
         logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
-        return StepOutput(tuple(logits.split(list(fb.logits_count))))
+        return StepOutput(tuple(logits.cpu().split(list(fb.logits_count))))
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.model.ops.argmax(logits)
+        # (the rows are on the host: a GPU model's own argmax kernel does not take them)
+        return self.model.ops.argmax(logits) if self.device.type == "cpu" else logits.argmax(-1)

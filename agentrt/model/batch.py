@@ -32,6 +32,13 @@ class ForwardBatch:
     logits_rows: torch.Tensor  # [L] rows of the batch whose logits are computed
     logits_count: tuple[int, ...]  # per sequence, how many of those rows are its own
 
+    def to(self, device: torch.device | str) -> "ForwardBatch":
+        """The batch with its tensors on `device` (built on the host, run on a GPU model's)."""
+        if torch.device(device).type == "cpu" and self.input_ids.device.type == "cpu":
+            return self
+        return replace(self, input_ids=self.input_ids.to(device), positions=self.positions.to(device),
+                       meta=self.meta.to(device), logits_rows=self.logits_rows.to(device))
+
 
 def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor | None = None) -> ForwardBatch:
     """`local_of`: the store's logical -> local page map when sliding-window layers keep their
