@@ -36,6 +36,7 @@ from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tok
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401
 from bench.common import RESULTS, machine  # noqa: E402
+from bench import trace_case  # noqa: E402
 from bench.ff_case import headline as ff_headline, print_ff, ff_cases, run_ff  # noqa: E402
 from bench.memory_cases import (DEFAULT_DIST, LONG_KEYS, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
                                 memory_cases, plot_memory, print_memory)
@@ -73,6 +74,8 @@ def parse_args() -> argparse.Namespace:
                     help="llama.cpp threads (default: torch's, so both use the same cores)")
     ap.add_argument("--no-ff", action="store_true",
                     help="skip the grammar fast-forward comparison on the bfcl and agents8 cases (bench/ff_case.py)")
+    ap.add_argument("--no-trace", action="store_true",
+                    help="skip the tracing-overhead comparison (bench/trace_case.py)")
     ap.add_argument("--no-install", action="store_true",
                     help="do not install llama-cpp-python when it is missing (its rows: not run)")
     return ap.parse_args()
@@ -243,14 +246,19 @@ def main() -> None:
         snapshot = {**run_snapshot(lm, fmt, base, reps=2 if args.quick else 5), "quick": args.quick}
     out_pipe = run_pipelined_tools(lm, args.tool_latency, args.quick)
     ff = run_fast_forward(lm, fmt, cases, base, args)
+    traced = None if args.no_trace else trace_case.run(lm, *((3, 2) if args.quick else (5, 4)))
     report(out, snapshot)
     if args.merge:
         out, snapshot, out_pipe = merge(load_previous(args.out, args.quick), out, snapshot, out_pipe)
     keys, reasons = headline(out, snapshot)
     if ff is not None:
         keys.update(ff_headline(ff))
+    if traced is not None:
+        keys["tracing_overhead_per_turn"] = traced["tracing_overhead_per_turn"]
+        print(f"tracing: turn {traced['turn_s_tracing_off']:.3f}s off, {traced['turn_s_tracing_on']:.3f}s on "
+              f"({traced['spans_per_turn']:.1f} spans a turn)")
     res = {**keys, "reasons": reasons, "headline_sources": headline_sources(out), "cases": out,
-           "snapshot": snapshot, "pipelined_tools": out_pipe, "fast_forward": ff, "machine": machine(), "quick": args.quick,
+           "snapshot": snapshot, "pipelined_tools": out_pipe, "fast_forward": ff, "tracing": traced, "machine": machine(), "quick": args.quick,
            "reps": reps, "quantize": args.quant, "tool_latency_s": args.tool_latency,
            "tool_latency_dist": args.tool_latency_dist, "llama_cpp_threads": args.threads,
            "shared_prompts": not args.distinct_prompts, "bench_wall_s": time.perf_counter() - t0,

@@ -10,7 +10,7 @@ def main() -> None:
     lib = native.load()
     vnni = "yes" if lib is not None and lib.agrt_has_vnni() else "no (portable loops)"
     amx = "yes" if lib is not None and lib.agrt_has_amx() else "no"
-    print(f"agentrt CPU kernels: {path} (AVX-512 VNNI: {vnni}, AMX from 2 rows: {amx})")
+    print(f"agentrt CPU kernels: {path} (AVX-512 VNNI: {vnni}, AMX: {amx})")
 
 
 if __name__ == "__main__":

@@ -105,17 +105,18 @@ def test_compiled_kernel_matches_torch_fallback_and_is_batch_invariant():
 @pytest.mark.parametrize("bits,group,zero,mins,half", [(4, 32, 0, True, False), (8, 32, 0, False, True),
                                                        (8, 16, 32, False, False), (4, 32, 8, False, True)])
 def test_every_row_count_gives_each_row_the_single_row_bits(bits, group, zero, mins, half):
-    """One row runs the VNNI kernel; 2+ rows the AMX kernel where the CPU grants it (else VNNI
-    again): the same bits per row at every count, across row blocks and the tile-major switch."""
+    """One row runs the VNNI kernel; 8-bit weights at 32-128 rows the AMX kernel where the CPU
+    grants it (else VNNI again): the same bits per row at every count, across row blocks and the
+    tile-major switch."""
     torch.manual_seed(bits + group)
     n, k = 50, 192
     q = torch.randint(0, 2 ** bits, (n, k), dtype=torch.uint8)
     s = torch.rand(n, k // group)
     pw = pack(QuantMatrix(q, s.half().float() if half else s, torch.randn(n, k // group) if mins else None,
                           zero, group))
-    x, bias = torch.randn(70, k) * 3, torch.randn(n)
-    singles = torch.cat([qgemm(x[r:r + 1], pw, bias=bias) for r in range(70)])
-    for m in (2, 5, 16, 17, 33, 64, 65, 70):
+    x, bias = torch.randn(129, k) * 3, torch.randn(n)
+    singles = torch.cat([qgemm(x[r:r + 1], pw, bias=bias) for r in range(129)])
+    for m in (2, 5, 16, 17, 33, 64, 65, 70, 128, 129):
         assert torch.equal(qgemm(x[:m], pw, bias=bias), singles[:m]), m
     ref = _with_native(True, lambda: qgemm(x, pw, bias=bias))  # (the torch fallback)
     torch.testing.assert_close(singles, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())

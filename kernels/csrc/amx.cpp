@@ -1,9 +1,9 @@
-// Intel AMX tiles for the quantized GEMM's integer dot products, from 2 rows up (batched
-// decode, speculation verify, fast-forward chunks, prefill): one TDPBSUD multiplies up to 16
+// Intel AMX tiles for the quantized GEMM's integer dot products (qgemm.cpp picks it where it
+// measured faster: 8-bit weights, 32 to 128 rows): one TDPBSUD multiplies up to 16
 // activation rows by a 16-column weight tile over one quantization group, where AVX-512 VNNI
-// issues one vpdpbusd per row and 4 k. The weight tiles need no repacking: kernels/packing.py's
-// layout (per k-step of 4, 16 columns x 4 bytes) is the tile's B layout; 4-bit groups are
-// unpacked once per call and tile first (every row block then reads them).
+// issues one vpdpbusd per row and 4 k. The 8-bit weight tiles need no repacking:
+// kernels/packing.py's layout (per k-step of 4, 16 columns x 4 bytes) is the tile's B layout.
+// (4-bit tiles, unpacked to bytes first, measured no faster than VNNI: not taken.)
 //
 // Same numbers as the VNNI kernel (qgemm.cpp, tile_vnni): each group's dot product is the same
 // exact int32, and the float steps that follow are the same operations in the same order, so a
@@ -41,17 +41,6 @@ void configure(int mr, int G) {
   TileConfig now;
   _tile_storeconfig(&now);  // (loading a configuration costs ~100s of cycles: only on a change)
   if (std::memcmp(&now, &c, sizeof c) != 0) _tile_loadconfig(&c);
-}
-
-// one group's 4-bit weights (G/8 rows of 64 bytes: k-steps 2s in the low nibbles, 2s+1 in the
-// high ones) as G/4 rows of unsigned bytes
-inline void unpack4(const uint8_t* wg, int G, uint8_t* out) {
-  const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  for (int s = 0; s < G / 8; ++s) {
-    const __m512i raw = _mm512_loadu_si512(wg + s * 64);
-    _mm512_store_si512(out + (2 * s) * 64, _mm512_and_si512(raw, lo4));
-    _mm512_store_si512(out + (2 * s + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4));
-  }
 }
 
 // One call's view: rows [r0, r0 + mr) of x against one weight tile, whose B rows (unsigned
@@ -147,12 +136,7 @@ void tile_rows(const agrt::QMat& w, int64_t tile, const uint8_t* b, const agrt::
 
 void agrt::tiles_amx(const QMat& w, int64_t tile, const AmxRows& x, int64_t r_begin, int64_t r_end, float* y,
                      int64_t ldy, int64_t n0, int nvalid, bool accumulate, const float* bias) {
-  const uint8_t* b = w.q + tile * w.tile_bytes();
-  if (w.bits == 4) {  // unpacked once for every row block
-    uint8_t* u = agrt_scratch<uint8_t>(kSlotAmxB, (size_t)(w.K * 16));
-    for (int64_t g = 0; g < w.K / w.G; ++g) unpack4(b + g * w.G * 8, w.G, u + g * w.G * 16);
-    b = u;
-  }
+  const uint8_t* b = w.q + tile * w.tile_bytes();  // (8-bit weights: the tile's own bytes)
   for (int64_t r0 = r_begin; r0 < r_end; r0 += kAmxRows) {
     switch ((int)std::min<int64_t>(kAmxRows, r_end - r0)) {
 #define AGRT_AMX_ROWS(R) \

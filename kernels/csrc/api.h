@@ -4,7 +4,7 @@
 
 extern "C" {
 int agrt_has_vnni(void);
-int agrt_has_amx(void);  // the AMX kernel runs for 2+ rows (the CPU has it, the kernel granted it)
+int agrt_has_amx(void);  // the AMX kernel can run (the CPU has it, the kernel granted it; qgemm.cpp: where)
 void agrt_qgemm(const float* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* q, const void* s,
                 const void* m, int32_t half, int32_t z, int32_t bits, int32_t G, int64_t N, float* y,
                 int64_t ldy, int32_t accumulate, const float* bias, int32_t precise);

@@ -82,7 +82,7 @@ enum AgrtSlot {
   kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs, kSlotBlockZs,
   kSlotPreciseX, kSlotPreciseQ, kSlotPreciseSx, kSlotPreciseSum, kSlotPreciseY,
   kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotKvRow,
-  kSlotMoeRoute, kSlotMoeRows, kSlotMoeX, kSlotMoeGu, kSlotMoeAct, kSlotMoeY, kSlotPost, kSlotGroup, kSlotPartials, kSlotPartSeg, kSlotPartState, kSlotAmxB, kSlotCount
+  kSlotMoeRoute, kSlotMoeRows, kSlotMoeX, kSlotMoeGu, kSlotMoeAct, kSlotMoeY, kSlotPost, kSlotGroup, kSlotPartials, kSlotPartSeg, kSlotPartState, kSlotCount
 };
 
 inline void* agrt_scratch_bytes(int slot, size_t bytes) {

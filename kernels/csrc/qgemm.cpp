@@ -237,10 +237,12 @@ struct XRows {
   bool amx = false;  // the AMX kernel runs (else the VNNI kernel or the portable loops)
 };
 
-// From this many rows the AMX kernel runs, where usable: below, VNNI is as fast or faster (the
-// per-group float steps, the same in both, dominate; bench in the closing note of issue 34).
-constexpr int64_t kAmxMinRows = 32;
-constexpr int64_t kAmxChunk = 256;  // rows per AMX task (one weight tile's unpacking shared by them)
+// Where the AMX kernel runs (if usable): 8-bit weights, 32 to 128 rows, where it measured 11-13%
+// faster than VNNI on a Xeon with AMX. Elsewhere VNNI was as fast or faster: the per-group float
+// steps (the same in both kernels) dominate below 32 rows, 4-bit tiles pay their unpacking, and
+// from 256 rows the weight tiles streamed per row chunk cost more than the tiles save.
+constexpr int64_t kAmxMinRows = 32, kAmxMaxRows = 128;
+constexpr int64_t kAmxChunk = 256;  // rows per AMX task
 
 // Rows [rb * kRowBlock, +kRowBlock) x the 16 columns of `tile`.
 void run_tile(const QMat& w, const XRows& x, int64_t N, int64_t tile, int64_t rb, float* y,
@@ -288,7 +290,7 @@ XRows prepare_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const QMat
   quantize_rows(x, M, K, ldx, w.G, xq, sx, sum, sxsum);
   XRows xr{XQ{xq, sx, sum, sxsum, K, ng}, M, nullptr, nullptr, nullptr, nullptr};
 #ifdef __AVX512VNNI__
-  if (vnni_shape(w) && M >= kAmxMinRows && agrt::amx_usable()) {
+  if (vnni_shape(w) && w.bits == 8 && M >= kAmxMinRows && M <= kAmxMaxRows && agrt::amx_usable()) {
     xr.amx = true;
   } else if (vnni_shape(w)) {
     const int64_t rblocks = (M + kRowBlock - 1) / kRowBlock;
@@ -319,7 +321,7 @@ struct Tasks {
   void run(int64_t task, const QMat& w, const XRows& x, int64_t N, float* y, int64_t ldy, bool acc,
            const float* bias) const {
     const int64_t tile = task % tiles;
-    if (x.amx) {  // one tile x up to kAmxChunk rows (a 4-bit tile is unpacked once for them)
+    if (x.amx) {  // one tile x up to kAmxChunk rows
       const agrt::AmxRows xa{x.xs.q, x.xs.sx, x.xs.sum, x.xs.sxsum, x.xs.K};
       const int64_t r0 = task / tiles * kAmxChunk;
       return agrt::tiles_amx(w, tile, xa, r0, std::min(x.M, r0 + kAmxChunk), y, ldy, tile * 16,

@@ -48,7 +48,7 @@ struct QMat {
 
 // The AMX kernel (amx.cpp): rows [r_begin, r_end) of the quantized activations x [M, K] (per row
 // and group: scale sx, sum of q, sx * sum) x one 16-column weight tile, in blocks of kAmxRows
-// rows, the VNNI kernel's numbers. amx_usable(): the CPU has AMX and the kernel granted this process its tile
+// rows, the VNNI kernel's numbers (8-bit weights). amx_usable(): the CPU has AMX and the kernel granted this process its tile
 // state (AGENTRT_AMX=0: never).
 struct AmxRows { const int8_t* q; const float* sx; const int32_t* sum; const float* sxsum; int64_t K; };
 constexpr int kAmxRows = 16;
