@@ -2,7 +2,8 @@
 
 Kernel steps: the native forward of one decode step of 1 and 8 sequences whose KV holds
 `ctx` tokens each (128, 2048, 4096), medians of alternating rounds, with the float16 and the int8
-KV store, and llama-cpp-python's step at 4096 on the same GGUF. The int8 store's accuracy:
+KV store; batch 8 at 4096 also with a 3584-token prefix on shared pages (agents over one system
+prompt, tools and history: their decode rows read it once), and llama-cpp-python's step at 4096 on the same GGUF. The int8 store's accuracy:
 teacher-forced greedy agreement with float16 over 4096 tokens (the float32 store's agreement
 with float16 beside it: the noise floor of a 135M model's argmax). A turn: one session holds a
 ~2k-token tool-calling conversation; its next turn (a short user delta) streams 64 tokens through
@@ -34,20 +35,26 @@ from agentrt.model.kv import KVStore  # noqa: E402
 PAGE = 16
 CONTEXTS = (128, 2048, 4096)
 TURN_TOKENS = 64
+SHARED = 3584  # the shared prefix of the batch-8 case at 4096 (system prompt, tools, a long history)
 
 
-def step_ms(model, ctx: int, batch: int, rounds: int, steps: int) -> float:
-    """Median ms of one decode step of `batch` sequences at context `ctx` (random ids)."""
+def step_ms(model, ctx: int, batch: int, rounds: int, steps: int, shared: int = 0) -> float:
+    """Median ms of one decode step of `batch` sequences at context `ctx` (random ids); the
+    first `shared` tokens (a multiple of the page size) are one prefix on the same pages, as the
+    radix cache shares agents' system prompt and tools."""
     per, dev = -(-(ctx + steps + 1) // PAGE), model.norm.device  # (a GPU model: KV and batches there)
-    kv = KVStore.allocate(model.cfg, per * batch, PAGE, model.kv_dtype, device=dev)
+    common = shared // PAGE
+    kv = KVStore.allocate(model.cfg, common + (per - common) * batch, PAGE, model.kv_dtype, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
+    pages = [list(range(common)) + list(range(common + b * (per - common), common + (b + 1) * (per - common)))
+             for b in range(batch)]
     gen = torch.Generator().manual_seed(ctx)
+    head = torch.randint(100, 40000, (shared,), generator=gen).tolist()
     with torch.inference_mode():
-        for b in range(batch):  # fill each sequence's KV
-            ids = torch.randint(100, 40000, (ctx,), generator=gen).tolist()
-            for s in range(0, ctx, 1024):
-                fb = build_batch([SeqChunk(ids[s:s + 1024], s, pages[b], 0)], PAGE).to(dev)
+        for b in range(batch):  # fill each sequence's KV (the shared prefix once)
+            ids = head + torch.randint(100, 40000, (ctx - shared,), generator=gen).tolist()
+            for s in range(0 if b == 0 else shared, ctx, 1024):
+                fb = build_batch([SeqChunk(ids[s:min(s + 1024, ctx)], s, pages[b], 0)], PAGE).to(dev)
                 model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows)
         times = []
         for _ in range(rounds):
@@ -169,6 +176,11 @@ def run(rounds: int, steps: int) -> dict:
         by = res[key]
         res["decode_b1_step_ctx4096_over_ctx128" + suffix] = by["4096"]["b1"] / by["128"]["b1"]
         res["decode_b8_step_over_b1_step_ctx4096" + suffix] = by["4096"]["b8"] / by["4096"]["b1"]
+    for kvd, suffix in (("float16", ""), ("int8", "_int8_kv")):  # 8 agents over one 3584-token prefix
+        b8 = step_ms(lms[kvd].model, 4096, 8, max(1, rounds // 2), steps, shared=SHARED)
+        res["decode_b8_step_ms_ctx4096_shared_prefix" + suffix] = b8
+        res["decode_b8_step_over_b1_step_ctx4096_shared_prefix" + suffix] = b8 / res[
+            "decode_step_ms_by_context" + suffix]["4096"]["b1"]
     llama = llama_cpp_step_ms(4096, steps, rounds)
     res["decode_b1_step_ms_ctx4096"] = {"agentrt float16 KV": res["decode_step_ms_by_context"]["4096"]["b1"],
                                         "agentrt int8 KV": res["decode_step_ms_by_context_int8_kv"]["4096"]["b1"],
@@ -197,6 +209,7 @@ def main() -> None:
                 [[c, v["b1"], v["b8"], i8[c]["b1"], i8[c]["b8"]] for c, v in res["decode_step_ms_by_context"].items()])
     keys = ("decode_b1_step_ctx4096_over_ctx128", "decode_b1_step_ctx4096_over_ctx128_int8_kv",
             "decode_b8_step_over_b1_step_ctx4096", "decode_b8_step_over_b1_step_ctx4096_int8_kv",
+            "decode_b8_step_over_b1_step_ctx4096_shared_prefix", "decode_b8_step_over_b1_step_ctx4096_shared_prefix_int8_kv",
             "decode_b1_step_ms_ctx4096", "decode_b1_speedup_vs_llamacpp_ctx4096",
             "decode_b1_speedup_vs_llamacpp_ctx4096_int8_kv", "kv_int8_teacher_forced_agreement",
             "kv_float32_teacher_forced_agreement", "turn_ms_per_token", "turn_step_ms", "turn_context",

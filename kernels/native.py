@@ -109,7 +109,7 @@ def flags() -> tuple[str, ...]:
 
 def library_path(cxx: str) -> Path:
     h = hashlib.sha256()
-    for name in ("common.h", "api.h", "qmat.h", *SOURCES):
+    for name in ("common.h", "api.h", "qmat.h", "attention_seg.h", *SOURCES):
         h.update((SRC_DIR / name).read_bytes())
     h.update(" ".join((cxx, *flags(), _cpu_flags())).encode())
     return cache_dir() / f"libagentrt_cpu-{h.hexdigest()[:16]}.so"

@@ -116,6 +116,47 @@ def test_attention_kernel_rows_do_not_depend_on_the_chunk(dtype, heads, kv_heads
         assert torch.equal(attend(start, rows), whole[start:start + rows]), (start, rows)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int8])
+@pytest.mark.parametrize("window", [0, 700])
+def test_decode_rows_sharing_a_prefixs_pages_keep_their_own_bits(dtype, window):
+    """Decode rows of sequences whose tables share whole key segments (a prefix the radix cache
+    shares) read those segments once in one task (cascade attention): each row's output is the
+    bits it has alone, and torch's within tolerance. Sequences: a shared 600-key prefix (two
+    whole segments of 256 and a part) + tails of their own; one row that only shares a part."""
+    from agentrt.kernels.reference import dequantize_kv, quantize_kv
+
+    lib, g = native.load(), torch.Generator().manual_seed(5)
+    heads, kv_heads, d, page = 6, 2, 64, 16
+    enc = (lambda x: quantize_kv(x)) if dtype == torch.int8 else (lambda x: x.to(dtype))
+    kc = enc(torch.randn(160, page, kv_heads, d, generator=g))
+    vc = enc(torch.randn(160, page, kv_heads, d, generator=g))
+    shared = list(range(37))  # 592 keys' pages
+    tables = [shared + list(range(40 + 20 * i, 60 + 20 * i)) for i in range(4)] + [list(range(100, 160))]
+    lens = [700, 820, 611, 905, 300]
+    q = torch.randn(len(lens), heads, d, generator=g)
+
+    def attend(rows: list[int]) -> torch.Tensor:
+        fb = build_batch([SeqChunk([0], lens[i] - 1, tables[i]) for i in rows], page)
+        m, out = fb.meta, torch.empty(len(rows), heads, d)
+        qq, table, cu = q[rows].contiguous(), m.page_table.contiguous(), torch.tensor(m.cu_q, dtype=torch.int64)
+        kvl, seqs = m.kv_lens_t.to(torch.int64).contiguous(), torch.arange(len(rows), dtype=torch.int64)
+        mode = {torch.float16: 1, torch.int8: 2}[dtype]
+        lib.agrt_attention(qq.data_ptr(), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), table.shape[1],
+                           cu.data_ptr(), kvl.data_ptr(), seqs.data_ptr(), len(rows), heads, kv_heads, d, page,
+                           d ** -0.5, out.data_ptr(), mode, window, 0.0)
+        return out
+
+    together = attend(list(range(len(lens))))
+    dec = dequantize_kv if dtype == torch.int8 else (lambda x: x.float())
+    for i in range(len(lens)):
+        assert torch.equal(attend([i]), together[i:i + 1]), i
+        k = dec(kc[tables[i]]).flatten(0, 1)[:lens[i]].repeat_interleave(heads // kv_heads, 1)
+        v = dec(vc[tables[i]]).flatten(0, 1)[:lens[i]].repeat_interleave(heads // kv_heads, 1)
+        k, v = (k[-window:], v[-window:]) if window else (k, v)
+        ref = torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * d ** -0.5).softmax(-1), v)
+        torch.testing.assert_close(together[i], ref, atol=2e-5, rtol=1e-4)
+
+
 # ---- the engine: greedy tokens equal the cold single-sequence oracle -----------------------
 
 @pytest.mark.parametrize("chunk", [16, 64, 512])
