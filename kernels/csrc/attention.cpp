@@ -23,6 +23,8 @@
 // tools) run that segment as one task, so its keys and values are read once for all of them.
 #include <omp.h>
 
+#include <unordered_map>
+
 #include "common.h"
 #include "api.h"
 #include "attention_seg.h"
@@ -137,7 +139,8 @@ struct Attention {
   // The split sequences' segment jobs: a whole segment over the same pages in several sequences
   // is one job (up to kRowsPerTask rows); any other segment is its sequence's own.
   void plan_jobs() {
-    std::vector<std::pair<std::vector<int64_t>, int64_t>> open;  // (the segment's pages, job)
+    // whole segments by their first page: (the segment's pages, job); one hash lookup a segment
+    std::unordered_multimap<int64_t, std::pair<const int64_t*, int64_t>> open;
     const int64_t per_seg = kSeg % a.S == 0 ? kSeg / a.S : 0;
     for (int64_t i = 0; i < (int64_t)plans.size(); ++i) {
       const SeqPlan& p = plans[i];
@@ -146,17 +149,18 @@ struct Attention {
         const int64_t s = p.seg0 + u;
         const bool whole = per_seg > 0 && a.nseq > 1 && s * kSeg >= p.cut_last && (s + 1) * kSeg <= p.n0;
         int64_t at = -1;
-        std::vector<int64_t> key;
+        const int64_t* pt = a.page_table + p.b * a.max_pages + s * per_seg;
         if (whole) {
-          const int64_t* pt = a.page_table + p.b * a.max_pages + s * per_seg;
-          key.assign(pt, pt + per_seg);
-          for (const auto& o : open)
-            if (o.first == key && (int64_t)jobs[o.second].rows.size() + p.qlen <= kRowsPerTask) at = o.second;
+          const auto range = open.equal_range(pt[0]);
+          for (auto o = range.first; o != range.second; ++o)
+            if (std::equal(pt, pt + per_seg, o->second.first) &&
+                (int64_t)jobs[o->second.second].rows.size() + p.qlen <= kRowsPerTask)
+              at = o->second.second;
         }
         if (at < 0) {
           at = (int64_t)jobs.size();
           jobs.push_back(SegJob{s, false, {}});
-          if (whole) open.emplace_back(std::move(key), at);
+          if (whole) open.emplace(pt[0], std::make_pair(pt, at));
         } else {
           jobs[at].shared = true;
         }
