@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import time
 import urllib.request
 
 import anyio
@@ -136,8 +137,22 @@ def test_agentrt_serve_dashboard_mounts_the_page():
         kind, page = _get(server.base_url + "/dashboard")  # (redirected to /dashboard/)
         assert kind.startswith("text/html") and b"agentrt dashboard" in page
         snap = json.loads(_get(server.base_url + "/dashboard/api/snapshot")[1])
-        assert snap["stats"]["pages_total"] > 0 and snap["agents"] == []
+        assert snap["stats"]["pages_total"] > 0 and snap["agents"] == [] and snap["turns"] == []
         assert len(_get(server.base_url + "/dashboard/static/dashboard.js")[1]) > 1000
+        for user in ("alice", "bob"):  # a request through the API is a turn on the timeline
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                               "user": user}).encode()
+            req = urllib.request.Request(server.base_url + "/v1/chat/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                assert json.loads(resp.read())["usage"]["completion_tokens"] > 0
+        for _ in range(50):  # (a snapshot is kept for half the sampling interval)
+            turns = json.loads(_get(server.base_url + "/dashboard/api/snapshot")[1])["turns"]
+            if turns:
+                break
+            time.sleep(0.1)
+        assert len(turns) == 2 and all(t["completion_tokens"] > 0 for t in turns)
+        assert {s[0] for t in turns for s in t["segments"]} >= {"prefill", "decode"}
     with pytest.raises(ConfigError, match="replicas"):
         ServerConfig(dashboard=True, replicas=2)
     assert main(["dashboard", "--agents", "0"]) == 2  # (refused before any model is loaded)

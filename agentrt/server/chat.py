@@ -28,6 +28,7 @@ from typing import Any
 from agentrt.engine.context import context_overflow
 from agentrt.errors import ContextLengthExceeded, ReplicaLost, SchemaUnsupported
 from agentrt.sampling import SamplingParams
+from agentrt.conversation import timeline
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.reply import call_id, call_prefix, finish_reason
 from agentrt.conversation.router import routed_conversation
@@ -98,9 +99,14 @@ async def _round(call: ChatCall, state, engine, router) -> AsyncIterator[Any]:
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
                             json_schema=call.json_schema, stop=req.stop, call_id=partial(call_id, prefix),
                             tag=call.key, reasoning=call.reasoning)
+        log = timeline.timeline_of(engine)  # (the dashboard's turn timeline: a request is a turn)
+        turn = timeline.TurnBuilder(call.key or call.model) if log is not None else None
         try:
             async with aclosing(rounds) as events:
                 async for ev in events:
+                    if turn is not None and isinstance(ev, RoundEnd):
+                        turn.round(turn.start, timeline.now(), ev.usage)
+                        log.add(turn)
                     yield ev
         except ContextLengthExceeded as e:
             raise _too_long(e) from None
