@@ -1,5 +1,5 @@
 """The engine's state changes as structlog events (engine/events.py), captured with
-structlog.testing.capture_logs: admissions, evictions (with the sessions cut), preemptions and
+structlog.testing.capture_logs: admissions, evictions (with the sessions cut), promotions, preemptions and
 failures, each bound to its request / agent / session / task ids; nothing made (and no snapshot
 taken) while the `agentrt.events` logger is below DEBUG, except failures at WARNING."""
 
@@ -153,3 +153,17 @@ def test_passivation_events_carry_the_actor_context():
     assert len(in_turn) >= 6 and all(e["task"].startswith("task-") for e in in_turn)
     assert all(e["actor"] == e["agent"] for e in in_turn if e["event"] == "agent.activated")
     assert all(e["actor"] != e["agent"] for e in in_turn if e["event"] == "agent.passivated")
+
+
+def test_promotion_from_the_tier_is_an_event_and_on_the_admission():
+    """Sessions' prefixes pushed out to the KV tier come back on their next turn: `kv.promoted`
+    names the pages, and the admission the promoted tokens (the same count as the counters)."""
+    core = EngineCore(tiny_model("llama"), EngineConfig(kv_cache_tokens=640, page_size=16,
+                                                        kv_tier_bytes=64 << 20, enable_prefetch=False))
+    with events_at(logging.DEBUG) as logs:
+        _agents_under_pressure(core, n_agents=5, n_turns=3)
+    promoted = [e for e in logs if e["event"] == "kv.promoted"]
+    assert core.counters.promoted_pages > 0 and promoted
+    assert sum(e["pages"] for e in promoted) == core.counters.promoted_pages
+    assert sum(e["promoted_tokens"] for e in logs if e["event"] == "request.admitted") == core.counters.prompt_promoted
+    core.check_invariants()
