@@ -117,11 +117,8 @@ class EngineCore:
         wakes then, in case its result has not arrived."""
         if not self.cfg.enable_prefetch:
             return None
-        mark = self.events.before_step()
-        wake = prefetch(self, PAGES_IDLE, PAGES_IDLE)
-        if mark is not None:
-            self.events.after_step(mark)
-        return wake
+        with self.events.around():
+            return prefetch(self, PAGES_IDLE, PAGES_IDLE)
 
     # ---- branching (kv/branching.py), between two steps ---------------------------------
     def fork_session(self, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
@@ -211,12 +208,8 @@ class EngineCore:
     def step(self) -> int:
         """One iteration, schedule -> run -> postprocess; returns the tokens that went through
         the model. (With state-change events on, engine/events.py names what the step moved.)"""
-        mark = self.events.before_step()
-        try:
+        with self.events.around():
             return self._step()
-        finally:
-            if mark is not None:
-                self.events.after_step(mark)
 
     def _step(self) -> int:
         plan = self.scheduler.schedule()

@@ -21,7 +21,9 @@ and no event dict, string or snapshot is built. Failures are checked at WARNING 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import structlog
@@ -58,6 +60,16 @@ class EngineEvents:
         pages = {sid: len(s.seq.pages) for sid, s in self.kv.sessions.items() if not s.busy}
         return Mark(c.evicted_pages, radix.demoted_pages if radix else 0, radix.dropped_pages if radix else 0,
                     c.promoted_pages, c.prefetched_pages, pages)
+
+    @contextlib.contextmanager
+    def around(self) -> Iterator[None]:
+        """A step (or idle work): the events of what it changed, when on."""
+        mark = self.before_step()
+        try:
+            yield
+        finally:
+            if mark is not None:
+                self.after_step(mark)
 
     def after_step(self, mark: Mark) -> None:
         c, radix = self.counters, self.kv.radix
