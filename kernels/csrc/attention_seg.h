@@ -50,18 +50,17 @@ struct Task {
   const T* row(const T* cache, int64_t j) const {
     return cache + pt[j / S] * S * row_stride + (j % S) * row_stride + head_off;
   }
-  // key rows j, j + 1, ... of one cache in order, one division per walk
+  // key rows j, j + 1, ... of one cache in order, one division per walk; a page's entry in the
+  // table is read when its first row is (never past the last row walked)
   struct Rows {
-    const Task& t; const T* cache; int64_t page, off; const T* at;
-    Rows(const Task& t_, const T* c, int64_t j) : t(t_), cache(c), page(j / t_.S), off(j % t_.S) { seek(); }
-    void seek() { at = cache + (t.pt[page] * t.S + off) * t.row_stride + t.head_off; }
+    const Task& t; const T* cache; int64_t page, off, loaded = -1; const T* base = nullptr;
+    Rows(const Task& t_, const T* c, int64_t j) : t(t_), cache(c), page(j / t_.S), off(j % t_.S) {}
+    const T* at() {
+      if (loaded != page) base = cache + t.pt[page] * t.S * t.row_stride + t.head_off, loaded = page;
+      return base + off * t.row_stride;
+    }
     void next() {
-      if (++off < t.S) {
-        at += t.row_stride;
-        return;
-      }
-      ++page, off = 0;
-      seek();
+      if (++off == t.S) ++page, off = 0;
     }
   };
   float* scores(int64_t r, int h) const { return sc + (r * group + h) * kSeg - j0; }  // [j0, j1)
@@ -89,7 +88,7 @@ void key_block(const Task<T>& t, int64_t jb, int64_t end, float* kf) {
   typename Task<T>::Rows rows(t, t.k, jb);
   for (int64_t i = 0; i < live; ++i, rows.next()) {
     float* dst = kf + i * t.D;
-    const T* src = rows.at;
+    const T* src = rows.at();
     int d = 0;
 #ifdef __AVX512F__
     for (; d + 16 <= t.D; d += 16) _mm512_storeu_ps(dst + d, load16(src, t.D, d));
@@ -163,9 +162,9 @@ void values_units(const Task<T>& t, const int64_t* ur, const int* uh, int64_t a,
     o[u] = t.partial(ur[u], uh[u]) + 2;
     for (int c = 0; c < NV; ++c) acc[u][c] = resume ? _mm512_loadu_ps(o[u] + 16 * c) : _mm512_setzero_ps();
   }
-  typename Task<T>::Rows rows(t, t.v, a < b ? a : 0);
+  typename Task<T>::Rows rows(t, t.v, a);
   for (int64_t j = a; j < b; ++j, rows.next()) {
-    const T* vr = rows.at;
+    const T* vr = rows.at();
     __m512 vv[NV];
 #pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) vv[c] = load16(vr, t.D, 16 * c);
