@@ -58,11 +58,11 @@ class Overheads:
 async def move_session(src: Engine, dst: Engine, session, tag: str | None, transfer_s) -> object:
     """The session's KV from src to a new session on dst (transfer_s(tokens) seconds slept
     between the two); returns the new session."""
-    data = await src.run_in_step_thread(lambda: src.core.export_session(session.engine_session))
+    data = await src.run_in_step_thread(lambda: src.core.branching.export(session.engine_session))
     await session.close()
     await anyio.sleep(transfer_s(len(data["tokens"])))
     try:
-        return await dst.open_session_with(lambda sid: dst.core.import_session(sid, data, tag, None), None)
+        return await dst.open_session_with(lambda sid: dst.core.branching.restore(sid, data, tag, None), None)
     except OutOfKVMemory:
         return await dst.open_session(tag=tag)
 

@@ -162,3 +162,14 @@ def tiny_native_with_tokenizer():
     m = quantize(m.eval(), "int8")
     m.kv_dtype = torch.float16
     return LoadedModel(m, smol_tokenizer(), m.cfg, "tiny-random-int8")
+
+
+@pytest.fixture
+def spans():
+    """Tracing on into a fresh provider and in-memory exporter: (exporter, provider); off after
+    the test (the `otel` extra; tests/tracing_util.py)."""
+    pytest.importorskip("opentelemetry.sdk")
+    from tests.tracing_util import traced
+
+    with traced() as exporter_and_provider:
+        yield exporter_and_provider

@@ -140,15 +140,15 @@ def test_session_fork_rollback_and_snapshot_past_the_window(case):
     r = submit(core, hist, sp, session=es)
     drain(core)
     assert r.output == generate(model, hist, sp)
-    fork = core.fork_session(es, core.pool.acquire("session", 0), tag="fork")
-    data = core.export_session(es)
-    core.rollback_session(es, 10)  # back to before the window of every later position
+    fork = core.branching.fork(es, core.pool.acquire("session", 0), tag="fork")
+    data = core.branching.export(es)
+    core.branching.rollback(es, 10)  # back to before the window of every later position
     more = torch.randint(0, 320, (30,), generator=g).tolist()
     for session, prompt in ((es, hist[:10] + more), (fork, hist + r.output[:-1] + more)):
         q = submit(core, prompt, sp, session=session)
         drain(core)
         assert q.output == generate(model, prompt, sp)
-    restored = core.import_session(core.pool.acquire("session", 0), data, tag="restored", cache_salt=None)
+    restored = core.branching.restore(core.pool.acquire("session", 0), data, tag="restored", cache_salt=None)
     q = submit(core, hist + r.output[:-1] + more[:5], sp, session=restored)
     drain(core)
     assert q.output == generate(model, hist + r.output[:-1] + more[:5], sp)

@@ -19,16 +19,9 @@ from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool, 
 from agentrt.errors import ConfigError  # noqa: E402
 from agentrt.tracing import attributes as A  # noqa: E402
 from tests.conftest import tiny_native_with_tokenizer  # noqa: E402
-from tests.tracing_util import named, parent_of, traced, tree  # noqa: E402
+from tests.tracing_util import named, parent_of, tree  # noqa: E402
 
 CFG = EngineConfig(kv_cache_tokens=4096)
-
-
-@pytest.fixture
-def spans():
-    """Tracing on into a fresh provider: (exporter, provider); off after the test."""
-    with traced() as exporter_and_provider:
-        yield exporter_and_provider
 
 
 # ---- a two-agent handoff with tool calls -------------------------------------------------------

@@ -20,15 +20,9 @@ from agentrt.integrations.langgraph import ChatAgentrt, agent_node  # noqa: E402
 from agentrt.integrations.langgraph.host import EngineHost  # noqa: E402
 from agentrt.tracing import attributes as A  # noqa: E402
 from tests.conftest import tiny_model_with_tokenizer, tiny_native_with_tokenizer  # noqa: E402
-from tests.tracing_util import named, parent_of, traced, tree  # noqa: E402
+from tests.tracing_util import named, parent_of, tree  # noqa: E402
 
 CFG = EngineConfig(kv_cache_tokens=4096)
-
-
-@pytest.fixture
-def spans():
-    with traced() as exporter_and_provider:
-        yield exporter_and_provider
 
 
 @tool

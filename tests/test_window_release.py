@@ -124,16 +124,16 @@ def test_rollback_fork_and_snapshot_across_released_pages(model):
     drain(core)
     full = hist + r.output[:-1]
     assert not core.alloc.local.present(es.seq.pages[0])
-    fork = core.fork_session(es, core.pool.acquire("session", 0), tag="fork")
-    data = core.export_session(es)
+    fork = core.branching.fork(es, core.pool.acquire("session", 0), tag="fork")
+    data = core.branching.export(es)
     assert bool(data["local_absent"][0]) and not bool(data["local_absent"][-1])
-    core.rollback_session(es, 60)
+    core.branching.rollback(es, 60)
     more = tokens(31, 20)
     for session, prompt in ((es, full[:len(full) - 60] + more), (fork, full + more)):
         q = submit(core, prompt, sp, session=session)
         drain(core)
         assert q.output == generate(model, prompt, sp)
-    restored = core.import_session(core.pool.acquire("session", 0), data, tag="restored", cache_salt=None)
+    restored = core.branching.restore(core.pool.acquire("session", 0), data, tag="restored", cache_salt=None)
     assert not core.alloc.local.present(restored.seq.pages[0])
     q = submit(core, full + more[:5], sp, session=restored)
     drain(core)
@@ -144,7 +144,7 @@ def test_rollback_fork_and_snapshot_across_released_pages(model):
     one_pool = engine(model, window_kv_tokens=0, kv_cache_tokens=256)  # (it cannot tell them apart)
     assert one_pool.alloc.local is None
     with pytest.raises(SnapshotMismatch, match="released"):
-        one_pool.import_session(one_pool.pool.acquire("session", 0), data, tag="x", cache_salt=None)
+        one_pool.branching.restore(one_pool.pool.acquire("session", 0), data, tag="x", cache_salt=None)
     one_pool.check_invariants()
 
 

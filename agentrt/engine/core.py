@@ -17,7 +17,7 @@ from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.fast_forward import fast_forward, forced_start
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
-from agentrt.engine.response_cache import CachedResponse, ResponseCache
+from agentrt.engine.response_cache import ResponseCache
 from agentrt.engine.sample_step import MaskPrefetch, finish_reason, mask_row, sample_rows
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
@@ -119,19 +119,6 @@ class EngineCore:
             return None
         with self.events.around():
             return prefetch(self, PAGES_IDLE, PAGES_IDLE)
-
-    # ---- branching (kv/branching.py), between two steps ---------------------------------
-    def fork_session(self, es: EngineSession, sid: int, tag: str | None = None) -> EngineSession:
-        return self.branching.fork(es, sid, tag)
-
-    def rollback_session(self, es: EngineSession, n_tokens: int) -> None:
-        self.branching.rollback(es, n_tokens)
-
-    def export_session(self, es: EngineSession) -> dict:
-        return self.branching.export(es)
-
-    def import_session(self, sid: int, data: dict, tag: str | None, cache_salt: str | None) -> EngineSession:
-        return self.branching.restore(sid, data, tag, cache_salt)
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
@@ -324,9 +311,8 @@ class EngineCore:
         if reason == "error":
             self.events.failed(r, error)
         self.mem.drop_links(r)
-        if self.responses is not None and r.constraint is None and reason in ("stop", "length"):
-            key = ResponseCache.key("model", r.params, r.prompt, r.cache_salt)
-            self.responses.put(key, CachedResponse(tuple(r.output), reason))
+        if self.responses is not None:
+            self.responses.record(r, reason)
         self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, next(self.ticks)

@@ -33,6 +33,12 @@ class ResponseCache:
         the key, and such requests are not cached)."""
         return None if constraint is not None else self.get(self.key("model", params, prompt, salt))
 
+    def record(self, r, reason: str) -> None:
+        """Keep a finished request's output: one that ended by itself (stop, length) and was
+        not constrained (lookup's rule)."""
+        if r.constraint is None and reason in ("stop", "length"):
+            self.put(self.key("model", r.params, r.prompt, r.cache_salt), CachedResponse(tuple(r.output), reason))
+
     def get(self, key: Hashable) -> CachedResponse | None:
         hit = self._lru.get(key)
         if hit is None:

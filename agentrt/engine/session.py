@@ -77,7 +77,7 @@ class Session:
         there. SessionBusy while a turn runs on the session. Returns the path."""
         path = snapshot.check_target(path)
         engine = self._engine
-        data = await engine.run_in_step_thread(lambda: engine.core.export_session(self._es))
+        data = await engine.run_in_step_thread(lambda: engine.core.branching.export(self._es))
         fingerprint = await anyio.to_thread.run_sync(snapshot.model_fingerprint, engine.model)
         return await anyio.to_thread.run_sync(snapshot.write_snapshot, path, data, fingerprint)
 
@@ -90,7 +90,7 @@ class Session:
         check_optional_str("tag", tag)
         check_timeout("timeout (seconds; None: EngineConfig.acquire_timeout)", timeout)
         engine, es = self._engine, self._es
-        return await engine.open_session_with(lambda sid: engine.core.fork_session(es, sid, tag), timeout)
+        return await engine.open_session_with(lambda sid: engine.core.branching.fork(es, sid, tag), timeout)
 
     async def rollback(self, n_tokens: int) -> None:
         """Forget the KV of the last `n_tokens` tokens the session holds (0 <= n_tokens <=
@@ -98,7 +98,7 @@ class Session:
         while a turn runs on the session."""
         n = check_int("n_tokens", n_tokens, min=0)
         engine = self._engine
-        await engine.run_in_step_thread(lambda: engine.core.rollback_session(self._es, n))
+        await engine.run_in_step_thread(lambda: engine.core.branching.rollback(self._es, n))
 
 
 async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
@@ -113,4 +113,4 @@ async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
     data = await anyio.to_thread.run_sync(read)
     tag = data["tag"] if tag is None else tag
     core = engine.core
-    return await engine.open_session_with(lambda sid: core.import_session(sid, data, tag, cache_salt), timeout)
+    return await engine.open_session_with(lambda sid: core.branching.restore(sid, data, tag, cache_salt), timeout)
