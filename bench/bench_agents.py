@@ -13,7 +13,7 @@ histories, tool latencies drawn per tool; agentrt's KV memory hierarchy vs the s
 second tier vs prefix cache + LRU; and session snapshot/restore vs prefill (bench/snapshot_case.py).
 Writes bench/results/agents.json and the plots agents_turns.png, agents_e2e.png, agents_memory.png.
 
-    python bench/bench_agents.py [--quick] [--reps N] [--systems a,b] [--cases k,mem,snapshot]
+    python -m bench.bench_agents [--quick] [--reps N] [--systems a,b] [--cases k,mem,snapshot]
                                  [--memory] [--merge] [--out PATH]
 """
 
@@ -28,7 +28,6 @@ from pathlib import Path
 import anyio
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat import ChatFormat  # noqa: E402

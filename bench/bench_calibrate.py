@@ -3,7 +3,7 @@ embedded model timed over decode (1-16 sequences, short and long contexts) and p
 fitted by non-negative least squares (agentrt/sim/calibrate.py). Writes
 bench/results/cost_cpu.json (the CPU recorded in it), which bench_sim.py --costs reads.
 
-    agentrt bench calibrate [--quick]      (= python bench/bench_calibrate.py)
+    agentrt bench calibrate [--quick]      (= python -m bench.bench_calibrate)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, machine  # noqa: E402
 from agentrt import DEFAULT_MODEL, load_model  # noqa: E402

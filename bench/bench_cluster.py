@@ -26,7 +26,7 @@
 bench/results/cost_cpu.json), the overheads from the last bench/results/cluster.json; it writes
 bench/results/cluster_sim.json.
 
-    python bench/bench_cluster.py [--quick] [--sim-only] [--costs PATH] [--replicas 1,2,4]
+    python -m bench.bench_cluster [--quick] [--sim-only] [--costs PATH] [--replicas 1,2,4]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cluster_real import TOOL_S, med, run_cluster, run_local  # noqa: E402
 from bench.cluster_sim import POLICIES, Overheads, Workload, simulate  # noqa: E402

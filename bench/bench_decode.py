@@ -6,7 +6,7 @@ The embedded SmolLM2 answers tool-calling prompts under the tool grammar (tool_c
 machine's read bandwidth with the weight-read bound of one step, and llama-cpp-python's decode
 on the same GGUF when installed (`pip install agentrt[bench]`), measured the fair way (fixed
 input tokens, so no early stop at end of generation; prompt evaluation not timed; 2 threads). The response cache is off: all work is
-fresh. Writes bench/results/decode.json.   python bench/bench_decode.py [--quick]
+fresh. Writes bench/results/decode.json.   python -m bench.bench_decode [--quick]
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_model import LlamaCpp  # noqa: E402
 from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402

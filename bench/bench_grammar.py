@@ -11,7 +11,7 @@ once. Fast-forward (`ff_*`): the same outputs walked through the engine's constr
 (GrammarFactory, xgrammar) as the model would write them, once token by token and once with
 fast-forward (bench/ff_case.py's ScriptedGrammar: jumps kept as far as they equal the output's
 ids): model steps per call, and grammar time (mask + apply + jump) per step and per call.
-Writes bench/results/grammar.json.   python bench/bench_grammar.py [--quick]
+Writes bench/results/grammar.json.   python -m bench.bench_grammar [--quick]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, write_results  # noqa: E402
 from agentrt.model.loaders.files import resolve_source  # noqa: E402

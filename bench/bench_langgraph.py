@@ -18,7 +18,7 @@ Agreement of the tool calls, two figures:
     re-tokenizes the rendered history; at the near ties of a 135M model that flips some calls.
 `agreement_explanation` names the cause the figures point to.
 
-    python bench/bench_langgraph.py [--quick]
+    python -m bench.bench_langgraph [--quick]
 writes bench/results/langgraph.json (`per_turn_speedup` = mean reference turn latency / mean
 ChatAgentrt turn latency).
 """
@@ -37,7 +37,6 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402

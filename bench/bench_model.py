@@ -15,7 +15,7 @@ Qwen3-MoE GGUF beside llama.cpp (moe_* keys); decode steps at contexts 128-4096 
 turn's cost per token through Engine.generate (bench/context_case.py); the sliding-window case (bench/swa_case.py): a
 random Gemma 3 GGUF at 4x its window (swa_* keys). Writes bench/results/model.json.
 
-    python bench/bench_model.py [--quick]
+    python -m bench.bench_model [--quick]
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import invariance_case  # noqa: E402
 from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402

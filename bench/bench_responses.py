@@ -15,7 +15,7 @@ latency, prompt tokens computed (prompt - cached) and the new input's tokens. Ke
 responses_computes_only_new_input (every turn computed <= what the prompt_cache_key path
 computed), responses_vs_prompt_cache_key_p50 (goal <= 1.1), computed tokens per turn per system.
 
-    python bench/bench_responses.py [--quick]
+    python -m bench.bench_responses [--quick]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_server import _free_port, _has_server, _process, _q  # noqa: E402
 from bench.common import machine, print_table, write_results  # noqa: E402

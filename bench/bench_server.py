@@ -18,7 +18,7 @@ llama.cpp / agentrt http at 8 conversations; goal >= 2), ttft p50/p99 per system
 lengths differ between the systems' models (different numerics): tokens per turn are reported.
 Each system first runs two warm-up conversations (grammar compile, kernels), not measured.
 
-    python bench/bench_server.py [--quick] [--no-install]
+    python -m bench.bench_server [--quick] [--no-install]
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, print_table, write_results  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402

@@ -4,7 +4,7 @@ agentrt stateful (sessions + radix) against the same engine with session reuse a
 cache off (stateless: every turn prefills the whole conversation). Agents run concurrently,
 each turn after the previous one; generated lengths are forced (ignore_eos) so both systems do
 identical decode work. Repeated, ratios computed per repetition then summarised (median).
-Writes bench/results/sessions.json.   python bench/bench_sessions.py [--quick]
+Writes bench/results/sessions.json.   python -m bench.bench_sessions [--quick]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, print_table, write_results  # noqa: E402
 from bench.workloads.agentic import make_workflow  # noqa: E402

@@ -21,7 +21,7 @@ machine cannot reach.
    one): the wall time of the simulation itself, and the simulated per-turn latency and hit rate.
 Writes bench/results/sim.json.
 
-    python bench/bench_sim.py [--quick] [--costs bench/results/cost_cpu.json] [--no-real]
+    python -m bench.bench_sim [--quick] [--costs bench/results/cost_cpu.json] [--no-real]
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
 from bench.sim_compare import ranking, summary  # noqa: E402

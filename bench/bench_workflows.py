@@ -11,7 +11,7 @@ recomputed), response cache off. One fresh engine per (DAG, load, policy), same 
 Plus a LangGraph planner -> worker -> reviewer graph through `agent_node` at one load
 (bench/workflow_langgraph.py). JCT per task = completion of its last stage - its arrival.
 Writes bench/results/workflows.json and workflows.png.
-    python bench/bench_workflows.py [--quick] [--dags chain,diamond] [--policies fcfs,topas] [--tasks 8]
+    python -m bench.bench_workflows [--quick] [--dags chain,diamond] [--policies fcfs,topas] [--tasks 8]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, machine, write_results  # noqa: E402
 from bench.workflow_report import headline, plot, print_tables  # noqa: E402

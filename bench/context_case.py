@@ -11,7 +11,7 @@ with float16 beside it: the noise floor of a 135M model's argmax). A turn: one s
 time per token after the first, over the kernel step at that context, is what the per-token path
 (events, detokenisation, stops, the step loop) adds.
 
-    python bench/context_case.py --quick     # alone: merged into bench/results/model.json
+    python -m bench.context_case --quick     # alone: merged into bench/results/model.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pathlib import Path
 import anyio
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402

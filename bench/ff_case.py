@@ -12,7 +12,7 @@ rendered calls, so a jump that respells a boundary is cut there and counted).
 Per tool call (a call whose output calls tools): decode steps (events that carried tokens, the
 first one included), wall latency, the ids fast-forward supplied.
 
-    python bench/ff_case.py --quick   # alone: bench/results/fast_forward.json
+    python -m bench.ff_case --quick   # alone: bench/results/fast_forward.json
     (bench_agents.py runs it too, after its cases: agents.json `fast_forward` and its keys)
 """
 
@@ -29,7 +29,6 @@ from pathlib import Path
 import anyio
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import Engine, EngineConfig, SamplingParams  # noqa: E402
 from agentrt.errors import AgentrtError  # noqa: E402

@@ -9,7 +9,7 @@ Three parts, each reported on its own (`ok`, its figures, or the error that stop
      agents8 workload cut to 4 agents, fast-forward on).
 On a machine without CUDA, part 1 runs in triton's interpreter and parts 2-3 say so.
 
-    python bench/gpu_check.py [--device cuda]
+    python -m bench.gpu_check [--device cuda]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def part(fn):

@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -s venv >/dev/null
-timeout 300 .venv/bin/python bench/gpu_check.py --device "${1:-cuda}"
+timeout 300 .venv/bin/python -m bench.gpu_check --device "${1:-cuda}"

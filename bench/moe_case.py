@@ -7,7 +7,7 @@ parameters, ~0.26B active per token), every matrix Q4_K (random blocks, mins cen
 block: gguf has no K quantizer), router and norms F32, the SmolLM2 tokenizer copied from the
 embedded GGUF so that llama.cpp loads it as it would a real one (bench/synthetic.py).
 
-    python bench/moe_case.py [--quick]     (bench_model.py runs it too)
+    python -m bench.moe_case [--quick]     (bench_model.py runs it too)
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, new_writer, q4k_blocks  # noqa: E402
 

@@ -9,7 +9,7 @@ in one JSON (bench/results/reliability.json).
   * soak: bench/soak.py (64 agents over 16 session ids; `--quick`: 4 turns each), its leaks,
     next-output mismatches, passivations and RSS growth.
 
-    python bench/reliability.py [--quick]
+    python -m bench.reliability [--quick]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from bench.common import RESULTS, machine  # noqa: E402
 from bench.workloads.malformed import PROBES  # noqa: E402
@@ -93,7 +92,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "reliability.json")
     args = ap.parse_args()
     res = {"corpus": corpus(), "fuzz": fuzz(), "soak": soak(args.quick), "machine": machine(), "quick": args.quick,
-           "commands": ["python bench/reliability.py" + (" --quick" if args.quick else "")]}
+           "commands": ["python -m bench.reliability" + (" --quick" if args.quick else "")]}
     res["leaks"] = {"pages": res["soak"]["leaked_pages"], "session_ids": res["soak"]["leaked_session_ids"]}
     res["rss_growth_mb"] = res["soak"]["rss_growth_mb"]
     print(json.dumps(res, indent=1))

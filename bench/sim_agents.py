@@ -13,7 +13,7 @@ bench/results/sim_agents.json: per cost model the systems' figures and the ratio
 headline keys `sim_long_hit_rate_gain_pp_vs_lru`, `sim_long_ttft_reduction_vs_lru`,
 `sim_long_per_turn_speedup_vs_prefix_lru`, `sim_prefetch_used_fraction` (first cost model).
 
-    python bench/sim_agents.py [--quick] [--agents 256] [--fraction 0.6] [--costs a.json,b.json]
+    python -m bench.sim_agents [--quick] [--agents 256] [--fraction 0.6] [--costs a.json,b.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.agents_cases import kv_tokens  # noqa: E402
 from bench.agents_report import ratios, summarize  # noqa: E402

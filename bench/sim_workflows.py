@@ -17,7 +17,7 @@ baseline with its spread over repetitions; the headline keys
 (8x: the loaded regime of the seed's diagnosis, chosen before measuring; --quick runs it
 alone), the first cost model.
 
-    python bench/sim_workflows.py [--quick] [--tasks 120] [--prefix 3000] [--loads 8,4] [--room 1.25]
+    python -m bench.sim_workflows [--quick] [--tasks 120] [--prefix 3000] [--loads 8,4] [--room 1.25]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, print_table, write_results  # noqa: E402
 from bench.workflow_run import combine_reps, reductions, run_dag  # noqa: E402

@@ -12,7 +12,7 @@ Tools fail at random (exceptions, timeouts, sys.exit), and asks are cancelled at
   * RSS growth over the run is reported.
 Writes bench/results/soak.json.
 
-    python bench/soak.py [--quick] [--agents N] [--turns N] [--session-ids N]
+    python -m bench.soak [--quick] [--agents N] [--turns N] [--session-ids N]
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Literal
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import Agent, Engine, EngineConfig, LoadedModel, Runtime, SamplingParams, tool  # noqa: E402
 from agentrt.conversation.formats import chat_format_of  # noqa: E402

@@ -8,7 +8,7 @@ context, measured: an engine session after one turn of CTX tokens (agentrt's loc
 their pages in a pool of their own and release what the session slid past: kv/window.py),
 beside full attention and llama.cpp's sliding-window cache (the window on local layers).
 
-    python bench/swa_case.py [--quick]     (bench_model.py runs it too)
+    python -m bench.swa_case [--quick]     (bench_model.py runs it too)
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, new_writer  # noqa: E402
 

@@ -7,7 +7,7 @@ function, then the answer (greedy, so both modes run the same tokens). A turn's 
 `ask` from the caller; the overhead is the median turn with tracing on over the median off,
 minus one. bench_agents runs it (agents.json `tracing`); alone it writes tracing.json.
 
-    python bench/trace_case.py --quick
+    python -m bench.trace_case --quick
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, tool, tracing  # noqa: E402
 from agentrt.runtime.agent import GenerationSettings  # noqa: E402

@@ -13,7 +13,8 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 triton = pytest.importorskip("triton")
-from agentrt.kernels import get_backend, reference, triton_ops  # noqa: E402
+from agentrt.kernels import reference, triton_ops  # noqa: E402
+from agentrt.kernels.backends import get_backend  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"

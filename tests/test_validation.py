@@ -313,7 +313,7 @@ _FAKE_ENGINE = types.SimpleNamespace(chat_format=lambda: None)
 ])
 def test_chat_agentrt_nan_temperature_and_bad_fields_raise_config_error_at_construction(kw):
     pytest.importorskip("langchain_core")
-    from integrations.langgraph.chat_model import ChatAgentrt
+    from agentrt.integrations.langgraph.chat_model import ChatAgentrt
 
     with pytest.raises(ConfigError):
         ChatAgentrt(engine=_FAKE_ENGINE, **kw)
@@ -321,7 +321,7 @@ def test_chat_agentrt_nan_temperature_and_bad_fields_raise_config_error_at_const
 
 def test_chat_agentrt_rejects_a_non_engine():
     pytest.importorskip("langchain_core")
-    from integrations.langgraph.chat_model import ChatAgentrt
+    from agentrt.integrations.langgraph.chat_model import ChatAgentrt
 
     with pytest.raises(ConfigError, match="Engine"):
         ChatAgentrt(engine="not an engine")
@@ -331,7 +331,7 @@ def test_chat_agentrt_call_overrides_are_validated():
     pytest.importorskip("langchain_core")
     from langchain_core.messages import HumanMessage
 
-    from integrations.langgraph.chat_model import ChatAgentrt
+    from agentrt.integrations.langgraph.chat_model import ChatAgentrt
 
     # the checks run before any engine work: _spec builds the call's SamplingParams
     model = ChatAgentrt.model_construct(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=None,

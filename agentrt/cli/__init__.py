@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -141,10 +142,11 @@ def cmd_demo(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    path = _script("bench", f"bench_{args.name}.py")
-    sys.argv = [str(path), *args.args]
-    sys.path.insert(0, str(ROOT))
-    runpy.run_path(str(path), run_name="__main__")
+    _script("bench", f"bench_{args.name}.py")
+    # bench/ is a folder of the checkout, not an installed package: run it as `python -m bench.x`
+    # from the root (its folders have no __init__.py, so no installed distribution is shadowed)
+    cmd = [sys.executable, "-m", f"bench.bench_{args.name}", *args.args]
+    raise SystemExit(subprocess.run(cmd, cwd=ROOT).returncode)
 
 
 def cmd_chat(args) -> None:

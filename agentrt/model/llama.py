@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from agentrt.errors import ModelLoadError
-from agentrt.kernels import KernelBackend, get_backend
+from agentrt.kernels.backends import KernelBackend, get_backend
 from agentrt.kernels.base import AttentionMeta
 from agentrt.kernels.packing import QuantMatrix, pack
 from agentrt.model import fused

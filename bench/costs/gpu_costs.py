@@ -14,7 +14,7 @@ per-sequence work per step (sampling, bookkeeping); tier copies over PCIe at 50 
 Cross-check: the H100 model gives ~6.7 ms per batch-1 decode step (~150 tokens/s), in line with
 published single-stream figures for Llama-3-8B bf16 on an H100; the 4090 one ~20 ms (~50 tok/s).
 
-    python bench/costs/gpu_costs.py
+    python -m bench.costs.gpu_costs
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agentrt.model.config import ModelConfig  # noqa: E402
 from agentrt.sim.costs import StepCosts  # noqa: E402

@@ -10,7 +10,8 @@ import torch
 
 from agentrt.checks import check_bool
 from agentrt.errors import ConfigError
-from agentrt.kernels import BACKENDS, get_backend, native
+from agentrt.kernels import native
+from agentrt.kernels.backends import BACKENDS, get_backend
 from agentrt.model.config import ModelConfig
 from agentrt.model.loaders.files import ModelFiles, resolve_source
 from agentrt.model.loaders.gguf import load_gguf

@@ -1,4 +1,4 @@
-"""agentrt.kernels: the hot tensor operations behind one small interface.
+"""agentrt.kernels.backends: the hot tensor operations behind one small interface.
 
 Every operation has a pure-torch reference in `reference.py` (the eager path and the oracle
 in tests); triton versions (`triton_ops.py`) replace them on CUDA. Which one runs is decided

@@ -1,1 +1,0 @@
-"""agentrt.integrations: adapters to agent frameworks (installed under the agentrt package)."""
