@@ -1,4 +1,4 @@
-"""Frozen engine configuration. Defaults are the seed paper's values (DESIGN.md section 2)."""
+"""Frozen engine configuration. Defaults are the seed paper's values (docs/design.md section 2)."""
 
 from __future__ import annotations
 

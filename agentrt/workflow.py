@@ -1,4 +1,4 @@
-"""Tasks and workflows as facts the engine can see (DESIGN.md section 4, seed 004).
+"""Tasks and workflows as facts the engine can see (docs/design.md section 4).
 
 A *task* is one job through a multi-agent workflow (one user question through planner -> coder
 -> reviewer); every model request made for it carries the task's id and its *stage* (the agent

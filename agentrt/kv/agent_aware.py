@@ -1,4 +1,4 @@
-"""Agent-aware eviction (DESIGN.md section 3, CacheScout): evict what is used again latest.
+"""Agent-aware eviction (docs/design.md section 3, CacheScout): evict what is used again latest.
 
 Recency is the wrong signal for agents that take turns: with A1 B1 ... H1 A2 B2 ... and too
 little KV memory for all histories, the least recently used agent is exactly the one that runs

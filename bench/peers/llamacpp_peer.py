@@ -132,7 +132,7 @@ LLAMA_CPP = "llama-cpp-python==0.3.36"  # the peer; its PyPI release is a source
 
 
 # llama.cpp built without -march=native: on Intel Xeons with AMX, ggml's AMX path crashes on the
-# first ~100-token prompt (../shared/notes/cpu-kernels.md); AVX-512 (VNNI, BF16) without AMX runs
+# first ~100-token prompt (bench/README.md, multi-agent benchmark); AVX-512 (VNNI, BF16) without AMX runs
 AVX512_NO_AMX = " ".join(f"-DGGML_{k}" for k in (
     "NATIVE=OFF", "AVX=ON", "AVX2=ON", "FMA=ON", "F16C=ON", "AVX512=ON", "AVX512_VNNI=ON", "AVX512_BF16=ON",
     "AMX_TILE=OFF", "AMX_INT8=OFF", "AMX_BF16=OFF"))
