@@ -1,104 +1,266 @@
-"""GPU readiness, in one JSON (bench/gpu_check.sh runs it; about 5 minutes on one GPU).
+"""The engine on a GPU, in one JSON (bench/gpu_check.sh runs it on an offline host; ~6 minutes).
 
-Three parts, each reported on its own (`ok`, its figures, or the error that stopped it):
-  1. the triton kernel tests, natively (tests/test_kernels.py: each kernel against its torch
-     reference, and a model step on the triton backend);
-  2. the embedded model's forward on the device: decode steps of 1 and 8 sequences at contexts
-     128 and 2048 (bench/context_case.py's step timing), fp32 weights;
-  3. a 4-agent tool-calling turn loop through the Engine on the device (bench/ff_case.py's
-     agents8 workload cut to 4 agents, fast-forward on).
-On a machine without CUDA, part 1 runs in triton's interpreter and parts 2-3 say so.
+Parts, each reported on its own (`ok`, its figures, or the error that stopped it):
+  kernels   tests/test_kernels.py and tests/test_device_placement.py, natively
+  llama1b   the 1B-like shape (bf16, random weights shared with transformers): logits against
+            transformers; a decode step eager and as a CUDA graph (batch 1/8/32, 1,024-token
+            context); prefill of 2,048 tokens; per token through Engine.generate over the graph
+            step; greedy tokens alone (generate(), eager) = batched = after a radix hit
+            (Engine); transformers eager per token on the same weights
+  llama8b   the Llama-3-8B shape, decode step at batch 1 (graph) and eager
+  agents    bench_agents' agents8 scripts (forced tokens: tool calls, results, fast-forward) on
+            the SmolLM2 shape through agentrt and through transformers eager (the same cut of
+            scripts), end to end
 
-    python -m bench.gpu_check [--device cuda]
+    python -m bench.gpu_check --pack .gpu/pack [--out bench/results/gpu.json] [--parts ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
+DT = torch.bfloat16
 
 
-def part(fn):
-    """fn() -> dict, timed; an exception becomes the part's error."""
+def part(res: dict, name: str, fn, limit_s: int, out: Path) -> None:
+    def alarm(*_):
+        raise TimeoutError(f"part over {limit_s} s")
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(limit_s)
     t0 = time.perf_counter()
     try:
-        out = {"ok": True, **fn()}
-    except Exception as exc:  # reported, never raised: the JSON says what is not ready
-        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    out["seconds"] = round(time.perf_counter() - t0, 2)
-    return out
+        res[name] = {"ok": True, **fn()}
+    except Exception as exc:  # reported, never raised: the JSON says what did not run
+        res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:800], "tb": traceback.format_exc()[-2000:]}
+    finally:
+        signal.alarm(0)
+    res[name]["seconds"] = round(time.perf_counter() - t0, 1)
+    print(name, json.dumps(res[name])[:1500], flush=True)
+    out.write_text(json.dumps(res, indent=1))
+    torch.cuda.empty_cache()
 
 
 def kernel_tests() -> dict:
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=240)
-    tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
-    if r.returncode != 0:
-        raise RuntimeError(tail[0])
-    return {"summary": tail[0]}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py",
+                        "tests/test_device_placement.py"], cwd=ROOT, capture_output=True, text=True, timeout=170)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    return {"rc": r.returncode, "summary": lines[-1:], "failures": [x for x in lines if "FAILED" in x][:10]}
 
 
-def forward(device: str) -> dict:
-    import torch
+def timed(fn, n: int) -> float:
+    """Median ms of fn() over n calls, synchronized."""
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * statistics.median(times), 3)
 
-    from agentrt import load_model
-    from bench.context_case import step_ms
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device")
-    lm = load_model("smollm2-135m", quantize="none", device=device)
-    return {f"decode_b{b}_ms_ctx{c}": step_ms(lm.model, c, b, 2, 8) for c in (128, 2048) for b in (1, 8)}
+def decode_steps(lm, batches=(1, 8, 32), ctx=1024, steps=20) -> dict:
+    """ms of one decode step through ModelExecutor.run (host build + copy + forward + logits to
+    the host): eager and as a CUDA graph replay; and the bare replay."""
+    from agentrt.engine.executor import ModelExecutor
+    from agentrt.model.batch import SeqChunk
+
+    ps, per = 16, -(-(ctx + 4 * steps + 8) // 16)
+    out = {}
+    for graphs in (False, True):
+        ex = ModelExecutor(lm.model, cuda_graphs=graphs)
+        store = ex.allocate(per * max(batches), ps)
+        pages = [list(range(b * per, (b + 1) * per)) for b in range(max(batches))]
+        ids = torch.randint(100, 40000, (ctx,)).tolist()
+        for b in range(max(batches)):  # every sequence's KV at `ctx` (the same ids: speed only)
+            ex.run([], [SeqChunk(ids, 0, pages[b])], store, ps)
+        for b in batches:
+            pos = [ctx]
+
+            def step():
+                ex.run([], [SeqChunk([200], pos[0], pages[i]) for i in range(b)], store, ps)
+                pos[0] += 1
+            step()  # (captures the bucket)
+            out[f"decode_b{b}_{'graph' if graphs else 'eager'}_ms"] = timed(step, steps)
+            pos[0] = ctx
+        if graphs:
+            g, _ = ex.graphs.graphs[1]
+            out["replay_b1_ms"] = timed(g.replay, steps)
+            g, _ = ex.graphs.graphs[max(batches)]
+            out[f"replay_b{max(batches)}_ms"] = timed(g.replay, steps)
+    return out
 
 
-def turn_loop(device: str) -> dict:
+def prefill(lm, n=2048) -> dict:
+    from agentrt.engine.executor import ModelExecutor
+    from agentrt.model.batch import SeqChunk
+
+    ex = ModelExecutor(lm.model)
+    store = ex.allocate(n // 16 + 1, 16)
+    ids = torch.randint(100, 40000, (n,)).tolist()
+    ms = timed(lambda: ex.run([], [SeqChunk(ids, 0, list(range(n // 16)))], store, 16), 5)
+    return {f"prefill_{n}_ms": ms, f"prefill_{n}_tok_per_s": round(n / ms * 1e3)}
+
+
+def logits_vs_hf(lm, hf) -> dict:
+    from agentrt.model.generate import prompt_logits
+
+    prompt = torch.randint(100, 40000, (300,)).tolist()
+    ours = prompt_logits(lm.model, prompt).float().cpu()
+    with torch.inference_mode():
+        ref = hf(torch.tensor([prompt], device="cuda")).logits[0].float().cpu()
+    return {"logits_max_abs_diff": round(float((ours - ref).abs().max()), 4),
+            "logits_ref_max_abs": round(float(ref.abs().max()), 4),
+            "argmax_agree": round(float((ours.argmax(-1) == ref.argmax(-1)).float().mean()), 4)}
+
+
+def engine_generate(lm, graph_step_ms: float, new=128) -> dict:
     import anyio
-    import torch
 
-    from agentrt import EngineConfig, load_model
-    from agentrt.conversation.chat import ChatFormat
-    from bench.agents_cases import QUICK, build_cases, kv_tokens
-    from bench.ff_case import prepare, run_scripts, summary
+    from agentrt import Engine, EngineConfig, SamplingParams
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device")
-    lm = load_model("smollm2-135m", device=device)
-    fmt = ChatFormat(lm.tokenizer)
-    case = next(c for c in build_cases(fmt, lm.tokenizer, quick=True) if c.key == "agents8")
-    scripts = case.make(0)[:4]
-    assert QUICK["agents8"].agents >= 4
-    cfg = EngineConfig(response_cache_size=0, kv_cache_tokens=kv_tokens(scripts, None))
+    prompt = torch.randint(100, 40000, (256,)).tolist()
+    sp = SamplingParams(max_tokens=new, ignore_eos=True)
 
     async def go():
-        factory = await prepare(lm, cfg, scripts, None)
-        return await run_scripts(lm, cfg, scripts, case.arrival, factory)
-    t0 = time.perf_counter()
-    recs = anyio.run(go)
-    return {**summary(recs), "wall_s": time.perf_counter() - t0}
+        async with Engine(lm, EngineConfig(response_cache_size=0)) as eng:
+            await eng.complete(prompt[:40], SamplingParams(max_tokens=8, ignore_eos=True))
+            stamps = []
+            async for ev in eng.generate(prompt, sp):
+                stamps.extend([time.perf_counter()] * len(ev.token_ids))
+            return stamps
+    stamps = anyio.run(go)
+    per = 1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    return {"engine_generate_b1_ms_per_token": round(per, 3),
+            "engine_generate_over_graph_step": round(per / graph_step_ms, 3)}
+
+
+def greedy_identity(lm) -> dict:
+    """Greedy ids: alone (the naive oracle, eager) vs batched with others vs after a radix hit."""
+    import anyio
+
+    from agentrt import Engine, EngineConfig, SamplingParams
+    from agentrt.model.generate import generate
+
+    head = torch.randint(100, 40000, (64,)).tolist()
+    prompts = [head + torch.randint(100, 40000, (20 + 9 * i,)).tolist() for i in range(8)]
+    sp = SamplingParams(max_tokens=32, ignore_eos=True)
+    alone = [generate(lm.model, p, sp) for p in prompts]
+
+    async def go():
+        async with Engine(lm, EngineConfig(response_cache_size=0)) as eng:
+            outs = [None] * len(prompts)
+
+            async def one(i):
+                outs[i] = list((await eng.complete(prompts[i], sp)).token_ids)
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            again = [list((await eng.complete(p, sp)).token_ids) for p in prompts[:4]]  # radix hits
+            return outs, again
+    batched, again = anyio.run(go)
+    first = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(batched, alone)]
+    return {"batched_equal_alone": sum(x == y for x, y in zip(batched, alone)), "of": len(prompts),
+            "radix_hit_equal_alone": sum(x == y for x, y in zip(again, alone)), "radix_of": len(again),
+            "first_difference": first}
+
+
+def hf_per_token(hf, batch=1, new=32) -> dict:
+    ids = torch.randint(100, 40000, (batch, 256), device="cuda")
+    hf.generation_config.pad_token_id = 0
+    with torch.inference_mode():
+        hf.generate(ids[:, :32], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        one = timed(lambda: hf.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False), 2)
+        full = timed(lambda: hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False), 1)
+    return {f"hf_generate_b{batch}_ms_per_token": round((full - one) / (new - 1), 3)}
+
+
+def llama1b(pack: Path) -> dict:
+    from bench.gpu_shapes import agentrt_model, hf_model
+
+    hf = hf_model(pack, "llama1b", "cuda", DT)
+    lm = agentrt_model(pack, "llama1b", hf, "cuda", DT)
+    res = {"kernels": lm.model.ops.name}
+    res.update(logits_vs_hf(lm, hf))
+    res.update(decode_steps(lm))
+    res.update(prefill(lm))
+    res.update(engine_generate(lm, res["decode_b1_graph_ms"]))
+    res.update(greedy_identity(lm))
+    res.update(hf_per_token(hf))
+    return res
+
+
+def llama8b(pack: Path) -> dict:
+    from bench.gpu_shapes import random_agentrt_model
+
+    lm = random_agentrt_model(pack, "llama8b", "cuda", DT)
+    return decode_steps(lm, batches=(1,), steps=10)
+
+
+def agents(pack: Path, agents: int, turns: int) -> dict:
+    import anyio
+
+    from agentrt import EngineConfig
+    from agentrt.conversation.chat import ChatFormat
+    from bench.agents_cases import build_cases, kv_tokens
+    from bench.gpu_shapes import agentrt_model, hf_model
+    from bench.peers.agentrt_peer import AgentrtSystem
+    from bench.peers.hf_peer import TransformersSystem
+
+    hf = hf_model(pack, "smol135m", "cuda", DT)
+    lm = agentrt_model(pack, "smol135m", hf, "cuda", DT)
+    case = next(c for c in build_cases(ChatFormat(lm.tokenizer), lm.tokenizer, quick=True) if c.key == "agents8")
+    scripts = [s[:turns] for s in case.make(0)[:agents]]
+    cfg = EngineConfig(response_cache_size=0, kv_cache_tokens=kv_tokens(scripts, None))
+    out = {"agents": len(scripts), "turns": turns, "calls": sum(map(len, scripts)),
+           "output_tokens": sum(len(c.output) for s in scripts for c in s)}
+    for name, system in (("agentrt", AgentrtSystem.full(lm, cfg)), ("transformers", TransformersSystem(hf))):
+        async def go():
+            await system.warmup()
+            return await system.run(scripts, case.arrival)
+        r = anyio.run(go)
+        out[f"{name}_wall_s"] = round(r.wall_s, 3)
+        out[f"{name}_outputs_as_scripted"] = sum(bool(c.exact) for c in r.records)
+    out["agentrt_speedup_over_transformers"] = round(out["transformers_wall_s"] / out["agentrt_wall_s"], 2)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pack", default=str(ROOT / ".gpu" / "pack"))
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", str(ROOT / "bench" / "results")), "gpu.json"))
+    ap.add_argument("--parts", default="kernels,llama1b,llama8b,agents")
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=2)
     args = ap.parse_args()
-    from bench.common import machine
+    pack, out, parts = Path(args.pack), Path(args.out), args.parts.split(",")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import platform
 
-    res = {"machine": machine(), "device": args.device}
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    res = {"machine": machine, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "command": "bash bench/gpu_check.sh"}
     try:
-        import torch
-
-        res["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception as exc:
-        res["cuda"] = f"error: {exc}"
-    res["triton_kernel_tests"] = part(kernel_tests)
-    res["forward"] = part(lambda: forward(args.device))
-    res["agents4_turn_loop"] = part(lambda: turn_loop(args.device))
-    print(json.dumps(res, indent=1))
+        import triton
+        res["triton"] = triton.__version__
+    except ImportError:
+        res["triton"] = None
+    plan = {"kernels": (kernel_tests, 180), "llama1b": (lambda: llama1b(pack), 200),
+            "llama8b": (lambda: llama8b(pack), 100), "agents": (lambda: agents(pack, args.agents, args.turns), 150)}
+    for name in parts:
+        part(res, name, plan[name][0], plan[name][1], out)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# GPU readiness in one JSON (bench/gpu_check.py): triton kernel tests natively, the embedded
-# model's decode steps on the device, a 4-agent tool-calling turn loop. About 5 minutes on one GPU.
-# The project's venv is made as `make test` makes it (CPU torch pin: on a GPU machine, install
-# the CUDA build of the same torch version into .venv first).
+# The engine on a GPU, in one JSON (bench/gpu_check.py), on a host that reaches no package index.
+# Made beforehand on a connected machine: `python -m bench.gpu_pack` writes .gpu/ (the wheels the
+# CUDA image lacks, the embedded tokenizer and the SmolLM2 config; ~11 MB), sent with the checkout.
+# The host's own torch (a CUDA build), triton and transformers are used; nothing is built.
+#   bash bench/gpu_check.sh [--parts kernels,llama1b,llama8b,agents]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-make -s venv >/dev/null
-timeout 300 .venv/bin/python -m bench.gpu_check --device "${1:-cuda}"
+SITE="${AGENTRT_GPU_SITE:-/tmp/agentrt-site}"
+if [ -d .gpu/wheels ] && [ ! -f "$SITE/.done" ]; then
+  python3 -m pip install --quiet --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl && touch "$SITE/.done"
+fi
+# the checkout itself is the package (agentrt/kernels and agentrt/integrations link to the
+# top-level folders); the compiled CPU kernels are not built on a GPU host
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" AGENTRT_NATIVE=0
+python3 -m bench.gpu_check --pack .gpu/pack "$@"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -19,8 +18,15 @@ class AttentionMeta:
 
         page_table: [B, max_pages] int64, page ids of each sequence in order (padded with 0)
         slot_mapping: [T] int64, flat KV slot (page * page_size + offset) of each new token
-        decode_rows: [Bd] int64, sequence indices with q_len == 1 (batched together)
-        prefill_rows: sequence indices with q_len > 1 (attended one by one)
+        decode_rows: sequence indices with q_len == 1 (batched together), on the host
+        prefill_rows: sequence indices with q_len > 1 (attended one by one), on the host
+        decode_idx: [Bd] int64, decode_rows as a tensor (rows of page_table and kv_lens_t)
+        decode_tok: [Bd] int64, the batch row of each decode token
+        decode_lens: [Bd] int64, the KV length of each decode row (kv_lens_t[decode_idx])
+        decode_max_kv: the longest decode KV (a host int: shapes never need a device read)
+
+    Complete when built (model/batch.py builds every field on the host); `to()` moves every
+    tensor, so nothing a kernel reads is made after the batch reaches the model's device.
     """
 
     q_lens: tuple[int, ...]
@@ -32,38 +38,34 @@ class AttentionMeta:
     decode_rows: tuple[int, ...]
     prefill_rows: tuple[int, ...]
     page_size: int
+    decode_idx: torch.Tensor
+    decode_tok: torch.Tensor
+    decode_lens: torch.Tensor
+    decode_max_kv: int
     # the same batch over the sliding-window layers' own pages (kv/window.py), where the store
     # keeps them apart: page_table and slot_mapping in local rows; None otherwise
     local: "AttentionMeta | None" = None
 
+    TENSORS = ("page_table", "slot_mapping", "kv_lens_t", "decode_idx", "decode_tok", "decode_lens")
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the metadata (the local view's after its own), in a fixed order."""
+        own = [getattr(self, n) for n in self.TENSORS]
+        return own + (self.local.tensors() if self.local is not None else [])
+
+    def with_tensors(self, ts) -> "AttentionMeta":
+        """The same metadata over `ts` (an iterator in `tensors()` order, e.g. moved copies)."""
+        own = {n: next(ts) for n in self.TENSORS}
+        local = self.local.with_tensors(ts) if self.local is not None else None
+        return replace(self, **own, local=local)
+
     def to(self, device: torch.device | str) -> "AttentionMeta":
         """The same metadata with its tensors on `device` (a GPU model's batch)."""
-        local = self.local.to(device) if self.local is not None else None
-        return replace(self, page_table=self.page_table.to(device), slot_mapping=self.slot_mapping.to(device),
-                       kv_lens_t=self.kv_lens_t.to(device), local=local)
+        return self.with_tensors(iter([t.to(device) for t in self.tensors()]))
 
     def for_layer(self, local: bool) -> "AttentionMeta":
         """The metadata a layer reads (a sliding-window layer's, where they have their own)."""
         return self.local if local and self.local is not None else self
-
-    # the torch reference's batched decode rows: computed on first use, once per batch (not once
-    # per layer); the compiled kernels never read them
-    @cached_property
-    def decode_tok(self) -> torch.Tensor:
-        """[Bd] batch row of each decode token"""
-        return torch.tensor([self.cu_q[r] for r in self.decode_rows], dtype=torch.long)
-
-    @cached_property
-    def decode_pages(self) -> torch.Tensor:
-        """[Bd, n] pages covering the longest decode KV"""
-        idx = torch.tensor(self.decode_rows, dtype=torch.long)
-        return self.page_table[idx, : -(-self.decode_keep.shape[-1] // self.page_size)]
-
-    @cached_property
-    def decode_keep(self) -> torch.Tensor:
-        """[Bd, 1, 1, max_kv] key-padding mask"""
-        lens = torch.tensor([self.kv_lens[r] for r in self.decode_rows], dtype=torch.long)
-        return (torch.arange(int(lens.max())) < lens.unsqueeze(1))[:, None, None, :]
 
     @property
     def num_seqs(self) -> int:

@@ -85,15 +85,24 @@ def attend(q, k, v, mask, scale, softcap: float = 0.0):
 SDPA_MIN_QUERIES = 48  # from this many queries on, the fused kernel wins (bench: 250 queries over 2300 keys 42 -> 15 ms)
 
 
+def decode_mask(meta: AttentionMeta, window: int = 0) -> torch.Tensor:
+    """[Bd, 1, 1, max_kv] keys each decode row attends (on the metadata's device): its KV, and
+    with window > 0 only the last `window` of it (the query sits at kv_len - 1)."""
+    lens = meta.decode_lens  # [Bd]
+    cols = torch.arange(meta.decode_max_kv, device=lens.device)
+    keep = cols < lens[:, None]
+    if window:
+        keep &= cols >= (lens - window)[:, None]
+    return keep[:, None, None, :]
+
+
 def _decode_attention(q, k_cache, v_cache, meta: AttentionMeta, scale, window: int = 0, softcap: float = 0.0):
     # q: [Bd, H, D] one query per sequence, all batched with a key-padding mask.
-    keep = meta.decode_keep  # [Bd, 1, 1, max_kv]
-    max_kv = keep.shape[-1]
-    if window:  # (a sequence's query sits at kv_len - 1: keys kv_len - window .. kv_len - 1)
-        lens = meta.kv_lens_t[torch.tensor(meta.decode_rows, dtype=torch.long)].to(keep.device)
-        keep = keep & (torch.arange(max_kv, device=keep.device) >= (lens - window)[:, None])[:, None, None, :]
-    k = gather_pages(k_cache, meta.decode_pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
-    v = gather_pages(v_cache, meta.decode_pages)[:, :, :max_kv]
+    keep = decode_mask(meta, window)  # [Bd, 1, 1, max_kv]
+    max_kv = meta.decode_max_kv
+    pages = meta.page_table[meta.decode_idx, : -(-max_kv // meta.page_size)]  # [Bd, n]
+    k = gather_pages(k_cache, pages)[:, :, :max_kv]  # [Bd, Hkv, max_kv, D]
+    v = gather_pages(v_cache, pages)[:, :, :max_kv]
     ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
     out = attend(q.unsqueeze(2).to(ct), k.to(ct), v.to(ct), keep, scale, softcap)
     return out.squeeze(2)  # [Bd, H, D]
@@ -107,10 +116,11 @@ def _prefill_attention(q, k_cache, v_cache, kv_len, pages, scale, window: int = 
     ct = torch.promote_types(q.dtype, k.dtype)  # (a float16 KV store is read in float32)
     k, v = k.to(ct), v.to(ct)
     lq = q.shape[1]
-    qpos = torch.arange(kv_len - lq, kv_len).unsqueeze(1)
-    mask = torch.arange(kv_len).unsqueeze(0) <= qpos  # [Lq, kv_len]
+    cols = torch.arange(kv_len, device=q.device).unsqueeze(0)  # (masks are made where the queries are)
+    qpos = cols[:, kv_len - lq:].T  # [Lq, 1]
+    mask = cols <= qpos  # [Lq, kv_len]
     if window:
-        mask &= torch.arange(kv_len).unsqueeze(0) > qpos - window
+        mask &= cols > qpos - window
     if lq < SDPA_MIN_QUERIES or softcap:  # (SDPA has no softcap)
         return attend(q.to(k.dtype), k, v, mask[None], scale, softcap)
     # long chunks: the fused (flash) CPU kernel, which torch only picks for 4-D inputs with

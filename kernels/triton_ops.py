@@ -107,10 +107,8 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, wind
         return reference.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
     out = reference.paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
     if meta.decode_rows:
-        idx = torch.tensor(meta.decode_rows, dtype=torch.long, device=q.device)
-        tok = meta.decode_tok.to(q.device)
-        res = decode_attention(q[tok], k_cache, v_cache, meta.page_table[idx], meta.kv_lens_t[idx], scale)
-        out[tok] = res
+        tok = meta.decode_tok
+        out[tok] = decode_attention(q[tok], k_cache, v_cache, meta.page_table[meta.decode_idx], meta.decode_lens, scale)
     return out
 
 

@@ -15,7 +15,9 @@ import torch
 
 from agentrt.kv.tier import HostTier
 from agentrt.model.batch import SeqChunk, build_batch
+from agentrt.model.graphs import DecodeGraphs, graphable, is_decode
 from agentrt.model.kv import KVStore
+from agentrt.model.staging import HostStaging
 
 
 @dataclass(frozen=True)
@@ -46,25 +48,43 @@ class Executor(Protocol):
 
 class ModelExecutor:
     """The real executor: the model's forward over a paged KV store, on the model's device. The
-    KV pool lives there; each batch is built on the host and moved there, and the logits rows
-    come back to the host, where sampling, grammars and stops run (one copy of a few rows a step
-    on a GPU; nothing on the CPU)."""
+    KV pool lives there; each batch is built on the host and moved there in one copy (a pinned
+    buffer: model/staging.py), and the logits rows come back to the host, where sampling, grammars
+    and stops run (one copy of a few rows a step on a GPU; nothing on the CPU). On a GPU, decode
+    steps replay CUDA graphs (model/graphs.py, one per batch bucket) where the model allows them;
+    prefill and mixed steps run eagerly."""
 
     simulated = False
 
-    def __init__(self, model, path: str | None = None):
+    def __init__(self, model, path: str | None = None, cuda_graphs: bool = True):
         self.model, self.path = model, path  # path None: the model's own default forward
-        self.device = model.norm.device
+        self.device = model.device
+        self.staging = HostStaging(self.device)
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.graphs: DecodeGraphs | None = None
 
     def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
-        return KVStore.allocate(self.model.cfg, num_pages, page_size, self.model.kv_dtype, device=self.device,
-                                num_local=num_local)
+        # on a GPU, one page past the allocator's pool: the scratch page that graph padding rows use
+        extra = 1 if self.cuda_graphs else 0
+        return KVStore.allocate(self.model.cfg, num_pages + extra, page_size, self.model.kv_dtype,
+                                device=self.device, num_local=num_local)
 
     def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
         return HostTier(store, budget_bytes)
 
+    def _graphs(self, store: KVStore) -> DecodeGraphs | None:
+        if not (self.cuda_graphs and graphable(self.model, store)):
+            return None
+        if self.graphs is None or not self.graphs.matches(store):  # (a new pool: capture again)
+            self.graphs = DecodeGraphs(self.model, store, scratch=store.num_pages - 1)
+        return self.graphs
+
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
-        fb = build_batch(chunks, page_size, store.local_of).to(self.device)
+        graphs = self._graphs(store) if is_decode(chunks) else None
+        if graphs is not None:
+            logits = graphs.run(chunks)
+            return StepOutput(tuple(logits.cpu().split(1)))
+        fb = build_batch(chunks, page_size, store.local_of).to(self.device, self.staging)
         logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
         return StepOutput(tuple(logits.cpu().split(list(fb.logits_count))))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from agentrt.kernels.base import AttentionMeta
+from agentrt.model.staging import HostStaging
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,21 @@ class ForwardBatch:
     logits_rows: torch.Tensor  # [L] rows of the batch whose logits are computed
     logits_count: tuple[int, ...]  # per sequence, how many of those rows are its own
 
-    def to(self, device: torch.device | str) -> "ForwardBatch":
-        """The batch with its tensors on `device` (built on the host, run on a GPU model's)."""
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the batch (all int64, built on the host), in a fixed order."""
+        return [self.input_ids, self.positions, self.logits_rows, *self.meta.tensors()]
+
+    def with_tensors(self, ts: list[torch.Tensor]) -> "ForwardBatch":
+        it = iter(ts)
+        ids, pos, rows = next(it), next(it), next(it)
+        return replace(self, input_ids=ids, positions=pos, logits_rows=rows, meta=self.meta.with_tensors(it))
+
+    def to(self, device: torch.device | str, staging: "HostStaging | None" = None) -> "ForwardBatch":
+        """The batch with every tensor on `device`, in one host -> device copy (through
+        `staging`'s pinned buffer when given); the same batch on the host's own CPU."""
         if torch.device(device).type == "cpu" and self.input_ids.device.type == "cpu":
             return self
-        return replace(self, input_ids=self.input_ids.to(device), positions=self.positions.to(device),
-                       meta=self.meta.to(device), logits_rows=self.logits_rows.to(device))
+        return self.with_tensors((staging or HostStaging(device)).move(self.tensors()))
 
 
 def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor | None = None) -> ForwardBatch:
@@ -64,6 +74,9 @@ def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor |
         q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), cu_q=tuple(cu), page_table=table,
         slot_mapping=slot_t, kv_lens_t=torch.tensor(kv_lens, dtype=torch.long), decode_rows=decode,
         prefill_rows=tuple(i for i, q in enumerate(q_lens) if q > 1), page_size=page_size,
+        decode_idx=torch.tensor(decode, dtype=torch.long), decode_tok=torch.tensor([cu[r] for r in decode], dtype=torch.long),
+        decode_lens=torch.tensor([kv_lens[r] for r in decode], dtype=torch.long),
+        decode_max_kv=max((kv_lens[r] for r in decode), default=0),
     )
     if local_of is not None:  # (a released page maps to row 0: no window reaches it)
         local_slots = local_of[slot_t // page_size] * page_size + slot_t % page_size

@@ -1,5 +1,7 @@
 """The naive reference path: one sequence, a private KV store, whole-prompt prefill, then one
-token per step. Tests use it as the oracle for every batching/caching/speculation path."""
+token per step. Tests use it as the oracle for every batching/caching/speculation path. It
+runs on the model's device (`model.device`): its KV store is made there and each step's batch
+moved there; the logits come back to the host for sampling."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from agentrt.errors import ConfigError, ContextLengthExceeded
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
 from agentrt.model.llama import LlamaModel
+from agentrt.model.staging import HostStaging
 from agentrt.sampling import SamplingParams, make_generator, sample_row
 
 
@@ -16,8 +19,8 @@ def prompt_logits(model: LlamaModel, prompt: list[int], page_size: int = 16,
                   path: str | None = None) -> torch.Tensor:
     """Logits [len(prompt), V] of a single full-prompt forward."""
     pages = list(range(-(-len(prompt) // page_size)))
-    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype)
-    fb = build_batch([SeqChunk(prompt, 0, pages, want_logits=len(prompt))], page_size)
+    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype, device=model.device)
+    fb = build_batch([SeqChunk(prompt, 0, pages, want_logits=len(prompt))], page_size).to(model.device)
     return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
 
 
@@ -39,7 +42,8 @@ def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None
             f"prompt ({len(prompt)}) + max_tokens ({p.max_tokens}) exceeds the model's "
             f"context of {model.cfg.max_position_embeddings} tokens")
     pages = list(range(-(-total // page_size)))
-    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype)
+    kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype, device=model.device)
+    staging = HostStaging(model.device)
     gen = make_generator(p.seed if p.seed is not None else 0)
     stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
     ff = constraint.fast_forward if fast_forward and constraint is not None else None
@@ -49,8 +53,8 @@ def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None
     pos, feed = 0, [list(prompt)] + [[t] for t in out]  # the prompt in one chunk, then one id per step
     while len(out) < p.max_tokens:
         for ids in feed:
-            fb = build_batch([SeqChunk(ids, pos, pages)], page_size)
-            logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
+            fb = build_batch([SeqChunk(ids, pos, pages)], page_size).to(model.device, staging)
+            logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path).cpu()
             pos += len(ids)
         row = logits[0] if constraint is None else constraint.mask_logits(logits[0])
         new = [sample_row(row, p, gen)]

@@ -127,6 +127,11 @@ class LlamaModel(nn.Module):
         # and the KV store's pointers, each rebuilt there when what it describes changes
         self.fused_cache: dict[str, Any] = {}
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live: the KV store and every batch go there too."""
+        return self.norm.device
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,
                 meta: AttentionMeta, logits_rows: torch.Tensor | None = None,

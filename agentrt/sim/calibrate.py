@@ -164,5 +164,5 @@ def _tier_copy_s(model) -> float:
     from agentrt.kv.tier import HostTier
     from agentrt.model.kv import KVStore
 
-    store = KVStore.allocate(model.cfg, 16, 16, model.kv_dtype)
+    store = KVStore.allocate(model.cfg, 16, 16, model.kv_dtype, device=model.device)
     return statistics.median(HostTier(store, 1 << 30).copy_s_per_page for _ in range(3))

@@ -48,11 +48,12 @@ def hf_forced(model, prompt: list[int], output: list[int], t_submit: float) -> t
     """Prefill `prompt`, then force-decode `output` with the KV cache; (tokens, first-token time).
     Only the last position's logits are computed (`logits_to_keep=1`, as `generate` does)."""
     name = _cache_name(model)
-    out = model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+    dev = model.device  # (the model's device: a GPU peer gets its ids there)
+    out = model(torch.tensor([prompt], device=dev), use_cache=True, logits_to_keep=1)
     toks = [forced_token(out.logits[0, -1], output[0])]
     first = time.perf_counter()
     for want in output[1:]:
-        out = model(torch.tensor([[toks[-1]]]), use_cache=True, logits_to_keep=1, **{name: getattr(out, name)})
+        out = model(torch.tensor([[toks[-1]]], device=dev), use_cache=True, logits_to_keep=1, **{name: getattr(out, name)})
         toks.append(forced_token(out.logits[0, -1], want))
     return toks, first - t_submit
 
