@@ -54,7 +54,8 @@ def part(res: dict, name: str, fn, limit_s: int, out: Path) -> None:
 
 def kernel_tests() -> dict:
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py",
-                        "tests/test_device_placement.py"], cwd=ROOT, capture_output=True, text=True, timeout=170)
+                        "tests/test_device_placement.py", "tests/test_cuda_graphs.py"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=100)
     lines = (r.stdout + r.stderr).strip().splitlines()
     return {"rc": r.returncode, "summary": lines[-1:], "failures": [x for x in lines if "FAILED" in x][:10]}
 
@@ -257,8 +258,8 @@ def main() -> None:
         res["triton"] = triton.__version__
     except ImportError:
         res["triton"] = None
-    plan = {"kernels": (kernel_tests, 180), "llama1b": (lambda: llama1b(pack), 200),
-            "llama8b": (lambda: llama8b(pack), 100), "agents": (lambda: agents(pack, args.agents, args.turns), 150)}
+    plan = {"kernels": (kernel_tests, 110), "llama1b": (lambda: llama1b(pack), 180),
+            "llama8b": (lambda: llama8b(pack), 90), "agents": (lambda: agents(pack, args.agents, args.turns), 120)}
     for name in parts:
         part(res, name, plan[name][0], plan[name][1], out)
 

@@ -12,5 +12,8 @@ if [ -d .gpu/wheels ] && [ ! -f "$SITE/.done" ]; then
 fi
 # the checkout itself is the package (agentrt/kernels and agentrt/integrations link to the
 # top-level folders); the compiled CPU kernels are not built on a GPU host
+for pkg in kernels integrations; do  # (a copy that dropped the links gets them back)
+  [ -e "agentrt/$pkg" ] || ln -s "../$pkg" "agentrt/$pkg"
+done
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" AGENTRT_NATIVE=0
 python3 -m bench.gpu_check --pack .gpu/pack "$@"
