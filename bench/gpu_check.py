@@ -57,7 +57,8 @@ def kernel_tests() -> dict:
                         "tests/test_device_placement.py", "tests/test_cuda_graphs.py"], cwd=ROOT, capture_output=True, text=True,
                        timeout=100)
     lines = (r.stdout + r.stderr).strip().splitlines()
-    return {"rc": r.returncode, "summary": lines[-1:], "failures": [x for x in lines if "FAILED" in x][:10]}
+    return {"rc": r.returncode, "summary": lines[-1:], "failures": [x for x in lines if "FAILED" in x][:10],
+            "tail": lines[-40:] if r.returncode else []}
 
 
 def timed(fn, n: int) -> float:
@@ -227,13 +228,19 @@ def agents(pack: Path, agents: int, turns: int) -> dict:
     cfg = EngineConfig(response_cache_size=0, kv_cache_tokens=kv_tokens(scripts, None))
     out = {"agents": len(scripts), "turns": turns, "calls": sum(map(len, scripts)),
            "output_tokens": sum(len(c.output) for s in scripts for c in s)}
+    from agentrt.engine.executor import ModelExecutor
+
+    ex = ModelExecutor(lm.model)
     for name, system in (("agentrt", AgentrtSystem.full(lm, cfg)), ("transformers", TransformersSystem(hf))):
         async def go():
             await system.warmup()
-            return await system.run(scripts, case.arrival)
+            return await (system.run(scripts, case.arrival, executor=ex) if name == "agentrt"
+                          else system.run(scripts, case.arrival))
         r = anyio.run(go)
         out[f"{name}_wall_s"] = round(r.wall_s, 3)
         out[f"{name}_outputs_as_scripted"] = sum(bool(c.exact) for c in r.records)
+    out["agentrt_steps"] = dict(ex.steps)
+    out["agentrt_step_seconds"] = {k: round(v, 3) for k, v in ex.seconds.items()}
     out["agentrt_speedup_over_transformers"] = round(out["transformers_wall_s"] / out["agentrt_wall_s"], 2)
     return out
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from agentrt.kernels import reference
+from agentrt.kernels.backends import get_backend
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
 from agentrt.model.staging import HostStaging
@@ -80,6 +81,7 @@ def test_reference_attention_makes_its_masks_on_the_queries_device(window, softc
 
 def test_model_forward_on_meta_over_an_engine_batch():
     model = copy.deepcopy(tiny_model("llama")).to("meta")
+    model.ops = get_backend("torch")  # (the reference kernels: the ones a GPU runs for prefill)
     assert model.device.type == "meta"
     store = KVStore.allocate(model.cfg, 9, PS, model.kv_dtype, device=model.device)
     staging = HostStaging(model.device)

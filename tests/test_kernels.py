@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -65,8 +66,7 @@ def _paged_setup(dtype, page=8, heads=6, kv_heads=2, d=16, lens=(1, 9, 30, 17)):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_attention_matches_reference(dtype):
     q, kc, vc, meta = _paged_setup(dtype)
-    meta = type(meta)(**{**meta.__dict__, "page_table": meta.page_table.to(DEV),
-                         "kv_lens_t": meta.kv_lens_t.to(DEV), "slot_mapping": meta.slot_mapping.to(DEV)})
+    meta = meta.to(DEV)
     scale = 16 ** -0.5
     got = triton_ops.paged_attention(q, kc, vc, meta, scale)
     ref = reference.paged_attention(q, kc, vc, meta, scale)
@@ -89,7 +89,7 @@ def test_triton_backend_runs_a_model_step_on_gpu():
     from tests.conftest import tiny_model
     from agentrt.model.generate import prompt_logits
 
-    model = tiny_model("llama")
+    model = copy.deepcopy(tiny_model("llama"))  # (the cached model stays on the CPU for other tests)
     ref = prompt_logits(model, list(range(40)))
     model.ops = get_backend("triton", "cuda")
     got = prompt_logits(model.cuda(), list(range(40))).cpu()

@@ -8,6 +8,7 @@ tier, retention, prefetch and preemption are the same code either way."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,6 +63,8 @@ class ModelExecutor:
         self.staging = HostStaging(self.device)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.graphs: DecodeGraphs | None = None
+        self.steps = {"graph": 0, "eager": 0}  # steps run each way, and their seconds (host + device)
+        self.seconds = {"graph": 0.0, "eager": 0.0}
 
     def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
         # on a GPU, one page past the allocator's pool: the scratch page that graph padding rows use
@@ -80,13 +83,17 @@ class ModelExecutor:
         return self.graphs
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
+        t0 = time.perf_counter()
         graphs = self._graphs(store) if is_decode(chunks) else None
         if graphs is not None:
-            logits = graphs.run(chunks)
-            return StepOutput(tuple(logits.cpu().split(1)))
-        fb = build_batch(chunks, page_size, store.local_of).to(self.device, self.staging)
-        logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
-        return StepOutput(tuple(logits.cpu().split(list(fb.logits_count))))
+            kind, rows = "graph", tuple(graphs.run(chunks).cpu().split(1))
+        else:
+            fb = build_batch(chunks, page_size, store.local_of).to(self.device, self.staging)
+            logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
+            kind, rows = "eager", tuple(logits.cpu().split(list(fb.logits_count)))
+        self.steps[kind] += 1
+        self.seconds[kind] += time.perf_counter() - t0
+        return StepOutput(rows)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         # (the rows are on the host: a GPU model's own argmax kernel does not take them)
