@@ -8,6 +8,9 @@ from typing import Protocol
 import torch
 
 
+SHORT_QUERIES = 64  # rows of up to this many new tokens are attended token by token on a GPU
+
+
 @dataclass(frozen=True)
 class AttentionMeta:
     """Forward-pass metadata of one flattened varlen batch (B sequences, T new tokens).
@@ -24,6 +27,12 @@ class AttentionMeta:
         decode_tok: [Bd] int64, the batch row of each decode token
         decode_lens: [Bd] int64, the KV length of each decode row (kv_lens_t[decode_idx])
         decode_max_kv: the longest decode KV (a host int: shapes never need a device read)
+        short_tok: [Ts] int64, the batch rows of every token of a short row (q_len <=
+            SHORT_QUERIES: decode, verification, fast-forward, small chunks), attended token by
+            token (kernels/triton_attention.py); long_rows: the other rows (host), one by one
+        short_seq: [Ts] int64, each such token's sequence (its page_table row)
+        short_lens: [Ts] int64, each such token's keys: its position + 1
+        short_max_kv: the longest of those (a host int)
 
     Complete when built (model/batch.py builds every field on the host); `to()` moves every
     tensor, so nothing a kernel reads is made after the batch reaches the model's device.
@@ -42,11 +51,17 @@ class AttentionMeta:
     decode_tok: torch.Tensor
     decode_lens: torch.Tensor
     decode_max_kv: int
+    short_tok: torch.Tensor
+    short_seq: torch.Tensor
+    short_lens: torch.Tensor
+    short_max_kv: int
+    long_rows: tuple[int, ...]
     # the same batch over the sliding-window layers' own pages (kv/window.py), where the store
     # keeps them apart: page_table and slot_mapping in local rows; None otherwise
     local: "AttentionMeta | None" = None
 
-    TENSORS = ("page_table", "slot_mapping", "kv_lens_t", "decode_idx", "decode_tok", "decode_lens")
+    TENSORS = ("page_table", "slot_mapping", "kv_lens_t", "decode_idx", "decode_tok", "decode_lens", "short_tok",
+               "short_seq", "short_lens")
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the metadata (the local view's after its own), in a fixed order."""

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from agentrt.kernels import reference
 from agentrt.kernels.base import AttentionMeta
+from agentrt.kernels.triton_attention import token_attention
 
 
 @triton.jit
@@ -57,58 +58,16 @@ def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     _store_kv_kernel[(k.shape[0],)](k, v, k_cache, v_cache, slot_mapping, width, BLOCK=128)
 
 
-@triton.jit
-def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, table_ptr, lens_ptr, scale,
-                        table_stride, n_kv_heads, group, HEAD: tl.constexpr, PAGE: tl.constexpr):
-    # one program per (sequence, query head); online softmax over the sequence's pages.
-    # q, out: [B, H, D]; caches: [P, PAGE, Hkv, D]; table: [B, max_pages]; lens: [B]
-    b, h = tl.program_id(0), tl.program_id(1)
-    kvh = h // group
-    d = tl.arange(0, HEAD)
-    q = tl.load(q_ptr + (b * n_kv_heads * group + h) * HEAD + d).to(tl.float32)
-    kv_len = tl.load(lens_ptr + b)
-    m_i = tl.full([1], float("-inf"), tl.float32)
-    l_i = tl.zeros([1], tl.float32)
-    acc = tl.zeros([HEAD], tl.float32)
-    pos = tl.arange(0, PAGE)
-    for p in range(0, tl.cdiv(kv_len, PAGE)):
-        page = tl.load(table_ptr + b * table_stride + p).to(tl.int64)
-        rows = (page * PAGE + pos) * n_kv_heads + kvh  # [PAGE] row index of (slot, kv head)
-        valid = p * PAGE + pos < kv_len
-        k = tl.load(kc_ptr + rows[:, None] * HEAD + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], axis=1) * scale
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        w = tl.exp(s - m_new)
-        alpha = tl.exp(m_i - m_new)
-        v = tl.load(vc_ptr + rows[:, None] * HEAD + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(w[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(w, axis=0)
-        m_i = m_new
-    tl.store(out_ptr + (b * n_kv_heads * group + h) * HEAD + d, acc / l_i)
-
-
-def decode_attention(q, k_cache, v_cache, page_table, kv_lens, scale) -> torch.Tensor:
-    """q [B, H, D] one query per sequence -> [B, H, D] (fp32 accumulation, q's dtype out)."""
-    b, h, d = q.shape
-    hkv, page = k_cache.shape[2], k_cache.shape[1]
-    out = torch.empty((b, h, d), dtype=torch.float32, device=q.device)
-    table = page_table.contiguous()
-    _decode_attn_kernel[(b, h)](q.contiguous(), k_cache, v_cache, out, table, kv_lens.contiguous(),
-                                scale, table.stride(0), hkv, h // hkv, HEAD=d, PAGE=page)
-    return out.to(q.dtype)
-
-
 def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0,
                     softcap: float = 0.0) -> torch.Tensor:
-    """Decode rows by the triton kernel; prefill rows (several queries) by the reference (and
-    every row of a sliding-window or softcapped layer: the triton kernel has neither)."""
-    if window or softcap:
-        return reference.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
-    out = reference.paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.prefill_rows)
-    if meta.decode_rows:
-        tok = meta.decode_tok
-        out[tok] = decode_attention(q[tok], k_cache, v_cache, meta.page_table[meta.decode_idx], meta.decode_lens, scale)
+    """Every token of the short rows (decode, verification, small chunks) in one launch
+    (triton_attention.token_attention: causal per token, window and softcap included); long
+    prefill rows one by one through the reference (SDPA)."""
+    out = reference.paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.long_rows, window, softcap)
+    if meta.short_max_kv:
+        tok = meta.short_tok
+        out[tok] = token_attention(q[tok], k_cache, v_cache, meta.page_table, meta.short_seq, meta.short_lens,
+                                   scale, window, softcap, meta.short_max_kv)
     return out
 
 

@@ -77,6 +77,53 @@ def test_decode_attention_matches_reference(dtype):
         assert _err_rule(got, ref, ref32)
 
 
+def _mixed_setup(dtype, page, heads, kv_heads, d, rows):
+    """rows: (cached, new) per sequence: `new` tokens after `cached` ones (decode: new = 1)."""
+    g = torch.Generator().manual_seed(2)
+    per = [-(-(c + n) // page) for c, n in rows]
+    n_pages = sum(per) + 2
+    kc = torch.randn(n_pages, page, kv_heads, d, generator=g).to(dtype).to(DEV)
+    vc = torch.randn(n_pages, page, kv_heads, d, generator=g).to(dtype).to(DEV)
+    perm = torch.randperm(n_pages, generator=g).tolist()
+    chunks, at = [], 0
+    for (c, n), k in zip(rows, per):
+        chunks.append(SeqChunk(list(range(n)), c, perm[at:at + k], want_logits=n))
+        at += k
+    meta = build_batch(chunks, page).meta.to(DEV)
+    q = torch.randn(meta.num_tokens, heads, d, generator=g).to(dtype).to(DEV)
+    return q, kc, vc, meta
+
+
+MIXED = [(0, 1), (40, 1), (17, 5), (0, 9), (3, 70), (100, 1), (30, 24)]  # decode, chunks, a long row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 6, 2, 16), (16, 9, 3, 64), (8, 8, 8, 24)])  # page, H, Hkv, D
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (11, 0.0), (0, 5.0)])
+def test_token_attention_over_a_mixed_batch_matches_reference(dtype, shape, window, softcap):
+    """Decode rows, short chunks after a cached prefix and a long row in one batch: the short
+    rows' tokens go through the split kernel, the long row through SDPA; GQA groups of 3 (padded
+    to 4), 1 and 1, a head dim that is no power of two, a sliding window, a softcap."""
+    q, kc, vc, meta = _mixed_setup(dtype, *shape, MIXED)
+    assert meta.long_rows == (4,) and meta.short_max_kv == 101
+    scale = shape[3] ** -0.5
+    got = triton_ops.paged_attention(q, kc, vc, meta, scale, window, softcap)
+    ref = reference.paged_attention(q, kc, vc, meta, scale, window, softcap)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    else:
+        ref32 = reference.paged_attention(q.float(), kc.float(), vc.float(), meta, scale, window, softcap)
+        assert _err_rule(got, ref, ref32)
+
+
+def test_split_counts_fill_the_device_and_stay_powers_of_two():
+    from agentrt.kernels.triton_attention import splits_for
+
+    assert splits_for(1, 8, 4096, 32) == 32 and splits_for(1, 8, 100, 32) == 4
+    assert splits_for(64, 8, 4096, 32) == 1 and splits_for(3, 3, 4096, 32) == 32
+    assert all(s & (s - 1) == 0 for s in (splits_for(t, 3, 999, 16) for t in range(1, 40)))
+
+
 def test_backend_choice_and_override():
     assert get_backend("torch").name == "torch"
     assert get_backend("auto", "cpu").name == "torch"

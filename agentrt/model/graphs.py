@@ -105,7 +105,8 @@ class DecodeGraphs:
         meta = AttentionMeta(
             q_lens=(1,) * b, kv_lens=(1,) * b, cu_q=tuple(range(b + 1)), page_table=table, slot_mapping=slots,
             kv_lens_t=lens, decode_rows=tuple(range(b)), prefill_rows=(), page_size=self.page_size,
-            decode_idx=rows, decode_tok=rows, decode_lens=lens, decode_max_kv=0)
+            decode_idx=rows, decode_tok=rows, decode_lens=lens, decode_max_kv=0, short_tok=rows, short_seq=rows,
+            short_lens=lens, short_max_kv=self.width * self.page_size, long_rows=())
         return meta, (ids, pos, rows)
 
     def _capture(self, b: int) -> None:
