@@ -58,6 +58,59 @@ def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     _store_kv_kernel[(k.shape[0],)](k, v, k_cache, v_cache, slot_mapping, width, BLOCK=128)
 
 
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n, eps, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+    # one program per row: x * rsqrt(mean(x^2) + eps) in fp32, rounded to x's dtype (ROUND), times w
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=m, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    if ROUND:  # (the reference rounds the normalized row before the weight multiplies it)
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (y * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in one launch (reference.rms_norm's arithmetic)."""
+    xc = x.contiguous()
+    n = x.shape[-1]
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    rows = xc.numel() // n
+    if rows:
+        _rms_norm_kernel[(rows,)](xc, weight, out, n, eps, BLOCK=triton.next_power_of_2(n),
+                                  ROUND=x.dtype != torch.float32)
+    return out
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D: tl.constexpr, HALF: tl.constexpr):
+    # one program per (token, head): x * cos + rotate_half(x) * sin in fp32, one rounding
+    t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i = tl.arange(0, HALF)
+    base = (t * heads + h) * D
+    x1 = tl.load(x_ptr + base + i).to(tl.float32)
+    x2 = tl.load(x_ptr + base + HALF + i).to(tl.float32)
+    c1, c2 = tl.load(cos_ptr + t * D + i), tl.load(cos_ptr + t * D + HALF + i)
+    s1, s2 = tl.load(sin_ptr + t * D + i), tl.load(sin_ptr + t * D + HALF + i)
+    tl.store(out_ptr + base + i, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + base + HALF + i, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [T, H, D] with cos/sin [T, D] in one launch (a power-of-two half;
+    other head dims take the reference)."""
+    t, h, d = x.shape
+    half = d // 2
+    if d % 2 or half & (half - 1) or cos.dtype != torch.float32:
+        return reference.rope(x, cos, sin)
+    out = torch.empty_like(x)
+    if t:
+        _rope_kernel[(t, h)](x.contiguous(), cos.contiguous(), sin.contiguous(), out, h, D=d, HALF=half)
+    return out
+
+
 def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0,
                     softcap: float = 0.0) -> torch.Tensor:
     """Every token of the short rows (decode, verification, small chunks) in one launch
@@ -76,5 +129,5 @@ class TritonBackend:
     store_kv = staticmethod(store_kv)
     paged_attention = staticmethod(paged_attention)
     argmax = staticmethod(argmax)
-    rms_norm = staticmethod(reference.rms_norm)
-    rope = staticmethod(reference.rope)
+    rms_norm = staticmethod(rms_norm)
+    rope = staticmethod(rope)

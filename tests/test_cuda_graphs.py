@@ -1,6 +1,6 @@
-"""CUDA graphs of the decode step (model/graphs.py) against the eager step, natively on a GPU.
+"""CUDA graphs of short steps (model/graphs.py) against the eager step, natively on a GPU.
 
-Without CUDA these skip; the parts a graph reads (the batch's placement, the decode-only rule,
+Without CUDA these skip; the parts a graph reads (the batch's placement, the short-step rule,
 the buckets) are checked on the CPU here and in test_device_placement.py."""
 
 from __future__ import annotations
@@ -11,21 +11,22 @@ import pytest
 import torch
 
 from agentrt.model.batch import SeqChunk
-from agentrt.model.graphs import BUCKETS, bucket_of, is_decode
+from agentrt.kernels.base import SHORT_QUERIES
+from agentrt.model.graphs import BUCKETS, bucket_of, is_short
 from tests.conftest import tiny_model
 
 CUDA = torch.cuda.is_available()
 PS = 4
 
 
-def test_buckets_and_the_decode_only_rule():
-    assert [bucket_of(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
+def test_buckets_and_the_short_step_rule():
+    assert [bucket_of(n) for n in (1, 2, 3, 5, 33, 64, 300)] == [1, 2, 4, 8, 64, 64, 512]
     assert BUCKETS[0] == 1 and list(BUCKETS) == sorted(BUCKETS)
-    assert is_decode([SeqChunk([1], 5, [0, 1])])
-    assert not is_decode([SeqChunk([1, 2], 5, [0, 1])])  # (a prefill chunk: eager)
-    assert not is_decode([SeqChunk([1], 5, [0, 1], want_logits=0)])
-    assert not is_decode([SeqChunk([1], 5, [0, 1])] * (BUCKETS[-1] + 1))
-    assert not is_decode([])
+    assert is_short([SeqChunk([1], 5, [0, 1]), SeqChunk([1, 2, 3], 5, [0, 1], want_logits=3)])
+    assert is_short([SeqChunk([1] * SHORT_QUERIES, 0, list(range(40)), want_logits=0)])
+    assert not is_short([SeqChunk([1] * (SHORT_QUERIES + 1), 0, list(range(40)))])  # (a long row: eager)
+    assert not is_short([SeqChunk([1] * 60, 5, list(range(40)))] * 9)  # (over the largest bucket)
+    assert not is_short([])
 
 
 def gpu_model():
@@ -44,22 +45,24 @@ def test_graph_step_equals_the_eager_step_and_recaptures_for_a_new_pool():
     runs = {}
     for graphs in (False, True):
         ex = ModelExecutor(model, cuda_graphs=graphs)
-        store = ex.allocate(40, PS)
-        prompts = [list(range(3 + i, 20 + 3 * i)) for i in range(5)]
-        pages = [list(range(8 * i, 8 * i + 8)) for i in range(5)]
+        store = ex.allocate(60, PS)
+        prompts = [list(range(3 + i, 20 + 3 * i)) for i in range(5)]  # (short rows: graphs too)
+        pages = [list(range(12 * i, 12 * i + 12)) for i in range(5)]
         for p, pg in zip(prompts, pages):
             ex.run([], [SeqChunk(p, 0, pg)], store, PS)
         out, pos = [], [len(p) for p in prompts]
-        for step in range(6):  # 3 rows (bucket 4, one padding row), then 5 (bucket 8)
-            rows = range(3 if step < 3 else 5)
-            chunks = [SeqChunk([7 + step], pos[i], pages[i]) for i in rows]
+        # decode rows, then rows of several tokens (verification, fast-forward) beside them
+        for step, width in enumerate([(1, 1, 1), (1, 1, 1), (1, 3, 1, 2), (2, 1, 1, 1, 4), (1, 1, 1, 1, 1)]):
+            chunks = [SeqChunk([7 + step + j for j in range(k)], pos[i], pages[i], want_logits=1 + (k > 2))
+                      for i, k in enumerate(width)]
             out.append(torch.cat(ex.run([], chunks, store, PS).rows))
-            for i in rows:
-                pos[i] += 1
+            for i, k in enumerate(width):
+                pos[i] += k
         runs[graphs] = (out, ex)
     eager, graphed = runs[False][0], runs[True][0]
     ex = runs[True][1]
-    assert ex.graphs is not None and ex.graphs.replays == 6 and set(ex.graphs.graphs) == {4, 8}
+    assert ex.graphs is not None and ex.graphs.replays == 10 and set(ex.graphs.graphs) == {4, 8, 16, 32}
+    assert runs[False][1].steps == {"graph": 0, "eager": 10} and ex.steps == {"graph": 10, "eager": 0}
     for a, b in zip(eager, graphed):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         assert torch.equal(a.argmax(-1), b.argmax(-1))

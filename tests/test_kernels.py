@@ -116,6 +116,34 @@ def test_token_attention_over_a_mixed_batch_matches_reference(dtype, shape, wind
         assert _err_rule(got, ref, ref32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 96), (3, 7, 64), (1, 100)])
+def test_rms_norm_matches_reference(dtype, shape):
+    g = torch.Generator().manual_seed(3)
+    x = (3 * torch.randn(shape, generator=g)).to(dtype).to(DEV)
+    w = torch.randn(shape[-1], generator=g).to(dtype).to(DEV)
+    got, ref = triton_ops.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5) if dtype == torch.float32 else \
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,d", [(6, 16), (2, 64), (3, 10)])
+def test_rope_matches_reference(dtype, heads, d):
+    from agentrt.model.rope import RopeTable
+
+    table = RopeTable(d, 64, 10000.0)
+    pos = torch.tensor([0, 5, 9, 63, 17])
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(len(pos), heads, d, generator=g).to(dtype).to(DEV)
+    cos, sin = table.cos[pos].to(DEV), table.sin[pos].to(DEV)
+    got, ref = triton_ops.rope(x, cos, sin), reference.rope(x, cos, sin)
+    assert got.dtype == x.dtype
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5) if dtype == torch.float32 else \
+        torch.testing.assert_close(got, ref, atol=1e-2, rtol=1e-2)
+
+
 def test_split_counts_fill_the_device_and_stay_powers_of_two():
     from agentrt.kernels.triton_attention import splits_for
 

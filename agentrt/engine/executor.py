@@ -16,7 +16,7 @@ import torch
 
 from agentrt.kv.tier import HostTier
 from agentrt.model.batch import SeqChunk, build_batch
-from agentrt.model.graphs import DecodeGraphs, graphable, is_decode
+from agentrt.model.graphs import StepGraphs, graphable, is_short
 from agentrt.model.kv import KVStore
 from agentrt.model.staging import HostStaging
 
@@ -52,8 +52,9 @@ class ModelExecutor:
     KV pool lives there; each batch is built on the host and moved there in one copy (a pinned
     buffer: model/staging.py), and the logits rows come back to the host, where sampling, grammars
     and stops run (one copy of a few rows a step on a GPU; nothing on the CPU). On a GPU, decode
-    steps replay CUDA graphs (model/graphs.py, one per batch bucket) where the model allows them;
-    prefill and mixed steps run eagerly."""
+    steps of short rows (decode, verification, fast-forward, tool results) replay CUDA graphs
+    (model/graphs.py, one per token bucket) where the model allows them; steps with a long
+    prefill row run eagerly."""
 
     simulated = False
 
@@ -62,7 +63,7 @@ class ModelExecutor:
         self.device = model.device
         self.staging = HostStaging(self.device)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         self.steps = {"graph": 0, "eager": 0}  # steps run each way, and their seconds (host + device)
         self.seconds = {"graph": 0.0, "eager": 0.0}
 
@@ -75,18 +76,18 @@ class ModelExecutor:
     def tier(self, store: KVStore, budget_bytes: int) -> HostTier:
         return HostTier(store, budget_bytes)
 
-    def _graphs(self, store: KVStore) -> DecodeGraphs | None:
+    def _graphs(self, store: KVStore) -> StepGraphs | None:
         if not (self.cuda_graphs and graphable(self.model, store)):
             return None
         if self.graphs is None or not self.graphs.matches(store):  # (a new pool: capture again)
-            self.graphs = DecodeGraphs(self.model, store, scratch=store.num_pages - 1)
+            self.graphs = StepGraphs(self.model, store, scratch=store.num_pages - 1)
         return self.graphs
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
         t0 = time.perf_counter()
-        graphs = self._graphs(store) if is_decode(chunks) else None
+        graphs = self._graphs(store) if is_short(chunks) else None
         if graphs is not None:
-            kind, rows = "graph", tuple(graphs.run(chunks).cpu().split(1))
+            kind, rows = "graph", tuple(graphs.run(chunks).cpu().split([c.want_logits for c in chunks]))
         else:
             fb = build_batch(chunks, page_size, store.local_of).to(self.device, self.staging)
             logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
