@@ -72,6 +72,9 @@ class EngineConfig:
     # the model's forward: "auto" (the model's own default, fused kernels where available),
     # "fused" or "eager" (the torch reference path)
     forward_path: str = "auto"
+    # on a GPU: replay steps of short rows (decode, verification, fast-forward) as CUDA graphs, one
+    # per token bucket (model/graphs.py); False runs every step eagerly (vLLM's enforce_eager)
+    cuda_graphs: bool = True
     # the tool-call format (agentrt/toolcall/formats.py): "auto" = detected from the chat template,
     # or "hermes" | "qwen" | "llama3" | "mistral" | "phi4" | "gemma"; bare_tool_calls: in tool_choice auto, also take a
     # bare call object / ```json fence at the start of a message (None: the format's default)
@@ -132,6 +135,6 @@ _INTS = {"kv_cache_tokens": 1, "window_kv_tokens": 0, "page_size": 1, "max_trans
 # float fields: (min, max, min excluded)
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}
-_BOOLS = ("enable_prefix_grouping", "enable_radix_cache", "enable_session_reuse", "debug_invariants",
+_BOOLS = ("cuda_graphs", "enable_prefix_grouping", "enable_radix_cache", "enable_session_reuse", "debug_invariants",
           "enable_speculation", "enable_prefetch", "tool_ttl", "grammar_fast_forward",
           "grammar_overlap")

@@ -49,7 +49,7 @@ class EngineCore:
         cfg = config or EngineConfig()
         self.model, self.eos = model, frozenset(eos_token_ids)
         path = None if cfg.forward_path == "auto" else cfg.forward_path
-        self.executor = executor if executor is not None else ModelExecutor(model, path)
+        self.executor = executor if executor is not None else ModelExecutor(model, path, cfg.cuda_graphs)
         # sliding-window layers' own pool (kv/window.py): the bytes saved hold more history
         self.cfg, num_local = (cfg, None) if self.executor.simulated else split_pool(cfg, model.cfg)
         cfg = self.cfg

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+import structlog
 import torch
 
 from agentrt.kv.tier import HostTier
@@ -19,6 +20,8 @@ from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.graphs import StepGraphs, graphable, is_short
 from agentrt.model.kv import KVStore
 from agentrt.model.staging import HostStaging
+
+log = structlog.get_logger("agentrt.engine")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,19 @@ class Executor(Protocol):
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
         """Run one batch over `store`: plan[i] = (request, tokens), chunks[i] its forward chunk."""
+
+    def _replay(self, graphs: StepGraphs, chunks: list[SeqChunk]) -> torch.Tensor | None:
+        """The step's logits from its graph; None (and eager from now on) when the first
+        capture fails: the model holds an op that cannot be captured (a host sync, say)."""
+        try:
+            return graphs.run(chunks)
+        except RuntimeError as exc:
+            if graphs.replays:  # (a replayed graph failing is a device fault, not a capture limit)
+                raise
+            log.warning("cuda_graphs.disabled", reason=f"{type(exc).__name__}: {exc}"[:300])
+            self.cuda_graphs, self.graphs = False, None
+            torch.cuda.synchronize()
+            return None
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Row-wise argmax (greedy sampling and draft verification)."""
@@ -86,8 +102,9 @@ class ModelExecutor:
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
         t0 = time.perf_counter()
         graphs = self._graphs(store) if is_short(chunks) else None
-        if graphs is not None:
-            kind, rows = "graph", tuple(graphs.run(chunks).cpu().split([c.want_logits for c in chunks]))
+        logits = self._replay(graphs, chunks) if graphs is not None else None
+        if logits is not None:
+            kind, rows = "graph", tuple(logits.cpu().split([c.want_logits for c in chunks]))
         else:
             fb = build_batch(chunks, page_size, store.local_of).to(self.device, self.staging)
             logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
@@ -95,6 +112,19 @@ class ModelExecutor:
         self.steps[kind] += 1
         self.seconds[kind] += time.perf_counter() - t0
         return StepOutput(rows)
+
+    def _replay(self, graphs: StepGraphs, chunks: list[SeqChunk]) -> torch.Tensor | None:
+        """The step's logits from its graph; None (and eager from now on) when the first
+        capture fails: the model holds an op that cannot be captured (a host sync, say)."""
+        try:
+            return graphs.run(chunks)
+        except RuntimeError as exc:
+            if graphs.replays:  # (a replayed graph failing is a device fault, not a capture limit)
+                raise
+            log.warning("cuda_graphs.disabled", reason=f"{type(exc).__name__}: {exc}"[:300])
+            self.cuda_graphs, self.graphs = False, None
+            torch.cuda.synchronize()
+            return None
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         # (the rows are on the host: a GPU model's own argmax kernel does not take them)
