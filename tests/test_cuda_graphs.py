@@ -99,3 +99,22 @@ def test_engine_on_the_gpu_equals_naive_greedy():
             return outs, eng.stats()
     outs, _ = anyio.run(go)
     assert outs == ref
+
+
+class _FailingGraphs:
+    def __init__(self, replays):
+        self.replays = replays
+
+    def run(self, chunks):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_first_capture_turns_the_executor_eager_and_a_failed_replay_raises():
+    from agentrt.engine.executor import ModelExecutor
+
+    ex = ModelExecutor(tiny_model("llama"))
+    ex.cuda_graphs = True  # (as on a GPU)
+    assert ex._replay(_FailingGraphs(0), [SeqChunk([1], 0, [0])]) is None
+    assert ex.cuda_graphs is False and ex.graphs is None
+    with pytest.raises(RuntimeError, match="capturing"):
+        ex._replay(_FailingGraphs(3), [SeqChunk([1], 0, [0])])

@@ -56,7 +56,6 @@ class Executor(Protocol):
                 raise
             log.warning("cuda_graphs.disabled", reason=f"{type(exc).__name__}: {exc}"[:300])
             self.cuda_graphs, self.graphs = False, None
-            torch.cuda.synchronize()
             return None
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -123,7 +122,6 @@ class ModelExecutor:
                 raise
             log.warning("cuda_graphs.disabled", reason=f"{type(exc).__name__}: {exc}"[:300])
             self.cuda_graphs, self.graphs = False, None
-            torch.cuda.synchronize()
             return None
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
