@@ -173,3 +173,15 @@ def spans():
 
     with traced() as exporter_and_provider:
         yield exporter_and_provider
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`model_quality: <passed>/<ran> passed` after a run that ran tests of that group (whether the
+    embedded 135M model answered well; `make test` runs the group apart and never fails on it)."""
+    ran = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) and "model_quality" in getattr(r, "keywords", {}) and r.outcome != "skipped":
+                ran[r.nodeid] = ran.get(r.nodeid, True) and r.passed and not hasattr(r, "wasxfail")
+    if ran:
+        terminalreporter.write_line(f"model_quality: {sum(ran.values())}/{len(ran)} passed")
