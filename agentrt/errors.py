@@ -12,7 +12,8 @@
     ├── ContextLengthExceeded       prompt (+ max_tokens) longer than the model's context
     ├── ResourceError               engine resources
     │   ├── PoolExhausted           no sequence slot free before the timeout
-    │   └── OutOfKVMemory           a request can never fit in the KV pool
+    │   ├── OutOfKVMemory           a request can never fit in the KV pool
+    │   └── DeviceOutOfMemory       the device ran out of memory in a step (retry; steps shrink)
     ├── EngineClosed                the engine was shut down
     │   └── EngineFailed            the engine's step thread stopped on an internal error
     ├── SessionBusy                 a session with a turn running cannot be forked/rolled back/saved
@@ -87,6 +88,12 @@ class PoolExhausted(ResourceError, TimeoutError):
 
 class OutOfKVMemory(ResourceError):
     """A request needs more KV pages than the whole pool holds."""
+
+
+class DeviceOutOfMemory(ResourceError):
+    """The device (a GPU) ran out of memory during a step: that step's requests fail with this,
+    the engine halves its step size and goes on. Retry the request; if it recurs, lower
+    `EngineConfig.kv_cache_tokens` or `n_batch`."""
 
 
 class EngineClosed(AgentrtError, RuntimeError):

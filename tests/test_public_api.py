@@ -71,6 +71,7 @@ ERROR_TREE = {
     "ResourceError": ("AgentrtError",),
     "PoolExhausted": ("ResourceError", "TimeoutError"),
     "OutOfKVMemory": ("ResourceError",),
+    "DeviceOutOfMemory": ("ResourceError",),
     "EngineClosed": ("AgentrtError", "RuntimeError"),
     "EngineFailed": ("EngineClosed",),
     "SessionBusy": ("AgentrtError", "RuntimeError"),

@@ -14,6 +14,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.events import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
+from agentrt.engine.faults import out_of_memory
 from agentrt.engine.fast_forward import fast_forward, forced_start
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
@@ -207,7 +208,11 @@ class EngineCore:
         if not plan.items:
             return 0
         t0, prefill = time.perf_counter(), plan.prefill_tokens
-        chunks, out = self._run(plan.items)
+        try:
+            chunks, out = self._run(plan.items)
+        except torch.OutOfMemoryError as exc:  # (the step's requests fail; smaller steps go on)
+            out_of_memory(self, plan.items, exc)
+            return 0
         self._postprocess(plan.items, chunks, out.rows)
         self.kv.slide(self.running)
         dt = out.seconds if out.seconds is not None else time.perf_counter() - t0

@@ -16,6 +16,7 @@ class Counters:
     prompt_computed: int = 0  # prompt tokens actually prefilled (recompute included)
     decode_tokens: int = 0
     preemptions: int = 0
+    oom_steps: int = 0  # steps the device ran out of memory in (their requests failed, steps halved)
     evicted_pages: int = 0
     detached_sessions: int = 0
     deferred_chunks: int = 0
