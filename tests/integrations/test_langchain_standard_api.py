@@ -1,13 +1,18 @@
-"""ChatAgentrt's API where LangChain's standard suite found defects, on the embedded model.
+"""ChatAgentrt's API where LangChain's standard suite found defects.
 
-Siblings of the standard tests xfailed for the 135M model's answers (same call shapes, prompts
-the model can follow), plus what the suite does not check: constructor arguments refused or
-honoured (stop, timeout, max_retries), strict, repeated calls ending a reply, and the finish
-reason of a truncated reply. Oracles: the schema classes themselves, `convert_to_json_schema`,
-the session's held tokens, and the engine's invariants after a timed-out call.
+Siblings of the standard tests (same call shapes), plus what the suite does not check:
+constructor arguments refused or honoured (stop, timeout, max_retries), strict, repeated calls
+ending a reply, and the finish reason of a truncated reply. They run on scripted replies
+(tests/scripted_model.py: what is checked is the API's part, whatever a model would answer),
+except the timeout test (it needs a model that takes time) and the agent loop under a forced
+call on the embedded model, whose arguments and answer are the 135M model's (`model_quality`).
+Oracles: the schema classes themselves, `convert_to_json_schema`, the session's held tokens,
+and the engine's invariants after a timed-out call.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
@@ -23,9 +28,11 @@ from agentrt.integrations.langgraph import ChatAgentrt
 from agentrt.integrations.langgraph import stream as stream_module
 from agentrt.integrations.langgraph.host import EngineHost
 from agentrt.integrations.langgraph.structured import JSON_OBJECT
+from agentrt.toolcall.formats import HERMES
 from tests.engine_util import assert_quiescent
+from tests.scripted_model import last_user, scripted
 
-pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 class Joke(BaseModel):
@@ -55,8 +62,35 @@ def get_weather(location: str) -> str:
     return "It's sunny."
 
 
+ASK_MAGIC = "What is the value of magic_function(3)? Use the tool."
+FRANCE = "Hi! What is the capital of France?"
+
+
+def reply(prompt: str) -> str:
+    """Scripted answers: the joke copied (as JSON, or as a call of the schema's tool when one is
+    offered), magic_function(3) called over and over (as greedy decoding of a small model
+    does), the capital of France in a sentence."""
+    asked = last_user(prompt)
+    for name in ("JokeV1", "Joke"):
+        if f'"name": "{name}"' in prompt:
+            return HERMES.render_calls([(name, JOKE)])
+    if asked == COPY:
+        return json.dumps(JOKE)
+    if "magic_function(3)" in asked:
+        return HERMES.render_calls([("magic_function", {"input": 3})] * 17)
+    return "The capital of France is Paris." if asked == FRANCE else "Hello!"
+
+
 @pytest.fixture(scope="module")
-def host(embedded_native):
+def host():
+    """An engine over scripted replies."""
+    h = EngineHost.start(lambda: Engine(scripted(reply), EngineConfig(kv_cache_tokens=16384)))
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def embedded_host(embedded_native):
     h = EngineHost.start(lambda: Engine(embedded_native, EngineConfig(kv_cache_tokens=16384)))
     yield h
     h.close()
@@ -107,8 +141,13 @@ def test_strict_binds_the_grammar_or_not(host):
         model.with_structured_output(Joke, tool_name="x")
 
 
-def test_agent_loop_under_required(host):
-    """Sibling of test_agent_loop: the same loop with the call forced."""
+@pytest.mark.embedded
+@pytest.mark.model_quality
+def test_agent_loop_under_required(embedded_host):
+    """Sibling of test_agent_loop: the same loop with the call forced, on the embedded model
+    (the arguments and the answer are the model's; on scripted replies:
+    test_langchain_standard_scripted.py's test_agent_loop)."""
+    host = embedded_host
     llm = chat(host).bind_tools([get_weather], tool_choice="any")
     question = HumanMessage("What is the weather in San Francisco, CA?")
     call = llm.invoke([question])
@@ -123,7 +162,7 @@ def test_agent_loop_under_required(host):
 def test_repeated_calls_end_the_reply(host):
     """Greedy decoding repeats the one call asked for; the reply ends at the repeat (the issue's
     17 calls), and the session holds the reply that ends after the first call."""
-    ask = "What is the value of magic_function(3)? Use the tool."
+    ask = ASK_MAGIC
     config = {"configurable": {"thread_id": "repeats"}}
     model = chat(host)
     one = model.bind_tools([magic_function], tool_choice="any").invoke(ask, config)
@@ -159,9 +198,9 @@ def test_constructor_arguments_are_honoured_or_refused(host):
         ChatAgentrt(host=host, max_retries=-1)
     with pytest.raises(ConfigError, match="timeout"):
         ChatAgentrt(host=host, timeout=0)
-    ask = "Hi! What is the capital of France?"
+    ask = FRANCE
     plain = chat(host, max_tokens=24).invoke(ask).text
-    assert "Paris" in plain
+    assert plain == "The capital of France is Paris."
     first, word = plain.split()[0], plain.split()[2]
     cut = chat(host, max_tokens=24, stop=[word])
     assert cut.invoke(ask).text == plain[:plain.index(word)]  # the init-time stop
@@ -171,7 +210,9 @@ def test_constructor_arguments_are_honoured_or_refused(host):
     assert ChatAgentrt(host=host, streaming=True).streaming is True
 
 
-def test_timeout_cancels_and_retries_before_the_first_token(host, monkeypatch):
+@pytest.mark.embedded
+def test_timeout_cancels_and_retries_before_the_first_token(embedded_host, monkeypatch):
+    host = embedded_host
     attempts = []
     real = stream_module.routed_conversation
 
