@@ -6,13 +6,14 @@ well a 135M model happens to answer (the model's numbers are checked by the pari
 
 The model writes each token's id into its KV slot (the first key value of layer 0, a float32
 store: exact for every id) and reads a sequence's ids back through its page table, so prefix
-reuse, page copies and the KV tier carry them as they carry keys and values; it decodes them and asks `reply(prompt)` for
-the assistant reply of the prompt: the text up to and including the last assistant header. The
-next token is the next token of that reply, then the end of the turn. Where the text written
-so far is not a prefix of the reply (a grammar masked the scripted token, or a speculative draft
-is being verified), the model says the turn ends: under a grammar that forbids the end, the
-engine takes the lowest allowed id instead, so a reply the constraint does not admit comes out
-visibly different from the script.
+reuse, page copies and the KV tier carry them as they carry keys and values. It asks
+`reply(prompt)` once for the assistant reply of a prompt (the text up to and including the last
+assistant header) and writes the reply's tokens one by one, then the end of the turn (tokens a
+grammar forced, cut another way, are matched by their text). Where what was written so far is
+not a prefix of the reply (a grammar masked the scripted token, or a speculative draft is being
+verified), the model says the turn ends: under a grammar that forbids the end, the engine takes
+the lowest allowed id instead, so a reply the constraint does not admit comes out visibly
+different from the script.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class ScriptedModel(LlamaModel):
         super().__init__(cfg)
         self.tokenizer, self.reply = tokenizer, reply
         self.end = tokenizer.eos_token_ids[0]
+        self.header = tokenizer.encode(ASSISTANT, special=True)
         self.kv_dtype = torch.float32  # (token ids kept exactly)
-        self._scripts: dict[str, str | None] = {}
+        self._scripts: dict[str, tuple[str, list[int]] | None] = {}  # prompt -> (reply, its ids)
 
     def forward(self, input_ids, positions, kv, meta, logits_rows=None, path=None) -> torch.Tensor:
         ids = kv.k[0].view(-1, self.cfg.num_kv_heads * self.cfg.head_dim)[:, 0]  # [slots], a view
@@ -59,17 +61,23 @@ class ScriptedModel(LlamaModel):
         return out
 
     def next_token(self, history: list[int]) -> int:
-        text = self.tokenizer.decode(history)
-        at = text.rfind(ASSISTANT)
+        at = _rfind(history, self.header)
         if at < 0:
             return self.end
-        prompt, written = text[:at + len(ASSISTANT)], text[at + len(ASSISTANT):]
-        if prompt not in self._scripts:
-            self._scripts[prompt] = self.reply(prompt)
-        script = self._scripts[prompt]
-        if script is None or written == script or not script.startswith(written):
+        prompt, written = history[:at + len(self.header)], history[at + len(self.header):]
+        key = self.tokenizer.decode(prompt)
+        if key not in self._scripts:
+            reply = self.reply(key)
+            self._scripts[key] = None if reply is None else (reply, self.tokenizer.encode(reply))
+        if self._scripts[key] is None:
             return self.end
-        return self.tokenizer.encode(script[len(written):])[0]
+        script, ids = self._scripts[key]
+        if written == ids[:len(written)]:  # the scripted tokens so far
+            return ids[len(written)] if len(written) < len(ids) else self.end
+        text = self.tokenizer.decode(written)  # (tokens a grammar forced, cut another way)
+        if text == script or not script.startswith(text):
+            return self.end
+        return self.tokenizer.encode(script[len(text):])[0]
 
 
 def scripted(reply: Callable[[str], str | None]) -> LoadedModel:
@@ -77,6 +85,13 @@ def scripted(reply: Callable[[str], str | None]) -> LoadedModel:
     tok = smol_tokenizer()
     model = ScriptedModel(tok, reply).eval()
     return LoadedModel(model, tok, model.cfg, "scripted")
+
+
+def _rfind(seq: list[int], sub: list[int]) -> int:
+    for i in range(len(seq) - len(sub), -1, -1):
+        if seq[i:i + len(sub)] == sub:
+            return i
+    return -1
 
 
 def last_user(prompt: str) -> str:
