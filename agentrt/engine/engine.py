@@ -18,12 +18,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 import anyio
-import anyio.from_thread
 
 from agentrt.checks import check_optional_str
 from agentrt.config import EngineConfig
 from agentrt.engine.context import context_limit
 from agentrt.engine.core import EngineCore
+from agentrt.engine.lifetime import EngineHost
 from agentrt.engine.loop import StepThread
 from agentrt.engine.request import TokenEvent, Usage
 from agentrt.engine.validate import check_generate_args, check_open_session_args, check_prompt
@@ -60,42 +60,37 @@ class Engine:
         self.core = EngineCore(self.model, self.config, policy, eos_token_ids, executor=executor, clock=clock)
         # the step loop: its thread (a task on the loop when simulated), inbox and outbox
         self._steps = getattr(executor, "make_steps", StepThread)(self.core)
-        self._portal = self._portal_cm = None
+        self._portal, self._host = None, EngineHost()
         # what the layers above build once per engine and share (conversation/formats.py: the
         # chat format and the grammar factory)
         self.shared: dict[str, object] = {}
 
     # ---- lifecycle ------------------------------------------------------------------
     async def __aenter__(self) -> "Engine":
-        self._portal_cm = anyio.from_thread.BlockingPortal()
-        self._portal = await self._portal_cm.__aenter__()
+        """Start the engine: its step thread, and its portal in a task of its own on this loop
+        (engine/lifetime.py), so no scope is left open in the caller's task."""
+        if self._host.entered:
+            raise ConfigError("this engine was entered already; create a new Engine")
+        self._portal = await self._host.start(self._steps.begin, self._steps.end)
         self._loop_thread_id = threading.get_ident()  # (the thread running this event loop)
-        await self._steps.begin(self._portal)
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
-        await self._leave()
 
     async def aclose(self) -> None:
-        """Stop the engine: the step thread ends, every request and waiter gets EngineClosed.
-        Callable anywhere (inside other cancel scopes, mid-run); leaving `async with` also
-        leaves the scopes that entering it opened."""
-        if self._steps.closed or not self._steps.started:
+        """Stop the engine completely: the step thread ends, every request and waiter gets
+        EngineClosed, the portal closes. Callable from any task on the engine's loop, inside any
+        task group or cancel scope; idempotent (leaving `async with` after it does nothing)."""
+        if not self._steps.started:
             return
-        self._steps.close()
-        # wake every open_session/generate waiting for a pool slot with EngineClosed, now
-        self.core.pool.close(lambda: EngineClosed("the engine closed while waiting for a sequence slot"))
+        if not self._steps.closed:
+            self._steps.close()
+            # wake every open_session/generate waiting for a pool slot with EngineClosed, now
+            self.core.pool.close(lambda: EngineClosed("the engine closed while waiting for a sequence slot"))
         with anyio.CancelScope(shield=True):
             await self._steps.wait_closed()
-
-    async def _leave(self) -> None:
-        """Exit what __aenter__ entered, in its own scope nesting (so only from __aexit__)."""
-        cm, self._portal_cm = self._portal_cm, None
-        if cm is None:
-            return
-        await self._steps.end()  # (outside the shield: what begin() entered is left in its scope)
-        await cm.__aexit__(None, None, None)
+        await self._host.stop()
 
     @property
     def started(self) -> bool:
