@@ -10,13 +10,16 @@ the tier when still there, else prefilled again -- the same tokens either way (g
 batch- and cache-invariant on the default path). With ids for every agent nothing is passivated.
 
 An agent waiting for an id while every holder is busy waits for the next turn to end, up to the
-engine's `acquire_timeout` (PoolExhausted after it: ids held outside the runtime, say).
+engine's `acquire_timeout` (PoolExhausted after it: ids held outside the runtime, say). Waiters
+are served in arrival order, one queue per engine: only the agent at the head of its engine's
+queue takes an id (or passivates an idle agent for one), so a burst of agents onto few ids never
+starves the one that asked first while later ones keep taking the ids that free up.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import anyio
@@ -33,6 +36,7 @@ class SessionLeases:
     def __init__(self) -> None:
         self._idle: OrderedDict[Any, Any] = OrderedDict()  # agent -> the session it held going idle
         self._freed = anyio.Event()
+        self._queues: dict[int, deque] = {}  # id(engine) -> its waiting agents' tickets, oldest first
         self.passivations = 0
         self.activations = 0  # sessions opened for an agent that had been passivated
 
@@ -49,17 +53,29 @@ class SessionLeases:
                               "(EngineConfig.max_session_seqs=0)")
         wait = getattr(config, "acquire_timeout", None)
         deadline = anyio.current_time() + (math.inf if wait is None else wait)
-        while True:
-            try:
-                session = await agent.engine.open_session(tag=agent.spec.name, timeout=0.0)
-                break
-            except PoolExhausted:
-                if await self.passivate_one(agent.engine):
-                    continue
+        queue, ticket = self._queues.setdefault(id(agent.engine), deque()), object()
+        queue.append(ticket)
+        try:
+            while True:
+                if queue[0] is ticket:  # (first in line: take an id, passivating for one if need be)
+                    try:
+                        session = await agent.engine.open_session(tag=agent.spec.name, timeout=0.0)
+                        break
+                    except PoolExhausted:
+                        if await self.passivate_one(agent.engine):
+                            continue
                 if anyio.current_time() >= deadline:
-                    raise
-                with anyio.move_on_after(_POLL_S):
+                    raise PoolExhausted(
+                        f"agent {agent.spec.name!r} waited {wait}s for a session id (EngineConfig.acquire_timeout) "
+                        "while every id was held by a busy agent or outside the runtime; raise max_session_seqs "
+                        "or acquire_timeout, or close sessions held outside the runtime")
+                with anyio.move_on_after(min(_POLL_S, max(0.0, deadline - anyio.current_time()))):
                     await self._freed.wait()
+        finally:
+            queue.remove(ticket)
+            if not queue:
+                del self._queues[id(agent.engine)]
+            self._wake()  # (the next in line goes on)
         agent.attach(session)
         self.activations += passivated
         if passivated:
@@ -71,12 +87,15 @@ class SessionLeases:
         if agent.session is not None and not agent.session.closed:
             self._idle[agent] = agent.session
             self._idle.move_to_end(agent)
-        self._freed.set()
-        self._freed = anyio.Event()
+        self._wake()
 
     def forget(self, agent: Any) -> None:
         """`agent` stopped (its session is closed by its own stop)."""
         self._idle.pop(agent, None)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every waiter to look again (an id or an idle agent may be free, or the head moved)."""
         self._freed.set()
         self._freed = anyio.Event()
 
