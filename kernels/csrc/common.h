@@ -62,6 +62,43 @@ inline uint16_t agrt_float_to_half(float f) {
 #endif
 }
 
+// sum of x[i]^2 for i < n in an order fixed by n alone: 64 running sums (sum j takes the i = j
+// mod 64 below the last whole 64, in order), folded pairwise (j + 32, then + 16, ..., + 1), then
+// the rest in order; products and sums rounded separately (no FMA). Written out, not left to an
+// `omp simd reduction`, whose order is the compiler's vector width: GCC's -march=native tuning
+// gave 8 lanes on a Xeon and 16 on an AMD Zen, so every rmsnorm differed in its last bits and
+// greedy tokens diverged between the two (docs/determinism.md). The AVX-512 loop (four
+// registers: four independent chains) and the portable loop give the same bits.
+inline float agrt_sumsq(const float* x, int64_t n) {
+  constexpr int kLanes = 64;
+  int64_t i = 0;
+  float s;
+#ifdef __AVX512F__
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (; i + kLanes <= n; i += kLanes)
+    for (int r = 0; r < 4; ++r) {
+      const __m512 v = _mm512_loadu_ps(x + i + 16 * r);
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, v));
+    }
+  // the fold, in registers: + 32 (acc 2, 3 onto 0, 1), + 16, + 8, + 4, + 2, + 1
+  const __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  s = _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+#else
+  float lane[kLanes] = {};
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] += x[i + j] * x[i + j];
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+  s = lane[0];
+#endif
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
 // An int8 KV store's rows: a head's D values as int8, then one float scale (amax / 127) per
 // group of kKvGroup values (kernels/reference.quantize_kv).
 constexpr int kKvGroup = 32;

@@ -12,10 +12,7 @@ namespace {
 inline void norm_rope_row(const float* x, const float* w, float eps, const float* c, const float* s,
                           int D, float* out) {
   if (w != nullptr) {
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int i = 0; i < D; ++i) ss += x[i] * x[i];
-    const float r = 1.f / std::sqrt(ss / (float)D + eps);
+    const float r = 1.f / std::sqrt(agrt_sumsq(x, D) / (float)D + eps);
     for (int i = 0; i < D; ++i) out[i] = x[i] * r * w[i];
   } else {
     std::memcpy(out, x, sizeof(float) * D);
@@ -94,10 +91,7 @@ void agrt_rmsnorm(const float* x, int64_t T, int64_t Dm, int64_t ldx, const floa
 #pragma omp parallel for schedule(static) if (T > 16)
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = x + t * ldx;
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < Dm; ++i) ss += xr[i] * xr[i];
-    const float r = 1.f / std::sqrt(ss / (float)Dm + eps);
+    const float r = 1.f / std::sqrt(agrt_sumsq(xr, Dm) / (float)Dm + eps);  // (a fixed order: common.h)
     float* o = out + t * Dm;
 #pragma omp simd
     for (int64_t i = 0; i < Dm; ++i) o[i] = xr[i] * r * w[i];
