@@ -1,6 +1,10 @@
-"""LangGraph on the embedded SmolLM2 through agentrt: a ToolNode graph with InMemorySaver over
-2 threads x 4 turns (tool calls run, KV reuse from turn 2 on, streamed chunks = non-streamed
-calls), a rejected call in invalid_tool_calls, and agent nodes handing off with Command."""
+"""LangGraph through agentrt: a ToolNode graph with InMemorySaver over 2 threads x 4 turns (tool
+calls run, KV reuse from turn 2 on, streamed chunks = non-streamed calls), a rejected call in
+invalid_tool_calls, and agent nodes handing off with Command.
+
+Each runs twice: on scripted replies (tests/scripted_model.py: what a good model writes; the
+graph, ChatAgentrt, engine and grammar are checked), and on the embedded SmolLM2, where whether
+the 135M model calls the right tool with the right city is `model_quality`."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from langchain_core.tools import tool as lc_tool
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool
 from agentrt.integrations.langgraph import ChatAgentrt, agent_node
+from agentrt.toolcall.formats import HERMES
+from tests.scripted_model import last_user, scripted
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
@@ -22,6 +28,27 @@ SYSTEM = ("You are the travel desk assistant of a small agency. You answer quest
           "before answering; never guess. Answer in one short sentence with the temperature in "
           "celsius and the sky. If a city is unknown, say so politely. Keep answers friendly.")
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo"]
+
+
+def reply(prompt: str) -> str | None:
+    """What a good model writes in these tests."""
+    asked = last_user(prompt)
+    if asked.startswith("<tool_response>"):  # (SmolLM2's template: a tool result is a user turn)
+        return "Done: " + asked.split("\n")[1]
+    if "front desk" in prompt:
+        return HERMES.render_calls([("transfer_to_math", {"task": asked})])
+    numbers = [int(w) for w in asked.rstrip("?").split() if w.isdigit()]
+    if "calculator" in prompt and len(numbers) == 2:
+        return HERMES.render_calls([("add", {"a": numbers[0], "b": numbers[1]})])
+    if "forecast" in asked:  # (the validator test: a tool that was not given)
+        return HERMES.render_calls([("get_forecast", {"city": asked.rstrip("?").split()[-1]})])
+    city = asked.split(" in ")[-1].split()[0] if " in " in asked else None
+    return HERMES.render_calls([("get_weather", {"city": city})]) if city else None
+
+
+@pytest.fixture(params=["scripted", pytest.param("embedded", marks=pytest.mark.model_quality)])
+def lm(request):
+    return scripted(reply) if request.param == "scripted" else request.getfixturevalue("embedded")
 
 
 @lc_tool
@@ -66,11 +93,11 @@ def build_graph(model):
     return g.compile(checkpointer=InMemorySaver())
 
 
-def test_toolnode_graph_two_threads_four_turns(embedded):
+def test_toolnode_graph_two_threads_four_turns(lm):
     RAN.clear()
 
     async def main():
-        async with Engine(embedded, EngineConfig(kv_cache_tokens=16384)) as eng:
+        async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as eng:
             model = ChatAgentrt(engine=eng, max_tokens=40)
             app = build_graph(model)
             invoked, streamed = [], []
@@ -111,7 +138,7 @@ def _calls(msg) -> list:
     return [(c["name"], c["args"]) for c in msg.tool_calls]
 
 
-def test_a_call_the_validator_rejects_is_an_invalid_tool_call(embedded):
+def test_a_call_the_validator_rejects_is_an_invalid_tool_call(lm):
     """Steered by two examples in the history, the unconstrained model calls a tool it was not given."""
     history = [SystemMessage(SYSTEM)]
     for i, (city, sky) in enumerate((("Rome", "sunny"), ("Madrid", "rain"))):
@@ -122,7 +149,7 @@ def test_a_call_the_validator_rejects_is_an_invalid_tool_call(embedded):
     history.append(HumanMessage("What is the forecast for Berlin?"))
 
     async def main():
-        async with Engine(embedded, EngineConfig(kv_cache_tokens=16384)) as eng:
+        async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as eng:
             model = ChatAgentrt(engine=eng, max_tokens=40, constrained=False).bind_tools([get_weather])
             return await model.ainvoke(history)
     msg = anyio.run(main)
@@ -146,14 +173,14 @@ def add(a: float, b: float) -> float:
     return a + b
 
 
-def test_agent_nodes_hand_off_and_keep_their_sessions(embedded):
+def test_agent_nodes_hand_off_and_keep_their_sessions(lm):
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import START, MessagesState, StateGraph
 
     CALC.clear()
 
     async def main():
-        async with Engine(embedded, EngineConfig(kv_cache_tokens=16384)) as eng, Runtime(eng) as rt:
+        async with Engine(lm, EngineConfig(kv_cache_tokens=16384)) as eng, Runtime(eng) as rt:
             desk = Agent("desk", "You are the front desk. Hand every question to the math agent.",
                          tool_choice="required", settings=SamplingParams(max_tokens=48), max_tool_rounds=1)
             math = Agent("math", "You are a calculator. Use the add tool, then state the result.", [add],
