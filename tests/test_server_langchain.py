@@ -1,6 +1,9 @@
 """LangChain's `ChatOpenAI` with `bind_tools` in a LangGraph ToolNode graph, served by `agentrt
 serve` over loopback: the calls reach the tools with the right arguments, the conversation's
-session is reused across turns (prompt_cache_key), and streamed calls equal invoked ones."""
+session is reused across turns (prompt_cache_key), and streamed calls equal invoked ones. On
+scripted replies (tests/scripted_model.py: the server, the protocol and the graph are checked)
+and on the embedded model, where whether the 135M model asks for the right city is
+`model_quality`."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from langchain_core.tools import tool as lc_tool
 
 from agentrt import EngineConfig
 from agentrt.server import ServerConfig, ServerThread
+from agentrt.toolcall.formats import HERMES
+from tests.scripted_model import last_user, scripted
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
@@ -29,6 +34,19 @@ def get_weather(city: str) -> str:
     """
     RAN.append(city)
     return json.dumps({"city": city, "temperature_c": 18, "sky": "cloudy"})
+
+
+def reply(prompt: str) -> str:
+    """What a good model writes: the call of the question's city, then an answer from its result."""
+    asked = last_user(prompt)
+    if asked.startswith("<tool_response>"):  # (SmolLM2's template: a tool result is a user turn)
+        return "It is 18 °C and cloudy."
+    return HERMES.render_calls([("get_weather", {"city": asked.split(" in ")[-1].split()[0]})])
+
+
+@pytest.fixture(params=["scripted", pytest.param("embedded", marks=pytest.mark.model_quality)])
+def lm(request):
+    return scripted(reply) if request.param == "scripted" else request.getfixturevalue("embedded_native")
 
 
 def _graph(url: str, thread: str, responses: bool = False):
@@ -55,10 +73,10 @@ def _graph(url: str, thread: str, responses: bool = False):
 
 
 @pytest.mark.parametrize("responses", [False, True], ids=["chat_completions", "responses_api"])
-def test_chatopenai_tool_graph_over_http(embedded_native, responses):
+def test_chatopenai_tool_graph_over_http(lm, responses):
     """Both of ChatOpenAI's APIs: chat completions, and the Responses API (use_responses_api)."""
     RAN.clear()
-    with ServerThread(embedded_native, ServerConfig(port=0, model_name="smol"), EngineConfig(kv_cache_tokens=16384)) as s:
+    with ServerThread(lm, ServerConfig(port=0, model_name="smol"), EngineConfig(kv_cache_tokens=16384)) as s:
         app = _graph(s.url, "thread-1", responses)
         messages: list = []
         for city in ("Paris", "Tokyo"):
