@@ -115,6 +115,9 @@ class Room:
         if self.kv.mem.reserve(r, end, {}, True, failed):
             r.seq.tokens = list(r.target[:end])
             r.computed_prompt = end
+        for f, _ in failed:  # (preempted too often: out of the running list, its KV freed)
+            if f.session is not None:
+                f.session.busy = False
         self._drop_preempted()
 
     def _drop_preempted(self) -> None:
@@ -168,7 +171,7 @@ class Room:
         seqs = [r.seq for r in running if r.session is None] + [s.seq for s in self.kv.sessions.values()]
         where = {}  # page -> (page index, the tokens up to the page's end) for tree pages
         for n in radix.nodes():
-            assert n.lock_ref == locks.get(id(n), 0), f"node at {n.start} locked {n.lock_ref}, expected"
+            assert n.lock_ref == locks.get(id(n), 0), f"node at {n.start}: lock_ref {n.lock_ref}, {locks.get(id(n), 0)} users"
             if not n.pages:
                 continue
             path, x = [], n
