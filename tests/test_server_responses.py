@@ -171,11 +171,35 @@ def test_bad_responses_requests_are_400s_naming_the_field(server, body, param):
     assert r.status_code == 400 and err["param"] == param, err
 
 
-def test_the_openai_agents_sdk_runs_a_tool_agent_over_responses(server):
+def _agent_reply(prompt: str) -> str:
+    """What a good model writes for the Agents SDK test: the call, then the tool's result."""
+    from agentrt.toolcall.formats import HERMES
+    from tests.scripted_model import last_user
+
+    asked = last_user(prompt)
+    if asked.startswith("<tool_response>"):  # (SmolLM2's template: a tool result is a user turn)
+        return asked.split("\n")[1]
+    return HERMES.render_calls([("get_weather", {"city": asked.rstrip("?").split()[-1]})])
+
+
+@pytest.fixture(params=["scripted", pytest.param("embedded", marks=pytest.mark.model_quality)])
+def agent_server(request):
+    """A server on scripted replies (the SDK, protocol and chaining are checked) or on the embedded
+    model (whether the 135M model asks for the right cities and answers with the result)."""
+    from tests.scripted_model import scripted
+
+    lm = scripted(_agent_reply) if request.param == "scripted" else request.getfixturevalue("embedded_native")
+    with ServerThread(lm, ServerConfig(port=0, api_keys=(KEY,), model_name="smol"), ENGINE) as s:
+        yield s
+
+
+def test_the_openai_agents_sdk_runs_a_tool_agent_over_responses(agent_server):
     """The OpenAI Agents SDK (its Responses model, streamed) against the server: the tool runs with
     the right argument, the answer follows, and a second run continues by previous_response_id."""
     agents = pytest.importorskip("agents")
     import anyio
+
+    server = agent_server
 
     calls: list[str] = []
 
