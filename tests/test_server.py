@@ -77,7 +77,6 @@ def test_plain_and_streamed_chat_match(client):
     kw = dict(model="smol", messages=[{"role": "user", "content": "Hi! What is the capital of France?"}],
               temperature=0, max_tokens=24)
     r = client.chat.completions.create(**kw)
-    assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -87,17 +86,37 @@ def test_plain_and_streamed_chat_match(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_tool_calls_required_and_named(client, choice):
+@pytest.mark.model_quality
+def test_the_capital_of_france_is_paris(client):
+    """The 135M model's answer (the API around it: test_plain_and_streamed_chat_match)."""
+    r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi! What is the capital "
+                                       "of France?"}], temperature=0, max_tokens=24)
+    assert "Paris" in r.choices[0].message.content
+
+
+def _one_call(client, choice):
     r = client.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
                                        temperature=0, max_tokens=48, parallel_tool_calls=False)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and len(msg.tool_calls) == 1
-    call = msg.tool_calls[0]
-    args = json.loads(call.function.arguments)
-    jsonschema.validate(args, WEATHER["function"]["parameters"])
-    assert call.function.name == "get_weather" and args == {"city": "Paris"}
+    return msg.tool_calls[0]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_calls_required_and_named(client, choice):
+    """One call of an offered tool (the named one when named), its arguments in its schema."""
+    call = _one_call(client, choice)
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    assert call.function.name in (tools if choice == "required" else ["get_weather"])
+    jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name])
     assert call.id.startswith("call_")
+
+
+@pytest.mark.model_quality
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_the_weather_question_calls_get_weather_for_paris(client, choice):
+    call = _one_call(client, choice)
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
 
 
 def test_streamed_tool_call_fragments_assemble_to_the_same_calls(client):
