@@ -47,12 +47,35 @@ def test_a_missing_model_is_a_clear_error():
     assert out.returncode == 2 and "bench/bench_nonexistent.py" in out.stderr
 
 
-def test_chat_shows_the_tool_call_and_its_result():
-    out = _agentrt("chat", "--tool-choice", "required", stdin="What is 12 times 34?\n")
-    assert out.returncode == 0, out.stderr
-    assert "[call calculate(a=12, op='times', b=34)]" in out.stdout and "[-> 408]" in out.stdout
-    out = _agentrt("chat", "--no-tools", stdin="Hi! What is the capital of France?\n")
-    assert "Paris" in out.stdout and "from KV already held" in out.stdout
+@pytest.fixture(scope="module")
+def chats() -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """`agentrt chat` with a required tool call, and without tools."""
+    return (_agentrt("chat", "--tool-choice", "required", stdin="What is 12 times 34?\n"),
+            _agentrt("chat", "--no-tools", stdin="Hi! What is the capital of France?\n"))
+
+
+def test_chat_shows_the_tool_call_and_its_result(chats):
+    """A call is shown with its arguments and the tool's result on them; a reply with its KV reuse."""
+    import ast
+    import re
+
+    from agentrt.cli.chat import calculate
+
+    calc, plain = chats
+    assert calc.returncode == 0 and plain.returncode == 0, calc.stderr + plain.stderr
+    shown = re.search(r"\[call (\w+)\((.*)\)\]\s*\[-> (.+)\]", calc.stdout)
+    assert shown and shown[1] in ("calculate", "current_time"), calc.stdout  # (required: one of the tools)
+    args = {k.arg: ast.literal_eval(k.value) for k in ast.parse(f"f({shown[2]})").body[0].value.keywords}
+    assert shown[3] == calculate(**args) if shown[1] == "calculate" else not args
+    assert "from KV already held" in plain.stdout
+
+
+@pytest.mark.model_quality
+def test_chat_answers_right(chats):
+    """The 135M model's call and answer (the CLI around them: the test above)."""
+    calc, plain = chats
+    assert "[call calculate(a=12, op='times', b=34)]" in calc.stdout and "[-> 408]" in calc.stdout
+    assert "Paris" in plain.stdout
 
 
 def test_serve_answers_on_loopback_and_stops():
@@ -71,7 +94,7 @@ def test_serve_answers_on_loopback_and_stops():
         r = httpx.post("http://127.0.0.1:18731/v1/chat/completions", timeout=60, json={
             "messages": [{"role": "user", "content": "Hi! What is the capital of France?"}], "temperature": 0,
             "max_tokens": 16})
-        assert "Paris" in r.json()["choices"][0]["message"]["content"]
+        assert r.json()["choices"][0]["message"]["content"]  # (its quality: test_chat_answers_right)
         assert r.json()["model"] == "smollm2-135m"
     finally:
         proc.terminate()
