@@ -5,8 +5,9 @@ grammar, tool calls round-trip through ToolMessages, each thread keeps its KV se
 model calls and turns, the sync and streaming paths, ProviderStrategy structured output, and
 middlewares that edit the history between turns (a request-only rewrite, a state rewrite, LangChain's
 SummarizationMiddleware) give the same calls and text as a run whose session was released first.
-On the embedded SmolLM2: a calculator tool called with the right arguments under a named and a
-"required" tool_choice, the answer, and an edited-history turn equal to one without session reuse.
+A calculator agent (a named and a "required" tool_choice, the answer) and an edited-history turn
+equal to one without session reuse: on scripted replies (tests/scripted_model.py), and on the
+embedded SmolLM2, where the 135M model's arguments and answers are `model_quality`.
 
 Comparing runs: a call id is a hash of the call's prompt tokens, so equal ids mean equal prompts.
 The edits compared here leave no model reply inside the reused prefix. (A session keeps each reply
@@ -283,13 +284,32 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def calculator_reply(prompt: str) -> str:
+    """What a good model writes: add on the question's two numbers, then the sum in a sentence."""
+    from agentrt.toolcall.formats import HERMES
+    from tests.scripted_model import last_user
+
+    asked = last_user(prompt)
+    if asked.startswith("<tool_response>"):  # (SmolLM2's template: a tool result is a user turn)
+        return f"The sum is {asked.split(chr(10))[1]}."
+    a, b = [int(w) for w in asked.rstrip("?").split() if w.isdigit()]
+    return HERMES.render_calls([("add", {"a": a, "b": b})])
+
+
+@pytest.fixture(params=["scripted", pytest.param("embedded", marks=pytest.mark.model_quality)])
+def calc_lm(request):
+    from tests.scripted_model import scripted
+
+    return scripted(calculator_reply) if request.param == "scripted" else request.getfixturevalue("embedded")
+
+
 @pytest.mark.embedded
 @pytest.mark.slow
-def test_embedded_calculator_agent_calls_add_and_answers(embedded):
+def test_calculator_agent_calls_add_and_answers(calc_lm):
     questions = [("What is 17 + 25?", "add", (17, 25)), ("How much is 1200 plus 34?", "any", (1200, 34))]
 
     async def main():
-        async with Engine(embedded, EngineConfig(kv_cache_tokens=16384)) as eng:
+        async with Engine(calc_lm, EngineConfig(kv_cache_tokens=16384)) as eng:
             model = Recording(engine=eng, max_tokens=48)
             turns = []
             for q, choice, _ in questions:
@@ -314,9 +334,9 @@ def test_embedded_calculator_agent_calls_add_and_answers(embedded):
 
 @pytest.mark.embedded
 @pytest.mark.slow
-def test_embedded_edited_history_equals_a_run_without_session_reuse(embedded):
+def test_calculator_edited_history_equals_a_run_without_session_reuse(calc_lm):
     async def main():
-        async with Engine(embedded, EngineConfig(kv_cache_tokens=16384, response_cache_size=0)) as eng:
+        async with Engine(calc_lm, EngineConfig(kv_cache_tokens=16384, response_cache_size=0)) as eng:
             model = ChatAgentrt(engine=eng, max_tokens=48)
             agent = create_agent(model, tools=[add], system_prompt=CALC_SYSTEM, checkpointer=InMemorySaver(),
                                  middleware=[ToolThenAnswer("add", max_tokens=24), DropEarlierToolTraffic()])
