@@ -30,7 +30,8 @@ ZEN_LIKE = "-mtune=znver3 -mprefer-vector-width=512 -mno-amx-tile -mno-amx-int8 
 PROMPTS = {
     "capital": [{"role": "user", "content": "Hi! What is the capital of France?"}],
     "joke": [{"role": "system", "content": "You are a helpful assistant."},
-             {"role": "user", "content": "Tell me a joke about cats. Respond in JSON with `setup` and `punchline` keys."}],
+             {"role": "user", "content": "Tell me a joke about cats. Respond in JSON with `setup` and "
+                                         "`punchline` keys."}],
 }
 # greedy ids of the default path (load_model("smollm2-135m"): Q4_1 layers, a Q8_0 table, the
 # compiled kernels, a float16 KV cache): the same on every CPU with AVX-512 VNNI, AMX or not,

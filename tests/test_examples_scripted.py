@@ -16,7 +16,7 @@ from agentrt.toolcall.formats import HERMES
 from tests.scripted_model import last_user, scripted
 from tests.test_examples import example
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]  # (scripted replies over the embedded GGUF's tokenizer)
 
 
 def call(name: str, args: dict) -> str:

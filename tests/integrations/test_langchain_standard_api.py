@@ -32,7 +32,7 @@ from agentrt.toolcall.formats import HERMES
 from tests.engine_util import assert_quiescent
 from tests.scripted_model import last_user, scripted
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]  # (scripted replies over the embedded GGUF's tokenizer)
 
 
 class Joke(BaseModel):

@@ -22,7 +22,7 @@ from agentrt.toolcall.formats import HERMES
 from tests.integrations import test_langchain_standard as standard
 from tests.scripted_model import last_user, scripted
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+pytestmark = [pytest.mark.embedded, pytest.mark.slow, pytest.mark.anyio]  # (the embedded GGUF's tokenizer)
 
 ONLY = standard.MODEL_QUALITY  # (conftest.py: the suite's other tests run on the embedded model only)
 _Flags = standard._Flags
