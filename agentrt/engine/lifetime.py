@@ -21,9 +21,6 @@ from anyio.from_thread import BlockingPortal
 
 from agentrt.errors import ConfigError
 
-_tasks: set = set()  # asyncio hosts (the loop keeps only weak references to its tasks)
-
-
 class EngineHost:
     """Runs `begin(portal)` in a host task with a fresh portal, and keeps both until stop()."""
 
@@ -32,6 +29,7 @@ class EngineHost:
         self._stop: anyio.Event | None = None
         self._gone: anyio.Event | None = None
         self._ended: list[BaseException] = []  # what end() raised, for stop()'s caller
+        self._task = None  # the asyncio host task (the loop keeps only weak references to tasks)
 
     @property
     def entered(self) -> bool:
@@ -65,7 +63,7 @@ class EngineHost:
                 ready.set()
                 self._gone.set()
 
-        _spawn(host)
+        self._task = _spawn(host)
         await ready.wait()
         if failed:
             await self._gone.wait()
@@ -84,19 +82,19 @@ class EngineHost:
             raise self._ended.pop()
 
 
-def _spawn(fn: Callable[[], Awaitable[None]]) -> None:
-    """Run fn() in a task that belongs to no caller's task group."""
+def _spawn(fn: Callable[[], Awaitable[None]]):
+    """Run fn() in a task that belongs to no caller's task group; returns the asyncio task
+    (the caller keeps it alive) or None (trio's system tasks are the run's own)."""
     lib = sniffio.current_async_library()
     if lib == "trio":
         import trio
 
         trio.lowlevel.spawn_system_task(_system(fn), name="agentrt-engine-host")
-    elif lib == "asyncio":
+        return None
+    if lib == "asyncio":
         import asyncio
 
-        task = asyncio.get_running_loop().create_task(fn(), name="agentrt-engine-host")
-        _tasks.add(task)
-        task.add_done_callback(_tasks.discard)
+        return asyncio.get_running_loop().create_task(fn(), name="agentrt-engine-host")
     else:
         raise ConfigError(f"the engine runs on asyncio or trio, not {lib!r}")
 
