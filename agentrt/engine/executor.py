@@ -46,18 +46,6 @@ class Executor(Protocol):
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
         """Run one batch over `store`: plan[i] = (request, tokens), chunks[i] its forward chunk."""
 
-    def _replay(self, graphs: StepGraphs, chunks: list[SeqChunk]) -> torch.Tensor | None:
-        """The step's logits from its graph; None (and eager from now on) when the first
-        capture fails: the model holds an op that cannot be captured (a host sync, say)."""
-        try:
-            return graphs.run(chunks)
-        except RuntimeError as exc:
-            if graphs.replays:  # (a replayed graph failing is a device fault, not a capture limit)
-                raise
-            log.warning("cuda_graphs.disabled", reason=f"{type(exc).__name__}: {exc}"[:300])
-            self.cuda_graphs, self.graphs = False, None
-            return None
-
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Row-wise argmax (greedy sampling and draft verification)."""
 
