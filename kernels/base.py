@@ -64,14 +64,16 @@ class AttentionMeta:
                "short_seq", "short_lens")
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor of the metadata (the local view's after its own), in a fixed order."""
+        """Every tensor of the metadata in a fixed order; of the local view only its own two
+        (it shares the rest with the batch: model/batch.py builds it by `replace`)."""
         own = [getattr(self, n) for n in self.TENSORS]
-        return own + (self.local.tensors() if self.local is not None else [])
+        return own + ([self.local.page_table, self.local.slot_mapping] if self.local is not None else [])
 
     def with_tensors(self, ts) -> "AttentionMeta":
         """The same metadata over `ts` (an iterator in `tensors()` order, e.g. moved copies)."""
         own = {n: next(ts) for n in self.TENSORS}
-        local = self.local.with_tensors(ts) if self.local is not None else None
+        local = None if self.local is None else \
+            replace(self.local, **{**own, "page_table": next(ts), "slot_mapping": next(ts)})
         return replace(self, **own, local=local)
 
     def to(self, device: torch.device | str) -> "AttentionMeta":
