@@ -86,6 +86,13 @@ def test_demo_routes_every_question(demo_model):
     assert all(r.reused > r.computed for r in rest)
 
 
+# the supervisor example's questions -> (worker, tool, arguments) each must be routed to
+SUPERVISOR_ROUTES = {
+    "What is the weather in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
+    "What is 12 times 7?": ("math", "calculate", {"a": 12, "op": "*", "b": 7}),
+    "Find me a flight from Paris to Rome.": ("travel", "find_flight", {"origin": "Paris", "destination": "Rome"}),
+    "Is it raining in London?": ("weather", "get_weather", {"city": "London"})}
+
 @pytest.mark.embedded
 @pytest.mark.slow
 @pytest.mark.model_quality
@@ -96,11 +103,7 @@ def test_langgraph_supervisor_routes(demo_model):
     from agentrt import Engine, EngineConfig, Runtime
 
     s = example("langgraph_supervisor")
-    want = {"What is the weather in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
-            "What is 12 times 7?": ("math", "calculate", {"a": 12, "op": "*", "b": 7}),
-            "Find me a flight from Paris to Rome.":
-                ("travel", "find_flight", {"origin": "Paris", "destination": "Rome"}),
-            "Is it raining in London?": ("weather", "get_weather", {"city": "London"})}
+    want = SUPERVISOR_ROUTES
     assert set(want) == set(s.QUESTIONS)
 
     async def run() -> dict:

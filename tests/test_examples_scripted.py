@@ -14,7 +14,7 @@ import pytest
 
 from agentrt.toolcall.formats import HERMES
 from tests.scripted_model import last_user, scripted
-from tests.test_examples import example
+from tests.test_examples import SUPERVISOR_ROUTES, example
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]  # (scripted replies over the embedded GGUF's tokenizer)
 
@@ -71,11 +71,7 @@ def test_langgraph_supervisor_routes_as_called():
     from agentrt import Engine, EngineConfig, Runtime
 
     s = example("langgraph_supervisor")
-    want = {"What is the weather in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
-            "What is 12 times 7?": ("math", "calculate", {"a": 12, "op": "*", "b": 7}),
-            "Find me a flight from Paris to Rome.":
-                ("travel", "find_flight", {"origin": "Paris", "destination": "Rome"}),
-            "Is it raining in London?": ("weather", "get_weather", {"city": "London"})}
+    want = SUPERVISOR_ROUTES
 
     def reply(prompt: str) -> str:
         worker, name, args = want[last_user(prompt)]
