@@ -120,3 +120,39 @@ def test_waiters_are_served_in_arrival_order_and_time_out_in_line(n):
 
     anyio.run(main)
     assert order == [f"w{i}" for i in range(n)]
+
+
+def test_the_engines_session_pool_serves_waiters_in_arrival_order():
+    """The real SequencePool under direct open_session callers (outside any runtime): a burst of
+    callers onto one free id gets it one by one in the order they asked, later callers never
+    overtake, a timeout=0 ask while others wait is refused, and a cancelled waiter leaves the line."""
+    from agentrt import Engine, EngineConfig
+    from tests.conftest import tiny_model
+
+    got: list[int] = []
+
+    async def main():
+        async with Engine(tiny_model(), EngineConfig(max_session_seqs=1, acquire_timeout=30)) as eng:
+            holder = await eng.open_session()
+
+            async def ask(i: int) -> None:
+                s = await eng.open_session()
+                got.append(i)
+                await anyio.sleep(0.01)
+                await s.close()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(ask, i)
+                    await anyio.sleep(0.005)  # (arrival order 0..5)
+                with anyio.CancelScope() as scope:  # a seventh waits, then gives up
+                    scope.cancel()
+                    await eng.open_session()
+                with pytest.raises(PoolExhausted):
+                    await eng.open_session(timeout=0.0)  # would overtake the six in line
+                await holder.close()
+            assert eng.core.pool.num_free("session") == 1
+            assert not eng.core.pool._line["session"]
+
+    anyio.run(main)
+    assert got == list(range(6))

@@ -32,7 +32,9 @@ class SequencePool:
         self._size = {"transient": n_transient, "session": n_session}
         self._cond = threading.Condition()
         self._closed: Callable[[], BaseException] | None = None  # makes the error waiters get
-        self._wake: set = set()  # anyio events of async waiters, set on close
+        self._wake: set = set()  # async waiters (_Waiter), woken on close
+        # async waiters' tickets per kind, oldest first: only the first takes a free id (FIFO)
+        self._line: dict[str, deque] = {"transient": deque(), "session": deque()}
 
     def close(self, error: Callable[[], BaseException]) -> None:
         """The engine is closing (or died): every waiter, now and later, raises error() at
@@ -41,8 +43,8 @@ class SequencePool:
             self._closed = error
             wake, self._wake = list(self._wake), set()
             self._cond.notify_all()
-        for set_event in wake:
-            set_event()
+        for waiter in wake:
+            waiter()
 
     def _check_open(self) -> None:
         if self._closed is not None:
@@ -53,10 +55,16 @@ class SequencePool:
             raise ConfigError(f"sequence kind {kind!r} is unknown; use 'transient' or 'session'")
 
     def try_acquire(self, kind: Kind) -> int | None:
+        """A free id now, or None (also while async waiters are in line for one: no overtaking)."""
         self._check_kind(kind)
         with self._cond:
             free = self._free[kind]
-            return free.popleft() if free else None
+            return free.popleft() if free and not self._line[kind] else None
+
+    def _take_in_turn(self, kind: str, ticket: object) -> int | None:
+        with self._cond:
+            free, line = self._free[kind], self._line[kind]
+            return free.popleft() if free and line[0] is ticket else None
 
     def acquire(self, kind: Kind, timeout: float | None = None) -> int:
         """Block (this thread) until an id of `kind` is free; PoolExhausted after `timeout` s."""
@@ -72,32 +80,40 @@ class SequencePool:
             return self._free[kind].popleft()
 
     async def acquire_async(self, kind: Kind, timeout: float | None = None) -> int:
-        """Like acquire() without blocking the event loop. Cancellation-safe: an id is only
-        taken by the atomic try_acquire, so a cancelled wait holds nothing. close() wakes it at
-        once with the engine's error. Call it on the event loop that owns the engine."""
+        """Like acquire() without blocking the event loop. Waiters are served in arrival order
+        (one line per kind: only the first takes a free id, so a burst of later callers never
+        starves an earlier one). Cancellation-safe: an id is only taken atomically, by the
+        first in line, so a cancelled wait holds nothing. close() wakes it at once with the
+        engine's error. Call it on the event loop that owns the engine."""
         self._check_kind(kind)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.002
-        woken = anyio.Event()
-        token = woken.set
+        me = _Waiter()
+        with self._cond:
+            self._line[kind].append(me)
         try:
             while True:
                 self._check_open()
-                if (sid := self.try_acquire(kind)) is not None:
+                if (sid := self._take_in_turn(kind, me)) is not None:
                     return sid
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise self._exhausted(kind, timeout)
                 with self._cond:
                     if self._closed is None:
-                        self._wake.add(token)
+                        self._wake.add(me)
                 wait = delay if deadline is None else min(delay, max(0.0, deadline - now))
                 with anyio.move_on_after(wait):
-                    await woken.wait()
+                    await me.wait()
                 delay = min(delay * 2, 0.05)
         finally:
             with self._cond:
-                self._wake.discard(token)
+                self._wake.discard(me)
+                line = self._line[kind]
+                line.remove(me)
+                nxt = line[0] if line and self._free[kind] else None
+            if nxt is not None:
+                nxt()  # (the next in line may take the id left free, without its poll's delay)
 
     def release(self, seq_id: int) -> None:
         kind = "transient" if seq_id < self._size["transient"] else "session"
@@ -134,3 +150,20 @@ class SequencePool:
         return PoolExhausted(
             f"no {kind} sequence slot free after {timeout}s ({self._size[kind]} in the pool); "
             f"close idle sessions, raise EngineConfig.max_{kind}_seqs, or wait longer")
+
+
+class _Waiter:
+    """One async waiter: calling it wakes its current wait (a fresh event per wait, so a wake
+    that came between two waits does not make every later wait return at once)."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    def __call__(self) -> None:
+        self.event.set()
+
+    async def wait(self) -> None:
+        if self.event.is_set():
+            self.event = anyio.Event()
+            return
+        await self.event.wait()
