@@ -115,7 +115,7 @@ class Room:
         if self.kv.mem.reserve(r, end, {}, True, failed):
             r.seq.tokens = list(r.target[:end])
             r.computed_prompt = end
-        for f, _ in failed:  # (preempted too often: out of the running list, its KV freed)
+        for f, _ in failed:  # (could not fit even alone: out of the running list, its KV freed)
             if f.session is not None:
                 f.session.busy = False
         self._drop_preempted()

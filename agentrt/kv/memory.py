@@ -22,8 +22,6 @@ from agentrt.engine.request import Request, State
 from agentrt.kv.sizing import over_high_water
 from agentrt.errors import OutOfKVMemory
 
-MAX_PREEMPTIONS = 32  # per request; beyond it the request fails instead of livelocking
-
 
 class MemoryManager:
     """Explicit collaborators, one direction: the allocator, KV manager, radix tree, eviction
@@ -237,27 +235,31 @@ class MemoryManager:
             if not may_preempt:
                 return False
             victim = max(self.queues.running, key=lambda x: x.admitted_at)
-            err = self.preempt(victim)
+            err = self.preempt(victim, alone=len(self.queues.running) == 1)
             if err is not None:
                 failed.append((victim, err))
             plan.pop(victim, None)
             if victim is r:
                 return False
 
-    def preempt(self, r: Request) -> OutOfKVMemory | None:
-        """Drop r's KV and queue it again. A request preempted MAX_PREEMPTIONS times cannot fit
-        beside what the pool must keep: it leaves the running list with its KV freed, and the
-        returned OutOfKVMemory is for the caller to finish it with (instead of looping)."""
+    def preempt(self, r: Request, alone: bool = False) -> OutOfKVMemory | None:
+        """Drop r's KV and queue it again: it waits for room (admitted again only alone,
+        sizing.Footprint, so it is never the youngest again while others run, and preemption
+        cannot loop). `alone`: r was the only running request and still could not get its pages,
+        so it cannot fit even alone (whatever else the pool holds could not be evicted); it
+        leaves the running list with its KV freed, and the returned OutOfKVMemory is for the
+        caller to finish it with."""
         r.preemptions += 1  # (its pages were no idle session's: the cached owners stay true)
         self.counters.preemptions += 1
         self.queues.running.remove(r)
         self.drop_links(r)
         self.kvm.release(r.seq)
-        if r.preemptions > MAX_PREEMPTIONS:
+        if alone:
             return OutOfKVMemory(
-                f"request {r.rid} ({len(r.target)} tokens) was preempted {MAX_PREEMPTIONS} times: the KV pool "
-                f"({self.cfg.kv_cache_tokens} tokens) cannot hold it beside the other running requests; raise "
-                "EngineConfig.kv_cache_tokens or lower the concurrency")
+                f"request {r.rid} ({len(r.target)} tokens) cannot fit in the KV pool even alone "
+                f"({self.cfg.kv_cache_tokens} tokens, {self.alloc.num_free} of {self.alloc.num_pages} pages free "
+                "after evicting every cached page it could); raise EngineConfig.kv_cache_tokens, lower "
+                "max_tokens, or close idle sessions")
         r.state, r.attached = State.WAITING, False
         self.queues.waiting.appendleft(r)
         return None
