@@ -7,7 +7,12 @@ in one JSON (bench/results/reliability.json).
   * fuzz: tests/test_fuzz_surface.py run by pytest (its examples and operations), with the
     operations run and the typed errors raised (`AGENTRT_FUZZ_COUNTS`);
   * soak: bench/soak.py (64 agents over 16 session ids; `--quick`: 4 turns each), its leaks,
-    next-output mismatches, passivations and RSS growth.
+    next-output mismatches, asks that ended in PoolExhausted, passivations and RSS growth;
+  * radix property: tests/test_radix_property.py with its examples, steps and operations counted
+    (`AGENTRT_RADIX_COUNTS`; full: 2,000 examples, `--quick` 400);
+  * tight pool: the seed's regime (a KV pool of 1.25 stage prefixes, 2,000-token prefixes, 20
+    tasks per DAG at 8x load) on the real core over the simulator's H100 cost model, FCFS, LPM
+    and TOPAS on the three DAGs: tasks completed, admissions, preemptions and their ratio (<= 1).
 
     python -m bench.reliability [--quick]
 """
@@ -78,12 +83,60 @@ def fuzz() -> dict:
 
 def soak(quick: bool) -> dict:
     out = RESULTS / "soak.json"
-    proc = subprocess.run([sys.executable, "bench/soak.py", *(["--quick"] if quick else [])], cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "bench.soak", *(["--quick"] if quick else [])], cwd=ROOT)
     data = json.loads(out.read_text())
     keys = ("agents", "session_ids", "turns", "passivations", "activations", "leaked_pages", "leaked_session_ids",
-            "next_output_mismatches", "rss_growth_mb", "rss_mb_start", "rss_mb_end", "ok", "cancelled",
-            "typed_errors", "tool_errors", "preemptions", "wall_s")
+            "next_output_mismatches", "pool_exhausted", "acquire_timeout_s", "rss_growth_mb", "rss_mb_start",
+            "rss_mb_end", "ok", "cancelled", "typed_errors", "typed_errors_by_type", "tool_errors", "preemptions",
+            "wall_s")
     return {"passed": proc.returncode == 0, **{k: data.get(k) for k in keys}}
+
+
+def radix_property(quick: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "counts.json"
+        t0 = time.perf_counter()
+        env = {**os.environ, "AGENTRT_RADIX_COUNTS": str(out), "AGENTRT_RADIX_EXAMPLES": "400" if quick else "2000"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/test_radix_property.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+        counts = json.loads(out.read_text()) if out.exists() else {}
+    return {"passed": proc.returncode == 0, "summary": proc.stdout.strip().splitlines()[-1:],
+            "examples": counts.get("examples", 0), "steps": counts.get("steps", 0),
+            "operations": {k[3:]: v for k, v in counts.items() if k.startswith("op:")},
+            "preemptions": counts.get("preemptions", 0), "evicted_pages": counts.get("evicted_pages", 0),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def tight_pool() -> dict:
+    from agentrt import DEFAULT_MODEL, load_model
+    from agentrt.conversation.chat import ChatFormat
+    from agentrt.model.config import ModelConfig
+    from agentrt.sim import SimExecutor, SimModel, StepCosts
+    from agentrt.sim import run as sim_run
+    from bench.sim_workflows import COSTS, engine_config, sizes_for
+    from bench.workflow_run import run_dag
+    from bench.workflow_workload import DAGS, make_dag, make_tasks
+
+    costs = StepCosts.load(sorted(COSTS.glob("gpu_*h100*.json"))[0])
+    model = SimModel(ModelConfig(**{**costs.details["model"], "rope_freq_factors": None}))
+    tok = load_model(DEFAULT_MODEL).tokenizer
+    fmt, sizes, runs = ChatFormat(tok), sizes_for(2000), []
+    for name in DAGS:
+        dag = make_dag(fmt, tok, name, sizes)
+        cfg = engine_config(sizes, len(dag.preds))
+        alone = sim_run(run_dag, model, fmt, dag, make_tasks(fmt, tok, dag, sizes, 2, 1.0, 1000), sizes, cfg,
+                        1e6, True, SimExecutor(model, costs))
+        tasks = make_tasks(fmt, tok, dag, sizes, 20, 8 * 2 / alone["busy_s"], 7)
+        for policy in ("fcfs", "lpm", "topas"):
+            r = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=policy), 1e6, False,
+                        SimExecutor(model, costs))
+            runs.append({"dag": name, "policy": policy, "kv_cache_tokens": cfg.kv_cache_tokens,
+                         "tasks": r["tasks"], "completed": r["completed"], "admissions": r["admissions"],
+                         "preemptions": r["preemptions"], "error": r.get("error"),
+                         "preemptions_per_admission": r["preemptions"] / max(1, r["admissions"])})
+    return {"cost_model": costs.name, "prefix_tokens": 2000, "room_prefixes": 1.25, "tasks_per_dag": 20,
+            "load": 8, "runs": runs, "all_completed": all(x["completed"] == x["tasks"] for x in runs),
+            "max_preemptions_per_admission": max(x["preemptions_per_admission"] for x in runs)}
 
 
 def main() -> None:
@@ -91,14 +144,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the soak's 4-turn run")
     ap.add_argument("--out", type=Path, default=RESULTS / "reliability.json")
     args = ap.parse_args()
-    res = {"corpus": corpus(), "fuzz": fuzz(), "soak": soak(args.quick), "machine": machine(), "quick": args.quick,
+    res = {"corpus": corpus(), "fuzz": fuzz(), "soak": soak(args.quick), "radix_property": radix_property(args.quick),
+           "tight_pool": tight_pool(), "machine": machine(), "quick": args.quick,
            "commands": ["python -m bench.reliability" + (" --quick" if args.quick else "")]}
     res["leaks"] = {"pages": res["soak"]["leaked_pages"], "session_ids": res["soak"]["leaked_session_ids"]}
     res["rss_growth_mb"] = res["soak"]["rss_growth_mb"]
+    res["pool_exhausted"] = res["soak"]["pool_exhausted"]
+    res["max_preemptions_per_admission"] = res["tight_pool"]["max_preemptions_per_admission"]
     print(json.dumps(res, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
-    ok = res["corpus"]["server_errors_5xx"] == 0 and res["fuzz"]["passed"] and res["soak"]["passed"]
+    ok = res["corpus"]["server_errors_5xx"] == 0 and res["fuzz"]["passed"] and res["soak"]["passed"] \
+        and res["radix_property"]["passed"] and res["tight_pool"]["all_completed"] \
+        and res["max_preemptions_per_admission"] <= 1
     sys.exit(0 if ok else 1)
 
 

@@ -7,6 +7,8 @@ cache / tier) and activated on their next turn (runtime/leases.py), while the KV
 about 16 agents' histories, so idle sessions are also detached and recomputed under pressure.
 Tools fail at random (exceptions, timeouts, sys.exit), and asks are cancelled at random. Afterwards:
   * 0 leaked pages or sequence ids (pool, radix and page invariants checked);
+  * 0 asks that ended in PoolExhausted (`pool_exhausted`: session ids are handed out in arrival
+    order, so a burst of agents onto the ids never starves one past `acquire_timeout`);
   * every agent's next greedy output, on its re-activated session, equals naive decoding of its
     history (the oracle `agentrt.model.generate.generate`);
   * RSS growth over the run is reported.
@@ -31,7 +33,7 @@ import anyio
 
 from agentrt import Agent, Engine, EngineConfig, LoadedModel, Runtime, SamplingParams, tool  # noqa: E402
 from agentrt.conversation.formats import chat_format_of  # noqa: E402
-from agentrt.errors import AgentrtError, AskTimeout, RequestCancelled  # noqa: E402
+from agentrt.errors import AgentrtError, AskTimeout, PoolExhausted, RequestCancelled  # noqa: E402
 from agentrt.model.generate import generate  # noqa: E402
 from bench.common import RESULTS, machine  # noqa: E402
 
@@ -85,7 +87,8 @@ def rss_mb() -> float:
 
 async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int, session_ids: int) -> dict:
     rng = random.Random(seed)
-    counts = {"ok": 0, "cancelled": 0, "typed_errors": 0, "tool_ok": 0, "tool_errors": 0}
+    counts = {"ok": 0, "cancelled": 0, "typed_errors": 0, "pool_exhausted": 0, "tool_ok": 0, "tool_errors": 0}
+    by_type: dict[str, int] = {}
     agents: dict[str, Agent] = {}
     per_agent_tokens = 700  # about what one agent's history reaches
     cfg = EngineConfig(kv_cache_tokens=16 * per_agent_tokens, max_session_seqs=session_ids, debug_invariants=True)
@@ -103,8 +106,10 @@ async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int, session_id
                     counts["tool_errors" if r.is_error else "tool_ok"] += 1
             except (AskTimeout, RequestCancelled):
                 counts["cancelled"] += 1
-            except AgentrtError:
+            except AgentrtError as e:  # (PoolExhausted: an ask waited acquire_timeout for a session id)
                 counts["typed_errors"] += 1
+                counts["pool_exhausted"] += isinstance(e, PoolExhausted)
+                by_type[type(e).__name__] = by_type.get(type(e).__name__, 0) + 1
 
     async with Engine(lm, cfg) as eng:
         async with Runtime(eng) as rt:
@@ -119,7 +124,8 @@ async def soak(lm: LoadedModel, n_agents: int, turns: int, seed: int, session_id
                 await anyio.sleep(0.01)
         await eng.run_in_step_thread(eng.core.check_invariants)
         leaked_ids, leaked_pages = await eng.run_in_step_thread(lambda: _leaks(eng.core))
-    return {**counts, "agents": n_agents, "turns": turns, "session_ids": session_ids,
+    return {**counts, "typed_errors_by_type": by_type, "agents": n_agents,
+            "acquire_timeout_s": cfg.acquire_timeout, "turns": turns, "session_ids": session_ids,
             "passivations": leases.passivations, "activations": leases.activations,
             "next_output_mismatches": mismatches,
             "detached_sessions": stats.detached_sessions, "evicted_pages": stats.evicted_pages,
@@ -176,7 +182,8 @@ def main() -> None:
     print(json.dumps(res, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
-    ok = res["leaked_session_ids"] == 0 and res["leaked_pages"] == 0 and res["next_output_mismatches"] == 0
+    ok = res["leaked_session_ids"] == 0 and res["leaked_pages"] == 0 and res["next_output_mismatches"] == 0 \
+        and res["pool_exhausted"] == 0
     sys.exit(0 if ok else 1)
 
 

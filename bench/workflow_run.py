@@ -28,6 +28,7 @@ def engine_stats(eng) -> dict:
     dec = getattr(st, "decision_us_p50", None)
     return {"hit_rate": st.hit_rate, "prompt_submitted": st.prompt_submitted, "prompt_computed": st.prompt_computed,
             "decode_tokens": st.decode_tokens, "steps": st.steps, "step_s": st.step_seconds, "preemptions": st.preemptions,
+            "admissions": st.admissions,
             "evicted_pages": st.evicted_pages, "decision_us_p50": dec}
 
 

@@ -17,6 +17,10 @@ tags -- and after every step checks:
 from __future__ import annotations
 
 import itertools
+import json
+import os
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -219,6 +223,17 @@ _op = st.one_of(  # (turns weigh most: they make the tree and the pressure the o
 )
 
 
+# examples, steps and operations run, written to $AGENTRT_RADIX_COUNTS (a JSON path) when set
+# (bench/reliability.py); $AGENTRT_RADIX_EXAMPLES raises the examples (default 400)
+RADIX_COUNTS: Counter = Counter()
+EXAMPLES = int(os.environ.get("AGENTRT_RADIX_EXAMPLES", "400"))
+
+
+def teardown_module() -> None:
+    if out := os.environ.get("AGENTRT_RADIX_COUNTS"):
+        Path(out).write_text(json.dumps(dict(sorted(RADIX_COUNTS.items())), indent=1) + "\n")
+
+
 def _pick(items: list, i: int):
     return items[i % len(items)] if items else None
 
@@ -258,15 +273,20 @@ def apply(room: Room, op: tuple) -> None:
         room.open(op[1], op[2])
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(["lru", "agent_aware"]), ops=st.lists(_op, min_size=8, max_size=60))
 def test_every_page_has_one_node_and_refcounts_equal_holders(policy, ops):
     room = Room(policy)
     room.check()
+    RADIX_COUNTS["examples"] += 1
     for op in ops:
         room.clock.t += 1.0
         apply(room, op)
         room.check()
+        RADIX_COUNTS["steps"] += 1
+        RADIX_COUNTS["op:" + op[0]] += 1
+    RADIX_COUNTS["preemptions"] += room.kv.counters.preemptions
+    RADIX_COUNTS["evicted_pages"] += room.kv.counters.evicted_pages
     for r in list(room.queues.running):  # wind down: everything finishes, every session closes
         r.leader = None
         room.compute(r, r.target_len)

@@ -15,6 +15,7 @@ class Counters:
     prompt_cached: int = 0  # of those, served from KV already held at admission
     prompt_computed: int = 0  # prompt tokens actually prefilled (recompute included)
     decode_tokens: int = 0
+    admissions: int = 0  # requests moved from waiting to running (a re-admission after a preemption counts)
     preemptions: int = 0
     oom_steps: int = 0  # steps the device ran out of memory in (their requests failed, steps halved)
     evicted_pages: int = 0
@@ -62,6 +63,7 @@ class EngineStats:
     decode_tokens: int
     steps: int
     step_seconds: float  # total wall time of the steps that ran the model
+    admissions: int  # waiting -> running, re-admissions included
     preemptions: int
     evicted_pages: int
     detached_sessions: int
@@ -116,7 +118,8 @@ class EngineStats:
             prompt_submitted=c.prompt_submitted, prompt_cached=c.prompt_cached,
             prompt_computed=c.prompt_computed,
             hit_rate=c.prompt_cached / c.prompt_submitted if c.prompt_submitted else 0.0,
-            decode_tokens=c.decode_tokens, steps=c.steps, step_seconds=c.step_seconds, preemptions=c.preemptions,
+            decode_tokens=c.decode_tokens, steps=c.steps, step_seconds=c.step_seconds,
+            admissions=c.admissions, preemptions=c.preemptions,
             evicted_pages=c.evicted_pages, detached_sessions=c.detached_sessions,
             deferred_chunks=c.deferred_chunks, grouped_tokens=c.grouped_tokens,
             spec_proposed=c.spec_proposed, spec_accepted=c.spec_accepted,

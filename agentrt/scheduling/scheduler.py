@@ -102,6 +102,7 @@ class Scheduler:
             r.state, r.admitted_at, r.admitted_s = State.RUNNING, next(self.ticks), self.clock.now()
             self.running.append(r)
             admitted.append(r)
+            self.kv.counters.admissions += 1
             if self.events is not None and self.events.on:
                 self.events.admitted(r)
         if self.cfg.enable_prefix_grouping and len(admitted) > 1:

@@ -43,6 +43,8 @@ class _EngineCollector:
             "agentrt_engine_prompt_tokens": ("prompt tokens submitted to the engine", st.prompt_submitted),
             "agentrt_engine_cached_prompt_tokens": ("prompt tokens served from KV already held", st.prompt_cached),
             "agentrt_engine_decode_tokens": ("tokens decoded", st.decode_tokens),
+            "agentrt_engine_admissions": ("requests admitted to run (re-admissions after a preemption too)",
+                                          st.admissions),
             "agentrt_engine_preemptions": ("requests preempted for KV room", st.preemptions),
         }
         for name, (doc, value) in counters.items():
