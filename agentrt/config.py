@@ -55,6 +55,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     task_aging_s: float = 10.0  # topas: a task this old gains as much priority as one stage's work
     topas_exhaustive_agents: int = 6  # topas: subsets of at most this many agents are enumerated
+    # the per-decision trace (scheduling/trace.py): the last N scheduling decisions with their
+    # candidates, score terms, resident prefixes and evictions (0 = off; Engine.decision_trace())
+    decision_trace: int = 0
     debug_invariants: bool = False  # check every cache invariant after every step (tests)
     response_cache_size: int = 256  # full responses kept (0 = off; benchmarks of fresh work)
     # prompt-lookup speculation (greedy and sampled; constrained requests do not speculate)
@@ -131,7 +134,8 @@ class EngineConfig:
 _INTS = {"kv_cache_tokens": 1, "window_kv_tokens": 0, "page_size": 1, "max_transient_seqs": 1, "max_session_seqs": 0, "n_batch": 1,
          "chunk_min": 1, "chunk_max": 1, "latency_sensitive_max_tokens": 0, "fair_chunk_cap": 1,
          "prefix_group_k": 1, "response_cache_size": 0, "spec_max_draft": 0, "spec_token_budget": 0,
-         "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0, "topas_exhaustive_agents": 1}
+         "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0, "topas_exhaustive_agents": 1,
+         "decision_trace": 0}
 # float fields: (min, max, min excluded)
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}

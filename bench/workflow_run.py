@@ -54,10 +54,11 @@ async def timed_call(eng, prompt: list[int], sp, **kw) -> tuple[list[int], float
 
 
 async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, timeout: float,
-                  sequential: bool = False, executor=None, book=None) -> dict:
+                  sequential: bool = False, executor=None, book=None, on_close=None) -> dict:
     """All tasks through one engine built from cfg; `sequential`: one task at a time (calibration).
     `executor`: a simulated one (agentrt.sim; run under agentrt.sim.run); `book`: a ScriptBook
-    that records every call's output (a real run, for a simulation to replay)."""
+    that records every call's output (a real run, for a simulation to replay); `on_close(engine)`:
+    awaited after the last task, before the engine closes (bench/workflow_trace.py takes its trace)."""
     sp = SamplingParams(max_tokens=sizes.out_tokens, ignore_eos=True)
     jct: dict[str, float] = {}
     intervals: list[tuple[float, float]] = []
@@ -102,6 +103,8 @@ async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, t
                         tg.start_soon(run_task, task, t0 + task.arrival)
         wall = anyio.current_time() - t0
         stats = engine_stats(eng)
+        if on_close is not None:
+            await on_close(eng)
     done = [jct[t.task_id] for t in tasks if t.task_id in jct]
     out = {"tasks": len(tasks), "completed": len(done), "timed_out": scope.cancelled_caught,
            "wall_s": wall, "busy_s": busy_time(intervals), "jct_s": done, **jct_summary(done), **stats,

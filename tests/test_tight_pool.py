@@ -39,7 +39,9 @@ def _pool_tokens() -> int:
     return (int(1.25 * PREFIX + 0.5 * work) + 15) // 16 * 16
 
 
-async def _run(policy: str, sessions: bool) -> tuple[dict, list, object]:
+async def _run(policy: str, sessions: bool, decision_trace: int = 0, on_close=None) -> tuple[dict, list, object]:
+    """Every task of the workload through one engine: (tasks finished, (prompt, output) of
+    every call, the engine's stats); `on_close({"trace": ...})` gets the decision trace."""
     model = tiny_model()
     wf = Workflow.from_edges("diamond", EDGES)
     preds = {s: [a for a, b in EDGES if b == s] for s in wf.stages}
@@ -47,7 +49,8 @@ async def _run(policy: str, sessions: bool) -> tuple[dict, list, object]:
     calls: list[tuple[list[int], list[int]]] = []
     finished: dict[str, int] = {}
     cfg = EngineConfig(kv_cache_tokens=_pool_tokens(), scheduling_policy=policy, response_cache_size=0,
-                       enable_speculation=False, kv_tier_bytes=0, debug_invariants=True)
+                       enable_speculation=False, kv_tier_bytes=0, debug_invariants=True,
+                       decision_trace=decision_trace)
     async with Engine(model, cfg) as eng:
         eng.declare_workflow(wf)
 
@@ -84,6 +87,8 @@ async def _run(policy: str, sessions: bool) -> tuple[dict, list, object]:
                 for i in range(TASKS):
                     tg.start_soon(task, i)
         st = eng.stats()
+        if on_close is not None:
+            on_close({"trace": eng.decision_trace()})
         await eng.run_in_step_thread(eng.core.check_invariants)
         await eng.run_in_step_thread(lambda: assert_quiescent(eng.core))
     return finished, calls, st

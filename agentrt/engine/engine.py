@@ -297,6 +297,15 @@ class Engine:
         with self._steps.lock:
             return self.core.stats()
 
+    def decision_trace(self) -> list[dict]:
+        """The last `EngineConfig.decision_trace` scheduling decisions, oldest first
+        (scheduling/trace.py: candidates, score terms, resident prefixes, evictions)."""
+        trace = self.core.scheduler.trace
+        if trace is None:
+            raise ConfigError("the decision trace is off; set EngineConfig.decision_trace to the decisions to keep")
+        with self._steps.lock:
+            return trace.as_dicts()
+
     def inspect(self, fn: Callable[[EngineCore], object]) -> object:
         """fn(core) between two steps (under the step lock, like stats()), from any thread: a
         consistent read of the core's state for an observer (agentrt.dashboard). fn must only read,

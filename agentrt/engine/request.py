@@ -113,7 +113,7 @@ class Request:
     spec_accepted: int = 0
     forced: int = 0  # fast-forwarded ids after the next token to feed (they ride its decode step)
     attached: bool = False  # prefix reuse done for the current admission
-    preemptions: int = 0  # times its KV was dropped for memory (capped: see MemoryManager)
+    preemptions: int = 0  # times its KV was dropped for memory (see MemoryManager.preempt)
     lock_node: object | None = None  # radix node locked while this request uses its pages
     # workflow facts (agentrt/workflow.py): the task it serves; its stage is `tag`
     task: str | None = None

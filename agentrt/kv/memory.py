@@ -34,6 +34,7 @@ class MemoryManager:
         self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
         # the scheduler's kept prefixes, evicted last: agent -> tokens of its static prefix
         self.keep: dict[str, int] | None = None
+        self.trace = None  # the scheduler's decision trace (scheduling/trace.py), told what leaves go
         # within one planning pass (None: outside one) the index is refreshed once and each
         # level's eligible session ids are found once: who is idle does not change inside a pass
         # (a preempted request's session had no pages left to count), and what idle sessions
@@ -168,6 +169,8 @@ class MemoryManager:
                     self.counters.detached_sessions += 1
             if not leaf.resident or any(self.alloc.refcount(p) != 1 for p in leaf.pages):
                 continue
+            if self.trace is not None:
+                self.trace.evicted(leaf)
             self.counters.evicted_pages += self.radix.discard(leaf)
             took = True
             if self.alloc.num_free >= n_pages:

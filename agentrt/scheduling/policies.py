@@ -41,7 +41,7 @@ class LPM:
 
     def decide(self, view: SchedulingView) -> Decision:
         order = sorted(view.ready, key=lambda r: -r.resident)  # (sorted is stable: arrival breaks ties)
-        return Decision([r.req for r in order])
+        return Decision([r.req for r in order], terms=_terms(view, order, "resident"))
 
 
 class SRPT:
@@ -50,7 +50,8 @@ class SRPT:
     name = "srpt"
 
     def decide(self, view: SchedulingView) -> Decision:
-        return Decision([r.req for r in sorted(view.ready, key=lambda r: r.remaining)])
+        order = sorted(view.ready, key=lambda r: r.remaining)
+        return Decision([r.req for r in order], terms=_terms(view, order, "remaining"))
 
 
 class ProgramFCFS:
@@ -59,7 +60,15 @@ class ProgramFCFS:
     name = "program_fcfs"
 
     def decide(self, view: SchedulingView) -> Decision:
-        return Decision([r.req for r in sorted(view.ready, key=lambda r: r.task_arrival)])
+        order = sorted(view.ready, key=lambda r: r.task_arrival)
+        return Decision([r.req for r in order], terms=_terms(view, order, "task_arrival"))
+
+
+def _terms(view: SchedulingView, order: list[Ready], key: str) -> tuple:
+    """The sort key of each candidate, in the decided order (only while the trace is on)."""
+    if not view.explain:
+        return ()
+    return tuple({"stage": r.stage, "task": r.task, key: getattr(r, key)} for r in order)
 
 
 def make_scheduling_policy(name: str, **topas_args) -> SchedulingPolicy:

@@ -38,12 +38,14 @@ class SchedulingView:
     # tasks between requests (a tool running, or the next stage about to start): scheduling/tasks.py
     decode_step_s: float = 0.0  # a decode-only step's seconds, learned (0: not known yet) ...
     decode_per_seq_s: float = 0.0  # ... of which each sequence's share: step(n) = decode_step_s + per_seq * (n - 1)
+    explain: bool = False  # fill Decision.terms (the decision trace is on: scheduling/trace.py)
 
 
 @dataclass(frozen=True)
 class Decision:
     order: list  # ready requests to admit, in this order
     keep: frozenset[str] | None = None  # agents whose prefixes stay resident (None: the eviction policy decides)
+    terms: tuple = ()  # with view.explain: the score terms of each candidate (dicts; the trace's)
 
 
 class SchedulingPolicy(Protocol):

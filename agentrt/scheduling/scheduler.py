@@ -34,6 +34,7 @@ from agentrt.scheduling.policies import FCFS
 from agentrt.scheduling.policy_base import Ready, SchedulingView
 from agentrt.scheduling.prefix import attach_prefix, common_prefix, group_new_requests
 from agentrt.scheduling.speculation import choose_draft
+from agentrt.scheduling.trace import DecisionTrace
 
 REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
 UPCOMING_S = 2.0  # a task whose last request ended this recently is expected back (a tool call)
@@ -68,6 +69,10 @@ class Scheduler:
         self._on_request = getattr(kv.policy, "on_request", None)
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)
+        # the per-decision trace (EngineConfig.decision_trace; None: off), and this pass's record
+        self.trace = DecisionTrace(cfg.decision_trace) if cfg.decision_trace else None
+        self.mem.trace = self.trace
+        self._record = None
 
     @property
     def waiting(self) -> deque:
@@ -105,6 +110,8 @@ class Scheduler:
             self.kv.counters.admissions += 1
             if self.events is not None and self.events.on:
                 self.events.admitted(r)
+            if self.trace is not None:
+                self.trace.admitted(self._record, r)
         if self.cfg.enable_prefix_grouping and len(admitted) > 1:
             group_new_requests(admitted, self.cfg.prefix_group_k)
 
@@ -128,16 +135,20 @@ class Scheduler:
                 self._on_request(r.tag)
 
     def _decide(self) -> list[Request]:
+        self._record = None
         if not self.waiting:
             return []
-        if isinstance(self.policy, FCFS):
+        if isinstance(self.policy, FCFS) and self.trace is None:
             return list(self.waiting)
         sig, now = (tuple(r.rid for r in self.waiting), tuple(r.rid for r in self.running)), self.clock.now()
         if self._last is not None and self._last[0] == sig and now - self._last[1] < REDECIDE_S:
             return self._last[2]
         t0 = time.perf_counter()
-        decision = self.policy.decide(self.view(now))
+        view = self.view(now)
+        decision = self.policy.decide(view)
         self.decision_us.append((time.perf_counter() - t0) * 1e6)
+        if self.trace is not None:
+            self._record = self.trace.record(view, decision, self.policy.name)
         self.mem.keep = None if decision.keep is None else {a: self.tasks.prefix_len(a) for a in decision.keep}
         self._last = (sig, now, decision.order)
         first = decision.order[0] if decision.order else None
@@ -163,7 +174,7 @@ class Scheduler:
         budget = int(self.cfg.high_water * self.cfg.num_pages) * self.cfg.page_size
         costs = self.kv.costs
         return SchedulingView(ready, running, prefix_len, resident, budget, costs.recompute_s(1), now, upcoming,
-                              costs.decode_s(1), costs.decode_per_seq_s)
+                              costs.decode_s(1), costs.decode_per_seq_s, self.trace is not None)
 
     def _ready(self, r: Request, running: bool) -> Ready:
         tasks, tgt = self.tasks, r.target

@@ -57,6 +57,13 @@ class _State:
     agents: frozenset
     admitted: list
     score: float
+    terms: tuple = ()  # (progress, moves, work, evictions): the score is progress / (moves + work + evictions)
+
+    def explain(self, chosen: bool) -> dict:
+        gain, moves, work, evictions = self.terms or (0.0, 0.0, 0.0, 0.0)
+        return {"agents": sorted(a for a in self.agents if a is not None), "admitted": len(self.admitted),
+                "progress": gain, "moves_s": moves, "work_s": work, "evictions_s": evictions,
+                "score": self.score, "chosen": chosen}
 
 
 class Topas:
@@ -80,7 +87,11 @@ class Topas:
             best = ctx.evaluate(frozenset({ctx.ready[0].stage}), force=True)
         admitted, agents = ctx.free_riders(best)
         keep = agents | ctx.next_resident
-        return Decision([r.req for r in admitted], frozenset(a for a in keep if a is not None))
+        terms = ()
+        if view.explain:  # (every state weighed; the idle engine's forced one too)
+            weighed = states if any(st is best for st in states) else [*states, best]
+            terms = tuple(st.explain(st is best) for st in weighed)
+        return Decision([r.req for r in admitted], frozenset(a for a in keep if a is not None), terms)
 
     def _greedy(self, ctx: "_Context", forced: frozenset, cands: list) -> list[_State]:
         state, left = ctx.evaluate(forced), list(cands)
@@ -141,7 +152,7 @@ class _Context:
         moves = sum(self.reload(a) for a in agents if a not in self.resident)
         evictions = self._evictions(agents, room)
         gain = sum(self.weight(r) * r.cost for r in admitted)
-        return _State(agents, admitted, gain / max(moves + work + evictions, EPS))
+        return _State(agents, admitted, gain / max(moves + work + evictions, EPS), (gain, moves, work, evictions))
 
     def batch_s(self, admitted: list) -> float:
         """Engine seconds to serve `admitted` together: their prompt tokens at the prefill rate,
