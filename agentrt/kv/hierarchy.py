@@ -38,14 +38,18 @@ class Hierarchy:
     def __init__(self, kv: KVSpace):
         self.kv = kv
 
-    def promote_prefix(self, tokens: list[int], salt: str | None, pinned: bool = True) -> tuple[int, int]:
+    def promote_prefix(self, tokens: list[int], salt: str | None, pinned: bool = True,
+                       max_pages: int | None = None) -> tuple[int, int]:
         """Promote the demoted continuation of `tokens`' resident match; returns the token range
         [start, end) now resident again ((0, 0): nothing promoted). Without `pinned` room comes
-        from unpinned candidates only (a prefetch)."""
+        from unpinned candidates only (a prefetch); `max_pages` stops the path where it would
+        take more."""
         radix = self.kv.radix
         if radix is None or radix.tier is None:
             return 0, 0
         path = radix.host_path(tokens, salt)
+        if max_pages is not None:
+            path = _within(path, max_pages, self.kv.cfg.page_size)
         if not path:
             return 0, 0
         start = path[0].start
@@ -83,7 +87,7 @@ class Hierarchy:
         """Promote back the cut histories of the sessions in `due` (waiting on tools that may
         return now; soonest first), each at most once per wait, about `max_pages` per call
         (one session at least); `hold(es)` re-pins a session brought back; returns pages promoted."""
-        radix, done, evictable = self.kv.radix, 0, None
+        radix, done = self.kv.radix, 0
         if radix is None or radix.tier is None or not radix.tier.used:
             return 0
         for es in due:
@@ -91,13 +95,10 @@ class Hierarchy:
             if done and done + n > max_pages:
                 break  # (the next call goes on: one session per call at least, whatever its size)
             es.prefetch_from, es.prefetch_pages = len(es.seq.pages), 0  # (tried in this wait)
-            if not n:
+            room = self._headroom() if n else 0
+            if room <= 0:
                 continue
-            if n > self._spare_pages():  # room must come from candidates: are there enough?
-                evictable = self.kv.mem.evictable_pages() if evictable is None else evictable
-                if n > self._spare_pages() + evictable:
-                    continue
-            self.restore_tail(es, pinned=False)
+            self.restore_tail(es, pinned=False, max_pages=room)  # (its history's head, where all of it does not fit)
             got = max(0, len(es.seq.pages) - es.prefetch_from)
             es.prefetch_pages = got
             self.kv.counters.prefetched_pages += got
@@ -145,6 +146,17 @@ class Hierarchy:
                 break
         return done
 
+    def _headroom(self) -> int:
+        """Pages a return prefetch may fill and keep: free pages and what it may take (unpinned
+        candidates), less the high-water gap and the running requests' remaining prompts. Filling
+        the reserve too only lent the pages: in bench_agents' long case every prefetched page
+        that left the pool unused was taken back by another agent's admission promoting its own
+        history (attach_prefix -> promote_prefix -> reclaim, level 2) before the tools returned."""
+        cfg = self.kv.cfg
+        growth = sum(-(-(r.remaining + 1) // cfg.page_size) for r in self.kv.queues.running)
+        taken = sum(len(x.pages) for x in self.kv.mem.candidates(0, None))
+        return self.kv.alloc.num_free + taken - int((1 - cfg.high_water) * cfg.num_pages) - growth
+
     def _spare_pages(self) -> int:
         """Free pages beyond a reserve for the running requests' growth and the high-water gap."""
         cfg = self.kv.cfg
@@ -152,14 +164,14 @@ class Hierarchy:
         reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in self.kv.queues.running)
         return max(0, self.kv.alloc.num_free - reserve)
 
-    def restore_tail(self, es, pinned: bool = True) -> None:
+    def restore_tail(self, es, pinned: bool = True, max_pages: int | None = None) -> None:
         """Point an idle session's page table at its whole history again when pressure cut it:
         the tree's pages (promoted from the tier first) replace the shorter table. What neither
         holds any more stays cut (the next turn recomputes it)."""
         hist, seq = es.history, es.seq
         if self.kv.radix is None or es.busy or len(hist) <= len(seq.tokens) or hist[:len(seq.tokens)] != seq.tokens:
             return
-        self.promote_prefix(hist, es.cache_salt, pinned)
+        self.promote_prefix(hist, es.cache_salt, pinned, max_pages)
         m = self.kv.radix.match_prefix(hist, es.cache_salt)
         if m.length <= len(seq.tokens):
             return
@@ -167,6 +179,17 @@ class Hierarchy:
         self.kv.kvm.alias(tmp, hist[:m.length], m.pages)
         self.kv.kvm.release(seq)
         seq.tokens, seq.pages = tmp.tokens, tmp.pages
+
+
+def _within(path: list, max_pages: int, page_size: int) -> list:
+    """The head of `path` (top-down nodes) that takes at most max_pages pages."""
+    out, n = [], 0
+    for node in path:
+        n += len(node.key) // page_size
+        if n > max_pages:
+            break
+        out.append(node)
+    return out
 
 
 def _frontier(radix, dist: dict) -> dict[str, list[list]]:
