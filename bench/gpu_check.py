@@ -8,6 +8,9 @@ Parts, each reported on its own (`ok`, its figures, or the error that stopped it
             step; greedy tokens alone (generate(), eager) = batched = after a radix hit
             (Engine); transformers eager per token on the same weights
   llama8b   the Llama-3-8B shape, decode step at batch 1 (graph) and eager
+  faults    bench/gpu_faults.py: a real out-of-memory in a step (DeviceOutOfMemory, smaller steps,
+            the engine goes on), a device-side assert (EngineFailed naming it), a second pool
+            under the same executor's CUDA graphs (captured again, the same tokens)
   agents    bench_agents' agents8 scripts (forced tokens: tool calls, results, fast-forward) on
             the SmolLM2 shape through agentrt and through transformers eager (the same cut of
             scripts), end to end
@@ -29,6 +32,8 @@ import traceback
 from pathlib import Path
 
 import torch
+
+from bench.gpu_faults import faults
 
 ROOT = Path(__file__).resolve().parents[1]
 DT = torch.bfloat16
@@ -249,7 +254,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pack", default=str(ROOT / ".gpu" / "pack"))
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", str(ROOT / "bench" / "results")), "gpu.json"))
-    ap.add_argument("--parts", default="kernels,llama1b,llama8b,agents")
+    ap.add_argument("--parts", default="kernels,llama1b,llama8b,agents,faults")
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--turns", type=int, default=2)
     args = ap.parse_args()
@@ -266,7 +271,8 @@ def main() -> None:
     except ImportError:
         res["triton"] = None
     plan = {"kernels": (kernel_tests, 110), "llama1b": (lambda: llama1b(pack), 180),
-            "llama8b": (lambda: llama8b(pack), 90), "agents": (lambda: agents(pack, args.agents, args.turns), 120)}
+            "llama8b": (lambda: llama8b(pack), 90), "agents": (lambda: agents(pack, args.agents, args.turns), 120),
+            "faults": (lambda: faults(pack), 180)}
     for name in parts:
         part(res, name, plan[name][0], plan[name][1], out)
 
