@@ -248,21 +248,23 @@ class MemoryManager:
     def preempt(self, r: Request, alone: bool = False) -> OutOfKVMemory | None:
         """Drop r's KV and queue it again: it waits for room (admitted again only alone,
         sizing.Footprint, so it is never the youngest again while others run, and preemption
-        cannot loop). `alone`: r was the only running request and still could not get its pages,
-        so it cannot fit even alone (whatever else the pool holds could not be evicted); it
-        leaves the running list with its KV freed, and the returned OutOfKVMemory is for the
-        caller to finish it with."""
+        cannot loop). `alone`: r was the only running request and still could not get its pages;
+        the first time, its own KV may be what pinned the rest (a cached leaf it shares a page
+        with cannot be evicted, and is split at its match when it is admitted again), so it goes
+        back to wait; preempted alone again after that, it cannot fit even alone: it leaves the
+        running list with its KV freed, and the returned OutOfKVMemory is for the caller to
+        finish it with."""
         r.preemptions += 1  # (its pages were no idle session's: the cached owners stay true)
         self.counters.preemptions += 1
         self.queues.running.remove(r)
         self.drop_links(r)
         self.kvm.release(r.seq)
-        if alone:
+        if alone and r.preemptions > 1:
             return OutOfKVMemory(
                 f"request {r.rid} ({len(r.target)} tokens) cannot fit in the KV pool even alone "
-                f"({self.cfg.kv_cache_tokens} tokens, {self.alloc.num_free} of {self.alloc.num_pages} pages free "
-                "after evicting every cached page it could); raise EngineConfig.kv_cache_tokens, lower "
-                "max_tokens, or close idle sessions")
+                f"({self.cfg.kv_cache_tokens} tokens; {self.alloc.num_free} of {self.alloc.num_pages} pages free "
+                "once its own were dropped, after evicting every cached page it could); raise "
+                "EngineConfig.kv_cache_tokens, lower max_tokens, or close idle sessions")
         r.state, r.attached = State.WAITING, False
         self.queues.waiting.appendleft(r)
         return None
