@@ -12,7 +12,7 @@ import json
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agentrt.toolcall import CallComplete, CallInvalid, InvalidKind, TextDelta
@@ -118,6 +118,9 @@ def test_generated_arguments(query, extra, ensure_ascii, indent, form, prose, da
         "string_args": ("hermes", prose + tag(body)), "tag_list": ("hermes", prose + tag(f"[{body}]")),
         "bare": ("auto", "\n " + body), "bare_list": ("json", f"[{body}]"),
     }[form]
+    # (in auto mode a message that opens with a JSON object or list, or a fence, is a bare call by
+    # design: prose like that before a tag is not prose there)
+    assume(not (wrapper == "auto" and form != "bare" and prose.lstrip().startswith(("{", "[", "`"))))
     cuts = data.draw(st.lists(st.integers(0, len(message)), max_size=10))
     got = run(pieces_at(message, cuts), wrapper=wrapper)
     try:
