@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--reps", type=int, default=None, help="task sets per DAG (--quick 2; full 3)")
     ap.add_argument("--costs", default=None, help="comma-separated cost models (default: bench/costs/gpu_*.json)")
+    ap.add_argument("--name", default="sim_workflows", help="results file bench/results/NAME.json (one load per "
+                    "process: two loads run side by side on two cores, the figures are virtual time)")
     a = ap.parse_args()
     paths = [Path(p) for p in a.costs.split(",")] if a.costs else sorted(COSTS.glob("gpu_*.json"))
     if a.quick and not a.costs:
@@ -143,7 +145,8 @@ def main() -> None:
             for load, models in res["by_load"].items() for m, v in models.items() for d, r in v["dags"].items()]
     print_table("TOPAS vs the best baseline, simulated", ["load", "cost model", "dag", "best baseline",
                                                           "mean JCT red.", "spread", "p99 JCT red."], rows)
-    print("wrote", write_results("sim_workflows", res))
+    res["command"] = "python -m bench.sim_workflows " + " ".join(sys.argv[1:])
+    print("wrote", write_results(a.name, res))
 
 
 if __name__ == "__main__":
