@@ -142,6 +142,8 @@ class Scheduler:
             return list(self.waiting)
         sig, now = (tuple(r.rid for r in self.waiting), tuple(r.rid for r in self.running)), self.clock.now()
         if self._last is not None and self._last[0] == sig and now - self._last[1] < REDECIDE_S:
+            if self.trace is not None and self.trace.records:  # (admissions of a reused decision are its own)
+                self._record = self.trace.records[-1]
             return self._last[2]
         t0 = time.perf_counter()
         view = self.view(now)
