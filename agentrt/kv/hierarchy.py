@@ -152,16 +152,20 @@ class Hierarchy:
         the reserve too only lent the pages: in bench_agents' long case every prefetched page
         that left the pool unused was taken back by another agent's admission promoting its own
         history (attach_prefix -> promote_prefix -> reclaim, level 2) before the tools returned."""
-        cfg = self.kv.cfg
-        growth = sum(-(-(r.remaining + 1) // cfg.page_size) for r in self.kv.queues.running)
+        ps = self.kv.cfg.page_size
+        growth = sum(-(-(r.remaining + 1) // ps) for r in self.kv.queues.running)
         taken = sum(len(x.pages) for x in self.kv.mem.candidates(0, None))
-        return self.kv.alloc.num_free + taken - int((1 - cfg.high_water) * cfg.num_pages) - growth
+        return self.kv.alloc.num_free + taken - self._gap() - growth
+
+    def _gap(self) -> int:
+        """Pages of the gap between the high-water mark and a full pool (kept free for decodes)."""
+        cfg = self.kv.cfg
+        return int((1 - cfg.high_water) * cfg.num_pages)
 
     def _spare_pages(self) -> int:
         """Free pages beyond a reserve for the running requests' growth and the high-water gap."""
-        cfg = self.kv.cfg
-        reserve = int((1 - cfg.high_water) * cfg.num_pages)
-        reserve += sum(-(-projected_cells(r) // cfg.page_size) for r in self.kv.queues.running)
+        ps = self.kv.cfg.page_size
+        reserve = self._gap() + sum(-(-projected_cells(r) // ps) for r in self.kv.queues.running)
         return max(0, self.kv.alloc.num_free - reserve)
 
     def restore_tail(self, es, pinned: bool = True, max_pages: int | None = None) -> None:

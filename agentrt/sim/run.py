@@ -22,12 +22,12 @@ def run(main, *args, seed: int = 0):
     from trio._core import _run as trio_run
     from trio.testing import MockClock
 
-    was = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
-    state = trio_run._r.getstate()
+    was, rng = trio_run._ALLOW_DETERMINISTIC_SCHEDULING, trio_run._r
+    state = rng.getstate()
     trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
-    trio_run._r.seed(seed)
+    rng.seed(seed)
     try:
         return anyio.run(main, *args, backend="trio", backend_options={"clock": MockClock(autojump_threshold=0)})
     finally:
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = was
-        trio_run._r.setstate(state)
+        rng.setstate(state)
