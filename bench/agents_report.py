@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.agents_cases import SYSTEMS
+from bench.cases.agents_cases import SYSTEMS
 from bench.common import print_table
 from bench.peers.base import RunResult
 

@@ -25,7 +25,7 @@ REQUIRED = {
     "hit_rate_gain_pp_vs_lru": (("mem8_p60",), "agentrt_prefix_lru", "hit_rate_gain_pp"),
     "ttft_reduction_vs_lru": (("mem8_p60",), "agentrt_prefix_lru", "ttft_reduction"),
     "e2e_speedup_bfcl_vs_llamacpp_per_agent": (("bfcl",), "llamacpp_per_agent", "e2e_speedup"),
-    # issue 29: the long-context agents (bench/memory_cases.py: long8_p60)
+    # issue 29: the long-context agents (bench/cases/memory_cases.py: long8_p60)
     "long_hit_rate_gain_pp_vs_lru": (("long8_p60",), "agentrt_prefix_lru", "hit_rate_gain_pp"),
     "long_ttft_reduction_vs_lru": (("long8_p60",), "agentrt_prefix_lru", "ttft_reduction"),
     "long_per_turn_speedup_vs_prefix_lru": (("long8_p60",), "agentrt_prefix_lru", "per_turn_speedup"),

@@ -8,9 +8,9 @@ its second KV tier, agentrt stateless, agentrt prefix cache only under LRU (vLLM
 transformers (full prompt every call), llama-cpp-python with one shared Llama and with one
 Llama per agent. Ratios peer / agentrt (> 1: agentrt faster) are
 computed per repetition, then summarised (median, p90).
-Memory cases (bench/memory_cases.py): 8 and 16 agents over a KV pool of 40-100% of their
+Memory cases (bench/cases/memory_cases.py): 8 and 16 agents over a KV pool of 40-100% of their
 histories, tool latencies drawn per tool; agentrt's KV memory hierarchy vs the same without its
-second tier vs prefix cache + LRU; and session snapshot/restore vs prefill (bench/snapshot_case.py).
+second tier vs prefix cache + LRU; and session snapshot/restore vs prefill (bench/cases/snapshot_case.py).
 Writes bench/results/agents.json and the plots agents_turns.png, agents_e2e.png, agents_memory.png.
 
     python -m bench.bench_agents [--quick] [--reps N] [--systems a,b] [--cases k,mem,snapshot]
@@ -31,13 +31,13 @@ import torch
 
 from agentrt import EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat import ChatFormat  # noqa: E402
-from bench.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
+from bench.cases.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401
 from bench.common import RESULTS, machine  # noqa: E402
-from bench import trace_case  # noqa: E402
-from bench.ff_case import headline as ff_headline, print_ff, ff_cases, run_ff  # noqa: E402
-from bench.memory_cases import (DEFAULT_DIST, LONG_KEYS, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
+from bench.cases import trace_case  # noqa: E402
+from bench.cases.ff_case import headline as ff_headline, print_ff, ff_cases, run_ff  # noqa: E402
+from bench.cases.memory_cases import (DEFAULT_DIST, LONG_KEYS, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
                                 memory_cases, plot_memory, print_memory)
 from bench.peers.base import NotRun  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp  # noqa: E402
@@ -72,9 +72,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
                     help="llama.cpp threads (default: torch's, so both use the same cores)")
     ap.add_argument("--no-ff", action="store_true",
-                    help="skip the grammar fast-forward comparison on the bfcl and agents8 cases (bench/ff_case.py)")
+                    help="skip the grammar fast-forward comparison on the bfcl and agents8 cases (bench/cases/ff_case.py)")
     ap.add_argument("--no-trace", action="store_true",
-                    help="skip the tracing-overhead comparison (bench/trace_case.py)")
+                    help="skip the tracing-overhead comparison (bench/cases/trace_case.py)")
     ap.add_argument("--no-install", action="store_true",
                     help="do not install llama-cpp-python when it is missing (its rows: not run)")
     return ap.parse_args()
@@ -191,7 +191,7 @@ def run_pipelined_tools(lm, latency: float, quick: bool) -> dict | None:
     """With --tool-latency > 0: one turn of several tool calls, pipelined vs not."""
     if latency <= 0:
         return None
-    from bench.pipelined_case import run_pipelined
+    from bench.cases.pipelined_case import run_pipelined
 
     out_pipe = run_pipelined(lm, latency, reps=2 if quick else 5)
     for name in ("equal", "first_slowest"):
@@ -202,7 +202,7 @@ def run_pipelined_tools(lm, latency: float, quick: bool) -> dict | None:
 
 
 def run_fast_forward(lm, fmt, cases, base, args) -> dict | None:
-    """Grammar fast-forward on and off on the tool-call cases selected (bench/ff_case.py)."""
+    """Grammar fast-forward on and off on the tool-call cases selected (bench/cases/ff_case.py)."""
     if args.no_ff or not {"bfcl", "agents8"} & {c.key for c in cases}:
         return None
     ff = run_ff(lm, ff_cases(cases, fmt, args.quick), base, 4 if args.quick else 6, kv_tokens)
@@ -240,7 +240,7 @@ def main() -> None:
     factory.close()
     snapshot = None
     if with_snapshot:
-        from bench.snapshot_case import run_snapshot
+        from bench.cases.snapshot_case import run_snapshot
 
         snapshot = {**run_snapshot(lm, fmt, base, reps=2 if args.quick else 5), "quick": args.quick}
     out_pipe = run_pipelined_tools(lm, args.tool_latency, args.quick)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-from bench.bench_model import LlamaCpp  # noqa: E402
+from bench.peers.forward_step import LlamaCppStep  # noqa: E402
 from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
 from bench.peers.llamacpp_peer import llama_cpp_missing  # noqa: E402
 from agentrt.config import EngineConfig  # noqa: E402
@@ -68,7 +68,7 @@ def llama_cpp_decode(path: str, n: int) -> float | None:
     """tokens/s of llama-cpp-python decoding n tokens after a 128-token prompt (bench_model)."""
     if llama_cpp_missing() is not None:
         return None
-    return 1.0 / LlamaCpp(path).decode_round(1, n)
+    return 1.0 / LlamaCppStep(path).decode_round(1, n)
 
 
 def main() -> None:

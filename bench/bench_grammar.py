@@ -9,7 +9,7 @@ the one-off tokenizer setup, and the same mask figures for tool_choice "auto" (f
 a call). Applying a bitmask to the logits is backend-independent (apply_bitmask) and reported
 once. Fast-forward (`ff_*`): the same outputs walked through the engine's constraint
 (GrammarFactory, xgrammar) as the model would write them, once token by token and once with
-fast-forward (bench/ff_case.py's ScriptedGrammar: jumps kept as far as they equal the output's
+fast-forward (bench/cases/ff_case.py's ScriptedGrammar: jumps kept as far as they equal the output's
 ids): model steps per call, and grammar time (mask + apply + jump) per step and per call.
 Writes bench/results/grammar.json.   python -m bench.bench_grammar [--quick]
 """
@@ -131,7 +131,7 @@ def measure(name: str, tok, passes: int, compiles: int) -> dict:
 
 def ff_walk(factory, ids: list[int], choice: str, ff: bool) -> dict:
     """Steps the model takes for output `ids` under the tools grammar, and the grammar's time."""
-    from bench.ff_case import ScriptedGrammar
+    from bench.cases.ff_case import ScriptedGrammar
 
     tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in TOOLS.items()]
     con = ScriptedGrammar(ids, factory.for_tools(tools, choice))

@@ -10,9 +10,9 @@ read bandwidth and the fraction of it a batch-1 step reaches, peak RSS of loadin
 each in a fresh process. Batch invariance: prefill of the default (invariant) path beside
 load_model(batch_invariant=False) (long chunks through torch SDPA), also for a chunk after a long
 cached prefix, and `deterministic` with the invariance cases checked on the embedded model
-(bench/invariance_case.py). The mixture-of-experts case (bench/moe_case.py): a random Q4_K
+(bench/cases/invariance_case.py). The mixture-of-experts case (bench/cases/moe_case.py): a random Q4_K
 Qwen3-MoE GGUF beside llama.cpp (moe_* keys); decode steps at contexts 128-4096 and a real
-turn's cost per token through Engine.generate (bench/context_case.py); the sliding-window case (bench/swa_case.py): a
+turn's cost per token through Engine.generate (bench/cases/context_case.py); the sliding-window case (bench/cases/swa_case.py): a
 random Gemma 3 GGUF at 4x its window (swa_* keys). Writes bench/results/model.json.
 
     python -m bench.bench_model [--quick]
@@ -23,96 +23,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 
-from bench import invariance_case  # noqa: E402
+from bench.cases import context_case, invariance_case, moe_case, swa_case  # noqa: E402
 from bench.common import decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
+from bench.peers.forward_step import CTX, AgentrtStep, LlamaCppStep, interleaved  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
-from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.loaders.files import resolve_source  # noqa: E402
-from agentrt.model.kv import KVStore  # noqa: E402
 from agentrt.model.loaders.load import load_model  # noqa: E402
 
-PS, CTX, TOKEN = 16, 128, 7
 SDPA = "agentrt native, SDPA prefill (batch_invariant=False)"
 LONG = (3584, 512)  # a 512-token chunk after a 3,584-token cached prefix
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Ours:
-    """agentrt decode/prefill on one loaded model and forward path."""
-
-    def __init__(self, lm, path: str):
-        self.model, self.path = lm.model, path
-
-    def decode_round(self, batch: int, steps: int) -> float:
-        per = -(-(CTX + steps + 1) // PS)
-        kv = KVStore.allocate(self.model.cfg, per * batch, PS, self.model.kv_dtype)
-        pages = [list(range(b * per, (b + 1) * per)) for b in range(batch)]
-        fb = build_batch([SeqChunk(list(range(5, 5 + CTX)), 0, p) for p in pages], PS)
-        self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)
-        t0 = time.perf_counter()
-        for s in range(steps):  # what an engine step does: batch metadata, forward, argmax to host
-            f = build_batch([SeqChunk([TOKEN], CTX + s, p) for p in pages], PS)
-            logits = self.model(f.input_ids, f.positions, kv, f.meta, f.logits_rows, path=self.path)
-            self.model.ops.argmax(logits).tolist()
-        return (time.perf_counter() - t0) / steps
-
-    def prefill_round(self, n: int, start: int = 0) -> float:
-        """Seconds to prefill n tokens at positions [start, start + n) (a chunk after a cached
-        prefix of `start` tokens: the prefix's KV is computed first, untimed)."""
-        pages = list(range(-(-(start + n) // PS)))
-        kv = KVStore.allocate(self.model.cfg, len(pages), PS, self.model.kv_dtype)
-        if start:
-            head = build_batch([SeqChunk(list(range(100, 100 + start)), 0, pages)], PS)
-            self.model(head.input_ids, head.positions, kv, head.meta, head.logits_rows, path=self.path)
-        fb = build_batch([SeqChunk(list(range(100 + start, 100 + start + n)), start, pages)], PS)
-        t0 = time.perf_counter()
-        self.model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=self.path)
-        return time.perf_counter() - t0
-
-
-class LlamaCpp:
-    """llama-cpp-python, the fair way: fixed tokens, prompt evaluation timed on its own."""
-
-    def __init__(self, path: str, threads: int = 2):
-        from llama_cpp import Llama
-
-        self.llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads,
-                         n_batch=2048, verbose=False, logits_all=False)
-
-    def decode_round(self, batch: int, steps: int) -> float:
-        self.llm.reset()
-        self.llm.eval(list(range(5, 5 + CTX)))
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            self.llm.eval([TOKEN])  # computes the next token's logits (llama.cpp has no EOS stop here)
-        return (time.perf_counter() - t0) / steps
-
-    def prefill_round(self, n: int) -> float:
-        self.llm.reset()
-        t0 = time.perf_counter()
-        self.llm.eval(list(range(100, 100 + n)))
-        return time.perf_counter() - t0
-
-
-def interleaved(systems: dict, fn: str, rounds: int, *args) -> dict[str, float]:
-    """Median seconds of `fn(*args)` per system, rounds alternating between systems."""
-    for s in systems.values():  # warm-up
-        getattr(s, fn)(*args)
-    times: dict[str, list[float]] = {k: [] for k in systems}
-    for _ in range(rounds):
-        for k, s in systems.items():
-            times[k].append(getattr(s, fn)(*args))
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 _PROBE = """
@@ -177,18 +105,18 @@ def main() -> None:
     gguf = str(resolve_source("smollm2-135m"))
     native = load_model("smollm2-135m", quantize="native")
     fp32 = load_model("smollm2-135m", quantize="none")
-    systems = {"agentrt native": Ours(native, "fused"), "agentrt fp32": Ours(fp32, "fused"),
-               "agentrt fp32 eager": Ours(fp32, "eager")}
+    systems = {"agentrt native": AgentrtStep(native, "fused"), "agentrt fp32": AgentrtStep(fp32, "fused"),
+               "agentrt fp32 eager": AgentrtStep(fp32, "eager")}
     missing = llama_cpp_missing()
     if missing is None:
-        systems["llama.cpp"] = LlamaCpp(gguf)
+        systems["llama.cpp"] = LlamaCppStep(gguf)
     res["llama_cpp"] = missing or "llama-cpp-python, same GGUF, 2 threads"
     b1 = interleaved(systems, "decode_round", rounds, 1, steps)
     b8 = interleaved({k: v for k, v in systems.items() if k != "llama.cpp"}, "decode_round", rounds, 8, steps)
     # prefill with long chunks attending through torch SDPA (batch_invariant=False: the path
     # before invariance, kept as a switch) beside the default, and a chunk after a long prefix
     sdpa = load_model("smollm2-135m", quantize="native", batch_invariant=False)
-    with_sdpa = {**systems, SDPA: Ours(sdpa, "fused")}
+    with_sdpa = {**systems, SDPA: AgentrtStep(sdpa, "fused")}
     pre = {n: interleaved(with_sdpa, "prefill_round", rounds, n) for n in (256, 1024)}
     long_ctx = interleaved({k: with_sdpa[k] for k in ("agentrt native", SDPA)}, "prefill_round", rounds,
                            LONG[1], LONG[0])
@@ -213,8 +141,6 @@ def main() -> None:
         "prefill_1024_fraction_of_int8_gemm_peak": native_ops / int8_peak,
         "prefill_1024_fraction_of_fp32_gemm_peak_fp32_path": fp32_ops / peaks["fp32_gemm_flops"],
     })
-    from bench import context_case, moe_case, swa_case  # (modules of their own: moe_case imports this one)
-
     res.update(moe_case.run(rounds, steps))
     res.update(swa_case.run(rounds, steps))
     res.update(context_case.run(rounds, steps))

@@ -221,7 +221,7 @@ def agents(pack: Path, agents: int, turns: int) -> dict:
 
     from agentrt import EngineConfig
     from agentrt.conversation.chat import ChatFormat
-    from bench.agents_cases import build_cases, kv_tokens
+    from bench.cases.agents_cases import build_cases, kv_tokens
     from bench.gpu_shapes import agentrt_model, hf_model
     from bench.peers.agentrt_peer import AgentrtSystem
     from bench.peers.hf_peer import TransformersSystem

@@ -1,5 +1,5 @@
 """The KV memory hierarchy at many agents with long contexts, through the simulator (issue 29,
-part 5): bench_agents' long-context memory case (bench/memory_cases.py: each agent its own long
+part 5): bench_agents' long-context memory case (bench/cases/memory_cases.py: each agent its own long
 anchor, tool results of hundreds of tokens, histories growing toward 8k, heavy-tailed tool
 latencies) at `--agents` agents (default 256), KV pool at `--fraction` of their histories, on a
 simulated engine priced by a cost model (default the H100 one in bench/costs/; `--costs` adds
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 
-from bench.agents_cases import kv_tokens  # noqa: E402
+from bench.cases.agents_cases import kv_tokens  # noqa: E402
 from bench.agents_report import ratios, summarize  # noqa: E402
 from bench.common import machine, print_table, write_results  # noqa: E402
-from bench.memory_cases import DEFAULT_DIST, LONG_FULL, LONG_QUICK, MEM_SYSTEMS, _make  # noqa: E402
+from bench.cases.memory_cases import DEFAULT_DIST, LONG_FULL, LONG_QUICK, MEM_SYSTEMS, _make  # noqa: E402
 from bench.peers.agentrt_peer import AgentrtSystem  # noqa: E402
 from bench.workloads.latency import LatencyDist  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402

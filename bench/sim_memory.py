@@ -1,6 +1,6 @@
 """bench_agents' memory cases, run for real and simulated (bench_sim.py, issue 28 part 5).
 
-Each case (bench/memory_cases.py: agents with a shared system prompt, a KV pool of a fraction of
+Each case (bench/cases/memory_cases.py: agents with a shared system prompt, a KV pool of a fraction of
 their histories, tool latencies drawn per tool) runs through the same agentrt systems as
 bench_agents (bench/peers/agentrt_peer.py: the KV hierarchy, the same without its tier, prefix
 cache + LRU), once on the model and once on a simulated executor replaying the same scripts
@@ -16,9 +16,9 @@ import anyio
 
 from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts
 from agentrt.sim import run as sim_run
-from bench.agents_cases import kv_tokens
+from bench.cases.agents_cases import kv_tokens
 from bench.sim_compare import ranking
-from bench.memory_cases import MEM_SYSTEMS, memory_cases
+from bench.cases.memory_cases import MEM_SYSTEMS, memory_cases
 from bench.peers.agentrt_peer import AgentrtSystem
 
 CASES_QUICK = ("mem8_p60", "mem8_p40")

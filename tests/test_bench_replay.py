@@ -12,7 +12,7 @@ from bench.peers.agentrt_peer import AgentrtSystem, ForcedTokens
 from bench.peers.base import CallRecord, SerialModel, drive
 from bench.workloads.bfcl import BfclEntry, BfclTurn
 from bench.workloads.replay import FINAL_ANSWER, bfcl_script, check_script
-from bench.workloads.synthetic import SyntheticSpec, synthetic_scripts
+from bench.workloads.synthetic_agents import SyntheticSpec, synthetic_scripts
 from tests.conftest import smol_tokenizer, tiny_model_with_tokenizer
 
 pytestmark = pytest.mark.embedded  # the embedded SmolLM2's tokenizer builds the scripts
@@ -129,7 +129,7 @@ class _Bar:
 
 
 def test_driver_case_tables_plots_and_headline(tmp_path, capsys):
-    from bench.agents_cases import Case, SystemFactory
+    from bench.cases.agents_cases import Case, SystemFactory
     from bench.agents_report import plot, print_case
     from bench.bench_agents import headline, run_case
 

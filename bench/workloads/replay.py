@@ -24,7 +24,7 @@ class ModelCall:
     `tools`: names of the tools `output` calls (empty for a final answer), so an agent can tell
     the engine which tools it waits on (`Session.expect_tools`) and tool latencies can be drawn
     per tool. `offered`: the tools the prompt declares (OpenAI dicts), for a run under the tool
-    grammar (bench/ff_case.py)."""
+    grammar (bench/cases/ff_case.py)."""
 
     agent: int
     turn: int

@@ -3,12 +3,12 @@ layers per global one) decoding at context 2048 (4x the window), agentrt beside 
 on the same file, and beside the same weights with full attention on every layer.
 
 The file: 18 layers, hidden 640, 4 heads / 1 KV head of 256, MLP 2048 (Gemma 3 270M's shape),
-every matrix Q8_0, the SmolLM2 tokenizer (bench/synthetic.py). KV bytes per session at that
+every matrix Q8_0, the SmolLM2 tokenizer (bench/cases/random_gguf.py). KV bytes per session at that
 context, measured: an engine session after one turn of CTX tokens (agentrt's local layers keep
 their pages in a pool of their own and release what the session slid past: kv/window.py),
 beside full attention and llama.cpp's sliding-window cache (the window on local layers).
 
-    python -m bench.swa_case [--quick]     (bench_model.py runs it too)
+    python -m bench.cases.swa_case [--quick]     (bench_model.py runs it too)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 
-from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, new_writer  # noqa: E402
+from bench.cases.random_gguf import add_smollm2_tokenizer, cached_gguf, finish, new_writer  # noqa: E402
 
 SHAPE = dict(layers=18, hidden=640, heads=4, kv_heads=1, head_dim=256, ffn=2048, window=512)
 CTX, PS, TOKEN = 2048, 16, 7

@@ -11,7 +11,7 @@ from agentrt import EngineConfig
 from bench.peers.agentrt_peer import AgentrtSystem
 from bench.peers.base import NotRun
 from bench.workloads.replay import ModelCall, bfcl_script, check_script
-from bench.workloads.synthetic import SyntheticSpec, synthetic_scripts
+from bench.workloads.synthetic_agents import SyntheticSpec, synthetic_scripts
 
 AGENTRT = ("agentrt", "agentrt_stateless", "agentrt_prefix_lru", "agentrt_no_tier")
 PEERS = ("transformers", "llamacpp_shared", "llamacpp_per_agent")

@@ -20,10 +20,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-from bench.agents_cases import Case
+from bench.cases.agents_cases import Case
 from bench.common import print_table
 from bench.workloads.latency import LatencyDist, with_tool_latency
-from bench.workloads.synthetic import SyntheticSpec, synthetic_scripts
+from bench.workloads.synthetic_agents import SyntheticSpec, synthetic_scripts
 
 MEM_SYSTEMS = ("agentrt", "agentrt_no_tier", "agentrt_prefix_lru")
 DEFAULT_DIST = "lognormal:0.2:0.8"  # median 0.2 s; p90 ~0.56 s, p99 ~1.3 s before the tool's scale

@@ -11,7 +11,7 @@ with float16 beside it: the noise floor of a 135M model's argmax). A turn: one s
 time per token after the first, over the kernel step at that context, is what the per-token path
 (events, detokenisation, stops, the step loop) adds.
 
-    python -m bench.context_case --quick     # alone: merged into bench/results/model.json
+    python -m bench.cases.context_case --quick     # alone: merged into bench/results/model.json
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def agreement(lm, tokens: int = 4096) -> dict:
 
 def llama_cpp_step_ms(ctx: int, steps: int, rounds: int) -> float | None:
     """llama-cpp-python's decode step at context `ctx` (same GGUF, float16 KV, 2 threads)."""
-    from bench.bench_model import TOKEN
+    from bench.peers.forward_step import TOKEN
     from bench.peers.llamacpp_peer import llama_cpp_missing
     from agentrt.model.loaders.load import resolve_source
 

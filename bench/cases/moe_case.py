@@ -5,9 +5,9 @@ same file, in one run.
 The file: 24 layers, hidden 1024, 16 heads / 4 KV heads of 64, 8 experts of 1024, top 2 (~0.72B
 parameters, ~0.26B active per token), every matrix Q4_K (random blocks, mins centring each
 block: gguf has no K quantizer), router and norms F32, the SmolLM2 tokenizer copied from the
-embedded GGUF so that llama.cpp loads it as it would a real one (bench/synthetic.py).
+embedded GGUF so that llama.cpp loads it as it would a real one (bench/cases/random_gguf.py).
 
-    python -m bench.moe_case [--quick]     (bench_model.py runs it too)
+    python -m bench.cases.moe_case [--quick]     (bench_model.py runs it too)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 
-from bench.synthetic import add_smollm2_tokenizer, cached_gguf, finish, new_writer, q4k_blocks  # noqa: E402
+from bench.cases.random_gguf import add_smollm2_tokenizer, cached_gguf, finish, new_writer, q4k_blocks  # noqa: E402
 
 SHAPE = dict(layers=24, hidden=1024, heads=16, kv_heads=4, head_dim=64, experts=8, used=2, expert_ff=1024)
 
@@ -86,7 +86,7 @@ def peak_rss_mb(system: str, path: Path) -> float | None:
 
 def run(rounds: int, steps: int) -> dict:
     """The MoE rows and keys of model.json."""
-    from bench.bench_model import LlamaCpp, Ours, interleaved
+    from bench.peers.forward_step import AgentrtStep, LlamaCppStep, interleaved
     from bench.peers.llamacpp_peer import llama_cpp_missing
     from agentrt.model.loaders.load import load_model
 
@@ -94,10 +94,10 @@ def run(rounds: int, steps: int) -> dict:
     lm = load_model(str(path), quantize="native")
     cfg = lm.model.cfg
     total = sum(p.numel() for p in lm.model.parameters())  # (QLinear weights are not parameters)
-    systems = {"agentrt native": Ours(lm, "fused")}
+    systems = {"agentrt native": AgentrtStep(lm, "fused")}
     missing = llama_cpp_missing()
     if missing is None:
-        systems["llama.cpp"] = LlamaCpp(str(path))
+        systems["llama.cpp"] = LlamaCppStep(str(path))
     b1 = interleaved(systems, "decode_round", rounds, 1, steps)
     b8 = interleaved({"agentrt native": systems["agentrt native"]}, "decode_round", rounds, 8, steps)
     pre = interleaved(systems, "prefill_round", rounds, 256)

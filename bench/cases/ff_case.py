@@ -12,7 +12,7 @@ rendered calls, so a jump that respells a boundary is cut there and counted).
 Per tool call (a call whose output calls tools): decode steps (events that carried tokens, the
 first one included), wall latency, the ids fast-forward supplied.
 
-    python -m bench.ff_case --quick   # alone: bench/results/fast_forward.json
+    python -m bench.cases.ff_case --quick   # alone: bench/results/fast_forward.json
     (bench_agents.py runs it too, after its cases: agents.json `fast_forward` and its keys)
 """
 
@@ -124,7 +124,7 @@ def ff_cases(cases, fmt, quick: bool) -> list:
     BFCL case keeps only the first turn: cold prompts, whose prefill fast-forward cannot cut)."""
     import dataclasses
 
-    from bench.agents_cases import BFCL_FULL, BFCL_QUICK, _bfcl
+    from bench.cases.agents_cases import BFCL_FULL, BFCL_QUICK, _bfcl
 
     out = [c for c in cases if c.key == "agents8"]
     size = {**(BFCL_QUICK if quick else BFCL_FULL), "max_turns": 2 if quick else None}
@@ -233,7 +233,7 @@ def print_ff(ff: dict) -> None:
 def main() -> None:
     from agentrt import load_model
     from agentrt.conversation.chat import ChatFormat
-    from bench.agents_cases import build_cases, kv_tokens
+    from bench.cases.agents_cases import build_cases, kv_tokens
     from bench.common import RESULTS, machine
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,7 +7,7 @@ function, then the answer (greedy, so both modes run the same tokens). A turn's 
 `ask` from the caller; the overhead is the median turn with tracing on over the median off,
 minus one. bench_agents runs it (agents.json `tracing`); alone it writes tracing.json.
 
-    python -m bench.trace_case --quick
+    python -m bench.cases.trace_case --quick
 """
 
 from __future__ import annotations
