@@ -73,6 +73,25 @@ test-latest:
 	rm -f $(LATEST_VENV)/.installed-latest
 	$(MAKE) test VENV=$(LATEST_VENV) DEPS=latest
 
+# the runnable scripts of bench/, as `python -m <module>` (bench/README.md lists the same commands;
+# tests/test_bench_layout.py checks both against bench/): `make bench` lists them,
+# `make bench RUN=bench.bench_model ARGS=--quick` runs one (one at a time: they time this machine)
+BENCH_SCRIPTS := bench.bench_model bench.bench_sessions bench.bench_decode bench.bench_grammar \
+	bench.bench_agents bench.bench_langgraph bench.bench_workflows bench.bench_calibrate bench.bench_sim \
+	bench.sim_workflows bench.sim_agents bench.workflow_trace bench.bench_server bench.bench_responses \
+	bench.bench_cluster bench.reliability bench.soak \
+	bench.gpu_pack bench.gpu_check bench.gpu_profile bench.gpu_faults \
+	bench.cases.moe_case bench.cases.swa_case bench.cases.context_case bench.cases.ff_case bench.cases.trace_case \
+	bench.costs.gpu_costs bench.workloads.bfcl
+
+bench:
+ifeq ($(RUN),)
+	@for m in $(BENCH_SCRIPTS); do echo "$(PY) -m $$m"; done
+else
+	$(if $(filter $(RUN),$(BENCH_SCRIPTS)),,$(error RUN must be one of: $(BENCH_SCRIPTS)))
+	$(PY) -m $(RUN) $(ARGS)
+endif
+
 # regenerate $(LOCK) for this Python (3.11, linux x86_64): existing pins are kept where pyproject.toml
 # still allows them (`make lock PIP_COMPILE_ARGS=--upgrade` moves every one to its newest); torch
 # resolves as TORCH_SPEC (the CPU build, so no nvidia-* packages) and stays out of the lock
