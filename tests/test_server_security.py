@@ -79,7 +79,7 @@ def test_a_schema_the_grammar_cannot_compile_is_a_400_naming_the_tool_and_featur
 
 
 def test_a_bug_is_a_500_with_a_request_id_and_no_traceback(server, monkeypatch, caplog):
-    from agentrt.server import chat
+    from agentrt.server.openai import chat
 
     def broken(*a, **k):
         raise RuntimeError("secret internal detail")

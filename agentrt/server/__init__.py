@@ -4,7 +4,8 @@ streaming and per-conversation KV sessions (`prompt_cache_key`), `/v1/completion
 
 from .app import build_app
 from .config import ServerConfig
+from .openai import chat  # noqa: F401 - (bench/bench_server.py's in-process sender: chat.prepare / run / response)
 from .protocol import ApiError
-from .runner import ServerThread, serve
+from .serving import ServerThread, serve
 
 __all__ = ["ApiError", "ServerConfig", "ServerThread", "build_app", "serve"]

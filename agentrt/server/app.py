@@ -28,14 +28,16 @@ from agentrt.errors import ConfigError
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.router import SessionPolicy, SessionRouter
 
-from . import chat, messages_routes, responses_routes
-from .completions import TextRun
+from .anthropic import routes as messages_routes
+from .openai import chat
+from .openai.completions import TextRun
+from .responses import routes as responses_routes
 from .config import ServerConfig
 from .metrics import Metrics
 from .backends import Backends
 from .handling import as_api_error, error_response, finished_round, observe, request_id, serve, session_key, tenant_salt
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse
-from .responses import ResponseStore
+from .responses.run import ResponseStore
 from .sse import EventStream, until_disconnect
 from .trace_headers import TraceHeaders
 

@@ -17,7 +17,7 @@ from agentrt.conversation.conversation import RoundEnd
 from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
                             ReplicaLost, SchemaUnsupported)
 
-from . import chat
+from .openai import chat
 from .protocol import ApiError
 from .sse import until_disconnect
 

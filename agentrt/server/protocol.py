@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentrt.errors import AgentrtError
 
-from .messages import Message, NamedChoice, ResponseFormat, ToolCall, ToolDef
+from .chat_parts import Message, NamedChoice, ResponseFormat, ToolCall, ToolDef
 
 
 class ApiError(AgentrtError):

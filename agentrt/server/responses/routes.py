@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import responses
-from .handling import finished_round, observe, serve, tenant_salt
-from .responses_api import parse_request
-from .sse import EventStream
+from . import run as responses
+from ..handling import finished_round, observe, serve, tenant_salt
+from .models import parse_request
+from ..sse import EventStream
 
 
 def register(app: FastAPI, state) -> None:

@@ -21,10 +21,10 @@ from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.conversation.reply import call_id
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
-from . import anthropic_api as api
-from . import chat
-from .handling import finished_round, observe, serve, session_key, tenant_salt
-from .sse import EventStream
+from . import models as api
+from ..openai import chat
+from ..handling import finished_round, observe, serve, session_key, tenant_salt
+from ..sse import EventStream
 
 
 def register(app: FastAPI, state) -> None:

@@ -30,10 +30,10 @@ from agentrt.conversation.reply import call_id
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 from agentrt.toolcall.think import ReasoningDelta
 
-from . import chat
-from .handling import session_key
-from .protocol import ApiError
-from .responses_api import ResponsesRequest, chat_request
+from ..openai import chat
+from ..handling import session_key
+from ..protocol import ApiError
+from .models import ResponsesRequest, chat_request
 
 
 @dataclass

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .messages import NAME
-from .protocol import ApiError, ChatRequest, first_error, parse
+from ..chat_parts import NAME
+from ..protocol import ApiError, ChatRequest, first_error, parse
 
 
 class _Model(BaseModel):

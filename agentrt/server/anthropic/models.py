@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agentrt.conversation.conversation import RoundEnd
 
-from .messages import NAME
-from .protocol import ApiError, ChatRequest, first_error, parse
+from ..chat_parts import NAME
+from ..protocol import ApiError, ChatRequest, first_error, parse
 
 
 class _Model(BaseModel):

@@ -18,7 +18,7 @@ from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 
-from .protocol import ApiError, CompletionRequest
+from ..protocol import ApiError, CompletionRequest
 
 
 class TextRun:

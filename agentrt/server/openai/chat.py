@@ -34,7 +34,7 @@ from agentrt.conversation.reply import call_id, call_prefix, finish_reason
 from agentrt.conversation.router import routed_conversation
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
-from .protocol import ApiError, ChatRequest, json_schema_of, to_messages, tool_choice_of, tools_of
+from ..protocol import ApiError, ChatRequest, json_schema_of, to_messages, tool_choice_of, tools_of
 
 
 @dataclass
