@@ -185,7 +185,7 @@ class Conversation:
         for this round only). trace_context: the OpenTelemetry context the round's `chat` span is a
         child of (default: the current one; see agentrt.tracing)."""
         span = tracing.chat(self.engine, params, trace_context)
-        try:
+        with tracing.ending(span):
             if limits is not None and not isinstance(limits, CallLimits):
                 raise ConfigError(f"limits must be a CallLimits, got {type(limits).__name__}")
             if not self._open:
@@ -221,11 +221,6 @@ class Conversation:
                     await self.session.expect_tools([c.name for c in end.calls])
             span.add(end)
             yield end
-        except Exception as e:
-            span.fail(e)
-            raise
-        finally:
-            span.end()
 
     def _plan(self, params, tool_choice, parallel_tool_calls, constrained, json_schema, stop, reasoning, limits,
               schema_hint) -> tuple[RoundState, IncrementalDecoder, Any, list[int] | None]:

@@ -199,14 +199,11 @@ class Agent:
         timing = timeline.TurnBuilder(self.spec.name, task and task.task_id) if log is not None else None
         await self._leases.acquire(self)
         try:
-            async for ev in self._turn(messages, span.context, timing):
-                yield ev
-            span.add(ev)  # the TurnResult
-        except Exception as e:
-            span.fail(e)
-            raise
+            with tracing.ending(span):
+                async for ev in self._turn(messages, span.context, timing):
+                    yield ev
+                span.add(ev)  # the TurnResult
         finally:
-            span.end()
             self._leases.release(self)
             if timing is not None:
                 log.add(timing)

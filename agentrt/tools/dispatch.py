@@ -52,16 +52,11 @@ async def run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, *, call_
     call is an `execute_tool` span, current while the tool runs (an actor it asks continues the trace).
     """
     span = tracing.tool_call(tool.name, call_id, context.agent if context is not None else None)
-    try:
+    with tracing.ending(span):  # (an exception here: a broken tool definition or max_chars, the caller's bug)
         with tracing.attached(span.context):
             result = await _run_tool_call(tool, arguments, call_id, context, limiter, max_chars)
         span.add(result)
         return result
-    except Exception as e:  # (a broken tool definition or max_chars: the caller's bug)
-        span.fail(e)
-        raise
-    finally:
-        span.end()
 
 
 async def _run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, call_id: str, context: ToolContext | None,

@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrt.errors import ConfigError
 
-__all__ = ["add_trace_ids", "disable", "enable", "is_enabled"]
+__all__ = ["add_trace_ids", "disable", "enable", "ending", "is_enabled"]
 
 
 class NoSpan:
@@ -48,6 +48,29 @@ class NoSpan:
 
 NO_SPAN = NoSpan()
 _DETACHED = contextlib.nullcontext()
+
+
+class ending:  # noqa: N801 - named like contextlib.closing, which it mirrors
+    """`with tracing.ending(span):` a span's lifecycle in one place: on leaving the block an
+    Exception raised in it is recorded on the span (`fail`) and propagates, and the span ends
+    (`end`, whatever happened: a cancellation or a closed generator ends it too, unrecorded).
+    The block records its result itself (`span.add(result)`). Works on NO_SPAN as on a live span."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def __enter__(self) -> Any:
+        return self.span
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        try:
+            if isinstance(error, Exception):
+                self.span.fail(error)
+        finally:
+            self.span.end()
+        return False
 
 
 class _Switch:
