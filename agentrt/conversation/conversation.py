@@ -46,6 +46,7 @@ from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
+from agentrt.conversation.call_ids import CALL, call_id as call_id_of
 from agentrt.conversation.formats import chat_format_of, grammars_of
 from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.conversation.repeats import CallLimits
@@ -171,7 +172,7 @@ class Conversation:
     # -- one generation ------------------------------------------------------------------------
     async def round(self, params: SamplingParams, *, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                     constrained: bool = True, json_schema: Any = None, stop: Sequence[str] = (),
-                    call_id: Callable[[int], str] = lambda i: f"call_{i}",
+                    call_id: Callable[[int], str] = lambda i: call_id_of(CALL, i),
                     content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
                     tag: str | None = None, task: str | None = None, workflow: str | None = None,
                     limits: CallLimits | None = None, schema_hint: bool = True,

@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentrt.conversation.call_ids import call_id, scoped
 from agentrt.errors import ChatTemplateError
 from agentrt.toolcall.formats import HERMES
 from agentrt.toolcall.tags import RESPONSE_CLOSE, RESPONSE_OPEN
@@ -70,7 +71,7 @@ def _normalize_call(i: int, n: int, call: Any) -> dict[str, Any]:
             pass
     elif not isinstance(args, Mapping):
         raise ChatTemplateError(f"message {i}: tool_calls[{n}].function.arguments must be a str or dict")
-    return {"id": str(call.get("id", f"call_{i}_{n}")), "type": "function",
+    return {"id": str(call.get("id", call_id(scoped(i), n))), "type": "function",
             "function": {"name": fn["name"], "arguments": dict(args) if isinstance(args, Mapping) else args}}
 
 

@@ -3,21 +3,10 @@ calls' ids and its finish reason, one definition for both adapters."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from agentrt.fingerprint import fnv1a
+from agentrt.conversation.call_ids import call_id, call_prefix  # (the adapters' names for the one rule)
 from agentrt.conversation.conversation import RoundEnd
 
-
-def call_prefix(prompt: Sequence[int]) -> str:
-    """`call_<12 hex digits>` from the FNV-1a hash of the round's prompt: derived from the prompt,
-    so the streamed and the non-streamed request of one prompt name their calls alike."""
-    return f"call_{fnv1a(prompt) & 0xFFFFFFFFFFFF:012x}"
-
-
-def call_id(prefix: str, index: int) -> str:
-    """The id of the round's call number `index` (the parser's index)."""
-    return f"{prefix}_{index}"
+__all__ = ["call_id", "call_prefix", "finish_reason"]
 
 
 def finish_reason(end: RoundEnd) -> str:

@@ -34,6 +34,7 @@ from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
 from agentrt.conversation import timeline
+from agentrt.conversation.call_ids import call_id as make_call_id, scoped
 from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.toolcall import CallComplete
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
@@ -221,7 +222,7 @@ class Agent:
             base = next(self._call_ids)
 
             def call_id(index: int, base: int = base) -> str:
-                return f"call_{self.spec.name}_{base + index}"
+                return make_call_id(scoped(self.spec.name), base + index)
             end, done, started = None, {}, timeline.now()
             async with _call_group() as tg:  # pure calls start mid-round
                 async for ev in self.conversation.round(
