@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrt import EngineConfig
+from agentrt.prefixes import common_prefix
 from bench.peers.agentrt_peer import AgentrtSystem
 from bench.peers.base import NotRun
 from bench.workloads.replay import ModelCall, bfcl_script, check_script
@@ -114,10 +115,7 @@ def unique_tokens(histories: list[list[int]]) -> int:
     hs = sorted(histories)
     total = len(hs[0]) if hs else 0
     for prev, cur in zip(hs, hs[1:]):
-        n = 0
-        while n < min(len(prev), len(cur)) and prev[n] == cur[n]:
-            n += 1
-        total += len(cur) - n
+        total += len(cur) - common_prefix(prev, cur)
     return total
 
 

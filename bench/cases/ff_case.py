@@ -32,6 +32,7 @@ import torch
 
 from agentrt import Engine, EngineConfig, SamplingParams  # noqa: E402
 from agentrt.errors import AgentrtError  # noqa: E402
+from agentrt.prefixes import common_prefix  # noqa: E402
 from bench.peers.agentrt_peer import ForcedTokens  # noqa: E402
 from bench.peers.base import drive  # noqa: E402
 
@@ -68,10 +69,7 @@ class ScriptedGrammar(ForcedTokens):
         if not ids:
             return 0, []
         self.offered += len(ids) - replaced
-        want = self.script[self.pos - replaced:]
-        k = 0
-        while k < len(ids) and k < len(want) and ids[k] == want[k]:
-            k += 1
+        k = common_prefix(list(ids), self.script[self.pos - replaced:])
         if replaced and k == 0:  # a respelled model token: not the script's; undo the jump
             self.g.rollback(len(ids))
             self.g.advance(last)

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from agentrt.prefixes import common_prefix
 from bench.common import cpu
 from bench.peers.base import CallRecord, NotRun, RunResult, SerialModel, drive, forced_token
 from bench.workloads.replay import ModelCall
@@ -49,10 +50,7 @@ def open_llama(path: str, n_ctx: int = 8192, n_threads: int = 2):
 
 def reusable_prefix(llm, prompt: list[int]) -> int:
     """Tokens of `prompt` whose KV `llm` already holds and may keep (generate()'s rule)."""
-    held = np.asarray(llm.input_ids[:llm.n_tokens])
-    n = min(len(held), len(prompt))
-    diff = np.nonzero(held[:n] != np.asarray(prompt[:n]))[0]
-    lcp = int(diff[0]) if len(diff) else n
+    lcp = common_prefix(np.asarray(llm.input_ids[:llm.n_tokens]).tolist(), list(prompt))
     return lcp - 1 if lcp == len(prompt) else lcp
 
 
