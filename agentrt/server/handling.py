@@ -1,6 +1,7 @@
 """What every route of the server shares: the error body of any failure, the request id, the
 body read under the size limit, tenants' salts and session keys, and `serve` -- authenticate,
-read, run the route's handler, answer any failure as an OpenAI error, count it."""
+read, run the route's handler on the `Exchange`, answer any failure as an OpenAI (or Anthropic)
+error, count it."""
 
 from __future__ import annotations
 
@@ -9,23 +10,54 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentrt.conversation.conversation import RoundEnd
 from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
                             ReplicaLost, SchemaUnsupported)
 
-from .openai import chat
 from .protocol import ApiError
-from .sse import until_disconnect
 
 log = logging.getLogger("agentrt.server")
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One request as a route's handler gets it: the HTTP request, the server's state, the
+    caller's key id ("anon" without keys), the body (read under the size limit), its arrival."""
+
+    request: Request
+    state: Any
+    caller: str
+    body: bytes
+    t0: float
+
+
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Failures outside a route's handler (an unknown route, a bug in the app) as OpenAI error bodies."""
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _any_error)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(ApiError(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, type=kind))
+
+
+async def _any_error(request: Request, exc: Exception) -> JSONResponse:
+    rid = request_id(request)
+    log.exception("request %s %s %s failed", rid, request.method, request.url.path)
+    response = error_response(as_api_error(exc, rid))
+    response.headers["x-request-id"] = rid
+    return response
 
 
 def as_api_error(exc: BaseException, rid: str | None = None) -> ApiError:
@@ -79,8 +111,7 @@ def session_key(caller: str, key: str | None, cache_salt: str | None) -> str | N
     return f"{caller}:{key}" if key else None
 
 
-async def serve(request: Request, state, endpoint: str,
-                handler: Callable[[Request, object, bytes, str, float], Awaitable[Response]],
+async def serve(request: Request, state, endpoint: str, handler: Callable[[Exchange], Awaitable[Response]],
                 anthropic: bool = False) -> Response:
     """Run a route's handler; any failure is an error body (OpenAI's, or Anthropic's shape)."""
     t0 = time.perf_counter()
@@ -88,7 +119,7 @@ async def serve(request: Request, state, endpoint: str,
     try:
         caller = state.caller(request)
         body = await read_body(request, state.config.max_request_bytes)
-        response = await handler(request, state, body, caller, t0)
+        response = await handler(Exchange(request, state, caller, body, t0))
     except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
         err = as_api_error(e, rid)
         if err.status >= 500:
@@ -114,18 +145,3 @@ def observe(state, usage, t0: float, first: float | None) -> None:
     state.metrics.latency.observe(now - t0)
     state.metrics.ttft.observe((first or now) - t0)
 
-
-async def finished_round(request: Request, state, call, caller: str, t0: float):
-    """Run a chat call (chat.run) to its RoundEnd under the caller's concurrency slot, counted in
-    the metrics; None when the client went away first (the round was cancelled)."""
-    async def work():
-        async with state.slot(caller):
-            end = None
-            async for ev in chat.run(call, state):
-                end = ev if isinstance(ev, RoundEnd) else end
-            return end
-
-    end = await until_disconnect(request, work)
-    if end is not None:
-        observe(state, end.usage, t0, first=None)
-    return end

@@ -1,7 +1,10 @@
-"""The OpenAI wire format the server accepts: request models, message conversion, errors.
+"""What the wire protocols share: `ApiError`, `parse` (a body as a request model), and the
+`ChatRequest` -- OpenAI's chat body, which every protocol's request is stated as for its round
+(openai/chat.py takes it as is; responses/ and anthropic/ convert theirs) -- with its conversion
+to the conversation core's messages, tools, tool_choice and JSON schema.
 
-Requests are validated here, before any engine work, against pydantic models of the whole body
-(the chat parts in messages.py): a known field with a wrong type, range or nesting, or a feature
+Requests are validated before any engine work, against pydantic models of the whole body
+(the chat parts in chat_parts.py): a known field with a wrong type, range or nesting, or a feature
 the server does not implement (n > 1, logprobs, image content, penalties), is an `ApiError` that
 becomes an OpenAI-shaped error body (`{"error": {"message", "type", "param", "code"}}`) with
 status 400 and `param` the field's path (`messages.1.tool_calls`), never a 500. Unknown fields
@@ -42,7 +45,16 @@ _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "
                     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
-class _Request(BaseModel):
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """The fields a chat and a completions request share: sampling, stop strings, streaming, the
+    features refused (`unsupported`) and vLLM's extensions."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
@@ -88,13 +100,9 @@ class _Request(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ChatRequest(SamplingRequest):
+    """OpenAI's chat body: the request every wire protocol's round runs as (round_runner.py)."""
 
-    include_usage: bool = False
-
-
-class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     tools: list[ToolDef] | None = Field(default=None, max_length=256)
     tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
@@ -102,18 +110,6 @@ class ChatRequest(_Request):
     response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     prompt_cache_key: str | None = Field(default=None, min_length=1, max_length=256)
-
-
-class CompletionRequest(_Request):
-    prompt: str | list[int]
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
-
-    def unsupported(self) -> None:
-        super().unsupported()
-        if self.echo or self.suffix or (self.best_of or 1) != 1:
-            raise ApiError("echo, suffix and best_of are not supported", param="prompt")
 
 
 def parse(model: type[BaseModel], raw: bytes) -> Any:

@@ -1,4 +1,5 @@
-"""`/v1/chat/completions`: one request -> one `Conversation.round()` on a routed KV session.
+"""OpenAI's `/v1/chat/completions`: one request -> one `Conversation.round()` on a routed KV session
+(round_runner.py), rendered as a `chat.completion` or as `chat.completion.chunk`s.
 
 The conversation key is the request's `prompt_cache_key`, else the `X-Session-Id` header, else
 `user`, namespaced by the API key that made the request; a request without one is transient (the
@@ -17,115 +18,29 @@ in a response; it is reported under `agentrt.invalid_tool_calls`.
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from agentrt.engine.context import context_overflow
-from agentrt.errors import ContextLengthExceeded, ReplicaLost, SchemaUnsupported
-from agentrt.sampling import SamplingParams
-from agentrt.conversation import timeline
+from fastapi.responses import Response
+
 from agentrt.conversation.conversation import RoundEnd
-from agentrt.conversation.reply import call_id, call_prefix, finish_reason
-from agentrt.conversation.router import routed_conversation
+from agentrt.conversation.reply import call_id, finish_reason
 from agentrt.toolcall import ArgumentsDelta, CallInvalid, CallStarted, TextDelta
 
-from ..protocol import ApiError, ChatRequest, json_schema_of, to_messages, tool_choice_of, tools_of
+from ..handling import Exchange, session_key, tenant_salt
+from ..protocol import ChatRequest, parse
+from ..round_runner import Body, ChatCall, prepare, respond, run
 
 
-@dataclass
-class ChatCall:
-    """A validated chat request, resolved against the server's limits."""
-
-    req: ChatRequest
-    messages: list[dict]
-    tools: list[dict] | None
-    tool_choice: Any
-    json_schema: Any
-    key: str | None
-    model: str
-    id: str
-    created: int
-    salt: str | None = None  # the tenant's cache salt (API key id, and the request's cache_salt)
-    reasoning: bool = False  # stream a thinking model's <think> block as ReasoningDelta events
-    call_prefix: str = "call"  # call ids: <prefix>_<index>, from the prompt (streamed = not streamed)
-
-
-def prepare(req: ChatRequest, key: str | None, model: str, salt: str | None = None) -> ChatCall:
-    tools = tools_of(req)
-    return ChatCall(req, to_messages(req.messages), tools, tool_choice_of(req, tools), json_schema_of(req.response_format),
-                    key, model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), salt)
-
-
-async def run(call: ChatCall, state) -> AsyncIterator[Any]:
-    """The round's parser events, then its RoundEnd (ApiError before any event when the request
-    cannot be served: over the limits, or no room in the context). On replicas, a replica lost
-    before the first event is replaced by a live one (the history is in the call)."""
-    backends = state.backends
-    attempts = len(backends.engines)
-    for attempt in range(attempts):
-        i, sent = backends.pick(call.key), False
-        try:
-            async for ev in _round(call, state, backends.engines[i], backends.routers[i]):
-                sent = True
-                yield ev
-            return
-        except ReplicaLost:
-            backends.lost(i)
-            if sent or attempt == attempts - 1:
-                raise
-
-
-async def _round(call: ChatCall, state, engine, router) -> AsyncIterator[Any]:
-    req = call.req
-    async with routed_conversation(router, call.key, call.messages, call.tools, tag=call.key,
-                                   cache_salt=call.salt) as (conv, _):
-        call.call_prefix = prefix = call_prefix(conv.tokens)
-        limit = engine.max_context_tokens
-        max_tokens = req.max_completion_tokens or req.max_tokens or min(state.config.max_tokens_limit,
-                                                                         limit - len(conv.tokens))
-        if max_tokens > state.config.max_tokens_limit:
-            raise ApiError(f"max_tokens {max_tokens} is over this server's limit "
-                           f"({state.config.max_tokens_limit}; see `agentrt serve --max-tokens-limit`)", param="max_tokens")
-        overflow = context_overflow(len(conv.tokens), max_tokens, limit)
-        if overflow is not None:  # refused, not trimmed: the client sent this history and max_tokens
-            raise _too_long(overflow)
-        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                                ignore_eos=req.ignore_eos)
-        rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
-                            json_schema=call.json_schema, stop=req.stop, call_id=partial(call_id, prefix),
-                            tag=call.key, reasoning=call.reasoning)
-        log = timeline.timeline_of(engine)  # (the dashboard's turn timeline: a request is a turn)
-        turn = timeline.TurnBuilder(call.key or call.model) if log is not None else None
-        try:
-            async with aclosing(rounds) as events:
-                async for ev in events:
-                    if turn is not None and isinstance(ev, RoundEnd):
-                        turn.round(turn.start, timeline.now(), ev.usage)
-                        log.add(turn)
-                    yield ev
-        except ContextLengthExceeded as e:
-            raise _too_long(e) from None
-        except SchemaUnsupported as e:
-            raise _schema_error(call, e) from None
-
-
-def _schema_error(call: ChatCall, e: SchemaUnsupported) -> ApiError:
-    """A schema the grammar backend cannot compile is the client's to fix: 400 at its field."""
-    names = [t["function"]["name"] for t in call.tools or ()]
-    if e.tool is not None and e.tool in names:
-        param = f"tools.{names.index(e.tool)}.function.parameters"
-    else:
-        param = "response_format.json_schema.schema"
-    return ApiError(str(e), param=param, code="unsupported_schema")
-
-
-def _too_long(e: ContextLengthExceeded) -> ApiError:
-    return ApiError(str(e), code="context_length_exceeded", param="messages")
+async def create(ex: Exchange) -> Response:
+    """parse -> prepare -> run -> render: the body as a ChatRequest, its round on the session of
+    its `prompt_cache_key` (else X-Session-Id, else `user`) under the caller's tenant."""
+    req = parse(ChatRequest, ex.body)
+    key = req.prompt_cache_key or ex.request.headers.get("x-session-id") or req.user
+    call = prepare(req, session_key(ex.caller, key, req.cache_salt), ex.state.config.model_name,
+                   tenant_salt(ex.caller, req.cache_salt))
+    renderer = Chunks(call) if req.stream else Body(partial(response, call))
+    return await respond(ex, run(call, ex.state), renderer, stream=req.stream)
 
 
 def usage(end: RoundEnd) -> dict | None:
@@ -165,7 +80,7 @@ def response(call: ChatCall, end: RoundEnd) -> dict:
 
 
 class Chunks:
-    """Parser events -> OpenAI `chat.completion.chunk` dicts."""
+    """The streaming Renderer: parser events -> OpenAI `chat.completion.chunk` dicts."""
 
     def __init__(self, call: ChatCall) -> None:
         self.call = call
@@ -177,20 +92,20 @@ class Chunks:
                 "system_fingerprint": None,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}]}
 
-    def first(self) -> dict:
-        return self.chunk({"role": "assistant", "content": ""})
+    def first(self) -> list[dict]:
+        return [self.chunk({"role": "assistant", "content": ""})]
 
-    def event(self, ev: Any) -> dict | None:
+    def event(self, ev: Any) -> list[dict]:
         if isinstance(ev, TextDelta):
-            return self.chunk({"content": ev.text}) if ev.text else None
+            return [self.chunk({"content": ev.text})] if ev.text else []
         if isinstance(ev, CallStarted):
-            return self.chunk({"tool_calls": [{"index": ev.index, "id": call_id(self.call.call_prefix, ev.index), "type": "function",
-                                               "function": {"name": ev.name, "arguments": ""}}]})
+            return [self.chunk({"tool_calls": [{"index": ev.index, "id": call_id(self.call.call_prefix, ev.index),
+                                                "type": "function", "function": {"name": ev.name, "arguments": ""}}]})]
         if isinstance(ev, ArgumentsDelta) and ev.index not in self.invalid:
-            return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})
+            return [self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})]
         if isinstance(ev, CallInvalid):
             self.invalid.add(ev.index)
-        return None
+        return []
 
     def last(self, end: RoundEnd) -> list[dict]:
         extra = {"token_ids": list(end.generated)} if self.call.req.return_token_ids else {}

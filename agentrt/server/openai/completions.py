@@ -1,7 +1,9 @@
-"""`/v1/completions`: a raw prompt (text or token ids) continued by the engine, no chat template.
+"""OpenAI's `/v1/completions`: a raw prompt (text or token ids) continued by the engine, no chat
+template.
 
 Transient requests (the radix cache shares their prefixes); stop strings cut the text and end
-the request early; text streams as it decodes.
+the request early; text streams as it decodes. No conversation round: the engine's own stream,
+ended by a RoundEnd, through the round runner's `respond` (round_runner.py).
 """
 
 from __future__ import annotations
@@ -12,13 +14,38 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from fastapi.responses import Response
+
+from agentrt.conversation.conversation import RoundEnd
 from agentrt.engine.context import context_overflow
 from agentrt.engine.validate import check_prompt
 from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 
-from ..protocol import ApiError, CompletionRequest
+from ..handling import Exchange, tenant_salt
+from ..protocol import ApiError, SamplingRequest, parse
+from ..round_runner import Body, respond
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.echo or self.suffix or (self.best_of or 1) != 1:
+            raise ApiError("echo, suffix and best_of are not supported", param="prompt")
+
+
+async def create(ex: Exchange) -> Response:
+    """parse -> prepare (TextRun) -> run -> render."""
+    req = parse(CompletionRequest, ex.body)
+    run = TextRun(req, ex.state, ex.state.config.model_name, tenant_salt(ex.caller, req.cache_salt))
+    renderer = TextChunks(run) if req.stream else Body(run.final_body)
+    return await respond(ex, run.events(), renderer, stream=req.stream)
 
 
 class TextRun:
@@ -42,23 +69,30 @@ class TextRun:
         self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                      ignore_eos=req.ignore_eos)
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        self.text, self.ids, self.finish, self.usage = "", [], None, None
+        self.text, self.ids, self.finish, self.usage, self.stopped = "", [], None, None, False
+
+    async def events(self) -> AsyncIterator[Any]:
+        """The run as the round runner takes it: "" first (the prompt passed the checks, so a
+        stream's first chunk goes out before the engine admits it), the pieces, then a RoundEnd."""
+        yield ""
+        async for piece in self.pieces():
+            yield piece
+        yield RoundEnd(self.text, [], [], list(self.ids), self.usage, self.finish, self.stopped)
 
     async def pieces(self) -> AsyncIterator[str]:
         """New text as it decodes (cut before a stop string); sets finish and usage at the end."""
         dec = IncrementalDecoder(self.engine.tokenizer)
-        stopped = False
         async with aclosing(self.engine.generate(self.prompt, self.params, cache_salt=self.salt)) as events:
             async for ev in events:
-                piece = "" if stopped else "".join(dec.push(t) for t in ev.token_ids)
-                self.ids += [] if stopped else list(ev.token_ids)
+                piece = "" if self.stopped else "".join(dec.push(t) for t in ev.token_ids)
+                self.ids += [] if self.stopped else list(ev.token_ids)
                 if ev.finish_reason is not None:
-                    piece += "" if stopped else dec.flush()
+                    piece += "" if self.stopped else dec.flush()
                     self.usage = ev.usage
-                    self.finish = "stop" if stopped or ev.finish_reason != "length" else "length"
-                piece, hit = self._cut(piece) if not stopped else ("", False)
-                if hit and not stopped:
-                    stopped = True
+                    self.finish = "stop" if self.stopped or ev.finish_reason != "length" else "length"
+                piece, hit = self._cut(piece) if not self.stopped else ("", False)
+                if hit and not self.stopped:
+                    self.stopped = True
                     self.engine.stop(ev.request_id)
                 if piece:
                     self.text += piece
@@ -88,6 +122,28 @@ class TextRun:
             out["usage"] = self._usage()
         return out
 
+    def final_body(self, end: RoundEnd) -> dict[str, Any]:
+        """The non-streaming response body (the Body renderer's)."""
+        return self.body(self.text, self.finish, final=True)
+
     def usage_chunk(self) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [], "usage": self._usage()}
+
+
+class TextChunks:
+    """The streaming Renderer: an empty first chunk, one per piece of text, the finish reason
+    (then the usage when `stream_options.include_usage` is set)."""
+
+    def __init__(self, run: TextRun) -> None:
+        self.run = run
+
+    def first(self) -> list[dict]:
+        return [self.run.body("", None, final=False)]
+
+    def event(self, piece: str) -> list[dict]:
+        return [self.run.body(piece, None, final=False)] if piece else []
+
+    def last(self, end: RoundEnd) -> list[dict]:
+        out = [self.run.body("", self.run.finish, final=True)]
+        return out + [self.run.usage_chunk()] if self.run.req.include_usage else out

@@ -1,57 +1,42 @@
 """The Responses API's routes: `POST /v1/responses` (plain or streamed), `GET` and `DELETE
-/v1/responses/{id}` (the caller's stored responses only). See responses.py."""
+/v1/responses/{id}` (the caller's stored responses only). See run.py and render.py."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
+from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import run as responses
-from ..handling import finished_round, observe, serve, tenant_salt
+from ..handling import Exchange, serve, tenant_salt
+from ..round_runner import Body, respond, run as run_call
 from .models import parse_request
-from ..sse import EventStream
+from .render import Events
+from .run import finish, prepare
 
 
 def register(app: FastAPI, state) -> None:
     @app.post("/v1/responses")
-    async def create(request: Request):
-        return await serve(request, state, "responses", _create)
+    async def create_response(request: Request):
+        return await serve(request, state, "responses", create)
 
     @app.get("/v1/responses/{rid}")
     async def get(request: Request, rid: str):
-        async def handler(request, state, body, caller, t0):
-            return JSONResponse(state.responses.get(caller, rid).body)
+        async def handler(ex: Exchange) -> Response:
+            return JSONResponse(ex.state.responses.get(ex.caller, rid).body)
         return await serve(request, state, "responses", handler)
 
     @app.delete("/v1/responses/{rid}")
     async def delete(request: Request, rid: str):
-        async def handler(request, state, body, caller, t0):
-            state.responses.delete(caller, rid)
+        async def handler(ex: Exchange) -> Response:
+            ex.state.responses.delete(ex.caller, rid)
             return JSONResponse({"id": rid, "object": "response", "deleted": True})
         return await serve(request, state, "responses", handler)
 
 
-async def _create(request: Request, state, body: bytes, caller: str, t0: float) -> Response:
-    req = parse_request(body)
-    run = responses.prepare(req, state, caller, tenant_salt(caller, req.cache_salt))
-    if req.stream:
-        return await EventStream.start(_events(run, state, caller, t0), named=True)
-
-    end = await finished_round(request, state, run.call, caller, t0)
-    if end is None:
-        return Response(status_code=499)
-    return JSONResponse(responses.finish(run, state, end))
-
-
-async def _events(run: responses.ResponseRun, state, caller: str, t0: float) -> AsyncIterator[dict]:
-    async with state.slot(caller):
-        first_at = None
-        async for ev in responses.stream(run, state):
-            if ev["type"] == "response.output_text.delta" or ev["type"].endswith("output_item.added"):
-                first_at = first_at or time.perf_counter()
-            if ev["type"] in ("response.completed", "response.incomplete"):
-                observe(state, run.end.usage, t0, first_at)
-            yield ev
+async def create(ex: Exchange) -> Response:
+    """parse -> prepare (the stored chain, its session) -> run -> render (stored when asked)."""
+    req = parse_request(ex.body)
+    run = prepare(req, ex.state, ex.caller, tenant_salt(ex.caller, req.cache_salt))
+    renderer = Events(run, ex.state) if req.stream else Body(partial(finish, run, ex.state))
+    return await respond(ex, run_call(run.call, ex.state), renderer, stream=req.stream, named=True)
