@@ -5,7 +5,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from agentrt.checks import check_float, check_int
 from agentrt.errors import ConfigError
+
+# the limits that count something: ints >= 1
+_COUNTS = ("max_request_bytes", "max_tokens_limit", "max_concurrency_per_key", "max_sessions", "max_stored_responses",
+           "replicas", "threads_per_replica")
 
 
 @dataclass(frozen=True)
@@ -37,23 +42,18 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"host must be a host name or address, got {self.host!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be an int in 0..65535 (0: any free port), got {self.port!r}")
-        keys = (self.api_keys,) if isinstance(self.api_keys, str) else tuple(self.api_keys)
-        if not all(isinstance(k, str) and len(k) >= 8 for k in keys):
-            raise ConfigError("api_keys must be strings of at least 8 characters")
-        object.__setattr__(self, "api_keys", keys)
-        for name in ("max_request_bytes", "max_tokens_limit", "max_concurrency_per_key", "max_sessions",
-                     "max_stored_responses", "replicas", "threads_per_replica"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
+        self._set("port", check_int("port", self.port, min=0, max=65535))
+        self._set("api_keys", _api_keys(self.api_keys))
+        for name in _COUNTS:
+            self._set(name, check_int(name, getattr(self, name), min=1))
         if self.dashboard and self.replicas > 1:
             raise ConfigError("the dashboard shows one in-process engine: use it without replicas (Ray's own "
                               "dashboard shows replicas)")
         for name in ("session_ttl_s", "response_ttl_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            self._set(name, check_float(name, getattr(self, name), min=0.0, min_open=True, allow_inf=True))
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # (frozen: the checked value, normalised)
 
     @property
     def public(self) -> bool:
@@ -62,3 +62,10 @@ class ServerConfig:
             return not ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return self.host != "localhost"
+
+
+def _api_keys(keys) -> tuple[str, ...]:
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not all(isinstance(k, str) and len(k) >= 8 for k in keys):
+        raise ConfigError("api_keys must be strings of at least 8 characters")
+    return keys
