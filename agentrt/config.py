@@ -67,7 +67,7 @@ class EngineConfig:
     spec_min_acceptance: float = 0.3  # below this acceptance rate a slot only probes (1 token)
     spec_min_ngram: int = 1
     spec_max_ngram: int = 3
-    # fast-forward over text a request's grammar forces (toolcall/forcing.py): its canonical ids
+    # fast-forward over text a request's grammar forces (constrain/forcing.py): its canonical ids
     # are appended after the sampled token and fed in one chunk, not one decode step each
     grammar_fast_forward: bool = True
     # fill the step's grammar masks in a worker thread while the model's forward runs

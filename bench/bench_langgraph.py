@@ -157,7 +157,7 @@ def cache_read_fraction(usage, from_turn: int = 1) -> float:
 def reference_model(lm, max_tokens: int):
     from bench.lg_reference import HFChatModel
     from bench.peers.hf_peer import load_hf_gguf
-    from agentrt.toolcall.grammar import GrammarFactory
+    from agentrt.constrain.grammar import GrammarFactory
 
     return HFChatModel(hf=load_hf_gguf(lm.source), fmt=ChatFormat(lm.tokenizer), max_tokens=max_tokens,
                        grammars=GrammarFactory(lm.tokenizer, lm.config.vocab_size))

@@ -1,4 +1,4 @@
-"""Grammar fast-forward (toolcall/forcing.py, EngineCore._fast_forward).
+"""Grammar fast-forward (constrain/forcing.py, constrain/fast_forward.py).
 
 Oracles: the forced ids are the tokenizer's encoding of the forced text (healed, held back,
 ended as forcing.py says); the engine's output with fast-forward (forced ids fed in one chunk,
@@ -18,7 +18,7 @@ from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall.formats import FORMATS
-from agentrt.toolcall.grammar import GrammarFactory
+from agentrt.constrain.grammar import GrammarFactory
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import drain, submit
 
@@ -211,7 +211,7 @@ def test_extensions_are_exactly_the_longer_tokens_with_that_prefix():
     """ForcedText.extensions (a bisect over the sorted vocabulary) against a scan of it."""
     import random
 
-    from agentrt.toolcall.forcing import ForcedText
+    from agentrt.constrain.forcing import ForcedText
 
     tok = tiny_model_with_tokenizer().tokenizer
     ft = ForcedText(tok, frozenset())

@@ -18,6 +18,7 @@ import agentrt.engine.core as core_mod
 import agentrt.engine.sample_step as step_mod
 import agentrt.scheduling.scheduler as sched_mod
 from agentrt.config import EngineConfig
+from agentrt.constrain.constraint import LogitsConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed, PoolExhausted
@@ -34,7 +35,7 @@ def _prompts(n, length=40, seed=0):
     return [[rng.randrange(1, V) for _ in range(length + 7 * i)] for i in range(n)]
 
 
-class RaisingConstraint:
+class RaisingConstraint(LogitsConstraint):
     """A grammar stand-in that allows everything, then raises on its n-th mask."""
 
     def __init__(self, fail_at: int = 3):

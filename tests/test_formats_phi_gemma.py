@@ -16,7 +16,7 @@ from agentrt.conversation.conventions import GEMMA_INSTRUCTION, PHI4_SYSTEM, det
 from agentrt.errors import ChatTemplateError
 from agentrt.toolcall import CallComplete, CallInvalid
 from agentrt.toolcall.formats import GEMMA, LLAMA3, PHI4
-from agentrt.toolcall.grammar import GrammarFactory
+from agentrt.constrain.grammar import GrammarFactory
 from tests.family_templates import GEMMA3_TEMPLATE, PHI4_MINI_TEMPLATE, gemma3_tokenizer, phi4_mini_tokenizer
 from tests.test_grammar import TOOLS
 from tests.test_toolcall_formats import PARIS, ROME, calls_of, every_split

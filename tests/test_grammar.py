@@ -1,4 +1,4 @@
-"""Constrained decoding (agentrt.toolcall.grammar): masks, tool_choice, caching, rollback, errors.
+"""Constrained decoding (agentrt.constrain.grammar): masks, tool_choice, caching, rollback, errors.
 
 Unit tests use a small synthetic byte-level tokenizer (both backends); the embedded tests let
 SmolLM2-135M generate under each tool_choice and check the outputs with ToolCallParser,
@@ -22,7 +22,7 @@ from agentrt.model.tokenizer import Tokenizer, byte_to_unicode
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.chat import ChatFormat
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
-from agentrt.toolcall.grammar import GrammarFactory
+from agentrt.constrain.grammar import GrammarFactory
 
 BACKENDS = ["xgrammar", "llguidance"]
 PAD = 40  # model rows beyond the tokenizer's vocabulary (not a multiple of 32)

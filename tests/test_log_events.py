@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from structlog.testing import capture_logs
 
 from agentrt.config import EngineConfig
+from agentrt.constrain.constraint import LogitsConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model
@@ -88,7 +89,7 @@ def test_preemption_is_an_event():
     assert readmitted  # a preempted request is admitted again, and says so
 
 
-class _Broken:
+class _Broken(LogitsConstraint):
     def mask_logits(self, logits):
         raise RuntimeError("grammar bug")
 

@@ -233,7 +233,7 @@ def test_qrefine_recomputes_each_rows_top_k_from_fp32_activations(native_on, mon
 def test_bitmask_kernel_matches_the_numpy_path(width):
     """Grammar masks applied by the compiled kernel == the unpacked-bits reference, for random,
     all-ones, all-zero and single-bit words, and a vocabulary that ends mid-word."""
-    from agentrt.toolcall.grammar import apply_bitmask
+    from agentrt.constrain.masks import apply_bitmask
 
     g = torch.Generator().manual_seed(width)
     words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, -(-width // 32)), dtype=torch.int32, generator=g)

@@ -175,7 +175,7 @@ def test_rejection_rule_samples_exactly_from_the_target(draft_rank):
 def test_constrained_greedy_speculation_is_token_identical():
     """Tool-call grammar + speculation == tool-call grammar alone, on SmolLM2's vocabulary."""
     from agentrt.conversation.chat import ChatFormat
-    from agentrt.toolcall.grammar import GrammarFactory
+    from agentrt.constrain.grammar import GrammarFactory
     from tests.conftest import tiny_model_with_tokenizer
 
     lm = tiny_model_with_tokenizer()

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.toolcall.formats import FORMATS
-from agentrt.toolcall.grammar import GrammarFactory
+from agentrt.constrain.grammar import GrammarFactory
 from tests.test_grammar import PAD, TOOLS, tok  # noqa: F401  (the fixture)
 
 ANSWER = {"type": "object", "properties": {"setup": {"type": "string"}, "rating": {"type": "integer"}},

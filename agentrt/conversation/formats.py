@@ -1,6 +1,6 @@
 """The text side of an engine, built by the conversation layer: the chat format (the model's
 template, its tool-call format; conversation/chat.py) and the grammar factory (constrained
-decoding in that format; toolcall/grammar.py). Each is built on first use from the engine's
+decoding in that format; constrain/grammar.py). Each is built on first use from the engine's
 tokenizer and config and kept in the engine's `shared` slot, so every conversation, agent, chat
 model and server route on one engine shares one of each (compiled grammars are cached there).
 
@@ -31,7 +31,7 @@ def grammars_of(engine):
     shared = engine.shared
     factory = shared.get(GRAMMARS)
     if factory is None:
-        from agentrt.toolcall.grammar import GrammarFactory  # (xgrammar loads on first use)
+        from agentrt.constrain.grammar import GrammarFactory  # (xgrammar loads on first use)
 
         if engine.tokenizer is None:
             raise ConfigError("constrained decoding needs a tokenizer: build the engine from load_model(...)")

@@ -11,15 +11,16 @@ import structlog
 import torch
 
 from agentrt.config import EngineConfig
+from agentrt.constrain.fast_forward import fast_forward, forced_start
+from agentrt.constrain.step_masks import MaskPrefetch, mask_row
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.events import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.faults import out_of_memory
-from agentrt.engine.fast_forward import fast_forward, forced_start
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
 from agentrt.engine.request import EngineSession, Request, State, TokenEvent
 from agentrt.engine.response_cache import ResponseCache
-from agentrt.engine.sample_step import MaskPrefetch, finish_reason, mask_row, sample_rows
+from agentrt.engine.sample_step import finish_reason, sample_rows
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
@@ -128,7 +129,7 @@ class EngineCore:
                     task: str | None = None, workflow: str | None = None) -> Request:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
         session requests use the session's sequence. Validation raises before any work."""
-        validate_request(self, prompt, params, seq_id, session)
+        validate_request(self, prompt, params, seq_id, session, constraint)
         if session is not None and self.sessions.get(session.sid) is not session:
             raise ConfigError("this session belongs to another engine; open a session on this one")
         salt = cache_salt if session is None else session.cache_salt

@@ -5,10 +5,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
+from agentrt.constrain.constraint import LogitsConstraint
 from agentrt.kv.kv_manager import Sequence
 from agentrt.model.batch import SeqChunk
 from agentrt.sampling import SamplingParams
@@ -18,17 +18,6 @@ class State(enum.Enum):
     WAITING = "waiting"  # not admitted yet (no KV work done this turn)
     RUNNING = "running"  # admitted: prefilling or decoding
     FINISHED = "finished"
-
-
-class LogitsConstraint(Protocol):
-    """A per-request constraint (grammar) applied inside the batched step."""
-
-    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [V] -> logits with forbidden tokens at -inf."""
-
-    def advance(self, token: int) -> None: ...
-
-    def is_terminated(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +83,7 @@ class Request:
     session: EngineSession | None = None
     cache_salt: str | None = None
     tag: str | None = None
-    constraint: LogitsConstraint | None = None
+    constraint: LogitsConstraint | None = None  # (agentrt/constrain/constraint.py)
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     state: State = State.WAITING

@@ -24,7 +24,7 @@ class Counters:
     grouped_tokens: int = 0  # prompt tokens aliased from a group leader
     spec_proposed: int = 0
     spec_accepted: int = 0
-    ff_jumps: int = 0  # grammar fast-forwards (toolcall/forcing.py)
+    ff_jumps: int = 0  # grammar fast-forwards (constrain/forcing.py)
     ff_tokens: int = 0  # ids they appended (fed in chunks, not decode steps)
     ff_healed: int = 0  # model tokens they respelled with the forced text
     response_cache_hits: int = 0
@@ -40,7 +40,7 @@ class Counters:
     ttl_expired: int = 0  # ... whose next request came after
     mask_seconds: float = 0.0  # grammar masks computed and applied on the step's critical path
     masked_rows: int = 0  # logits rows masked (one per constrained request per step)
-    mask_prepare_seconds: float = 0.0  # masks filled beside the forward (sample_step.MaskPrefetch)
+    mask_prepare_seconds: float = 0.0  # masks filled beside the forward (constrain/step_masks.py::MaskPrefetch)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import operator
 from collections.abc import Mapping
 
 from agentrt.checks import check_optional_str, check_timeout
+from agentrt.constrain.constraint import LogitsConstraint
 from agentrt.engine.context import context_overflow, kv_limit
 from agentrt.engine.session import Session
 from agentrt.errors import ConfigError, OutOfKVMemory
@@ -32,6 +33,7 @@ def check_prompt(prompt, vocab: int | None = None) -> list[int]:
         raise ConfigError("the prompt must be token ids, not text: encode it first "
                           "(engine.tokenizer.encode(text)) or use a Conversation / Agent")
     if not isinstance(prompt, (list, tuple)):
+        # (the error's hint only: what the wrong value looks like, a tensor / array or an iterable)
         if hasattr(prompt, "tolist") and hasattr(prompt, "shape"):
             hint = "; pass a list of ints, e.g. prompt.tolist() of a 1-D tensor or array"
         elif hasattr(prompt, "__next__") or hasattr(prompt, "__iter__"):
@@ -92,10 +94,19 @@ def check_session(engine, session) -> None:
         raise ConfigError("this session was opened on another engine; open one with this engine's open_session()")
 
 
-def validate_request(core, prompt, params, seq_id, session) -> None:
+def check_constraint(constraint) -> None:
+    """None, or an object with every method of LogitsConstraint (the engine calls them all)."""
+    if constraint is not None and not isinstance(constraint, LogitsConstraint):
+        raise ConfigError(f"constraint must implement agentrt.constrain.constraint.LogitsConstraint (subclass "
+                          f"it: each method has a default), got {type(constraint).__name__}")
+
+
+def validate_request(core, prompt, params, seq_id, session, constraint=None) -> None:
     """EngineCore.add_request's arguments against the core: types, the token range, the context
-    (ContextLengthExceeded) and the KV pool (OutOfKVMemory), the session's state."""
+    (ContextLengthExceeded) and the KV pool (OutOfKVMemory), the session's state, the constraint's
+    interface."""
     check_params(params, allow_none=False)
+    check_constraint(constraint)
     check_prompt(prompt, core.model.cfg.vocab_size)
     overflow = context_overflow(len(prompt), params.max_tokens, core.model.cfg.max_position_embeddings,
                                 what="the model's context", hint="; shorten the conversation or lower max_tokens")

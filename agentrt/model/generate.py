@@ -32,7 +32,7 @@ def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None
     logits before sampling and sees every sampled token; generation also stops when it
     reports is_terminated(). `path` picks the model's forward ("eager": the torch reference).
     `fast_forward`: after each sampled token (and at the start) the ids the constraint forces
-    (`constraint.fast_forward`, toolcall/forcing.py) are appended and fed one per step."""
+    (`constraint.fast_forward`, constrain/forcing.py) are appended and fed one per step."""
     p = params or SamplingParams()
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt")

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
+from agentrt.constrain.grammar_backends import GrammarSpec, Matcher, load_library, vocab_table
+from agentrt.constrain.schema_errors import unsupported
 from agentrt.errors import GrammarError
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import ITEM_SEP, KEY_SEP
-from agentrt.toolcall.grammar_backends import GrammarSpec, Matcher, load_library, vocab_table
-from agentrt.toolcall.schema_errors import unsupported
 
 
 class _VocabView:

@@ -1,7 +1,7 @@
 """Grammar backends: compile a `GrammarSpec` for one tokenizer and step a `Matcher` over tokens.
 
 A GrammarSpec describes a language, not a library's grammar: either one JSON value matching a
-schema (kind "json"), or tool calls in the model family's format (kind "calls", `formats.py`);
+schema (kind "json"), or tool calls in the model family's format (kind "calls", `toolcall/formats.py`);
 for the Hermes format:
 
     block  =  '<tool_call>{"name": "<tool>", "arguments": ' ARGS '}</tool_call>'
@@ -42,10 +42,10 @@ from typing import Any, Protocol
 
 import torch
 
+from agentrt.constrain.schema_errors import unsupported
 from agentrt.errors import ConfigError, GrammarError
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import HERMES, ITEM_SEP, KEY_SEP, ToolFormat
-from agentrt.toolcall.schema_errors import unsupported
 
 CALL_SEP = HERMES.separator
 
@@ -83,10 +83,6 @@ class Backend(Protocol):
 
     def compile(self, spec: GrammarSpec) -> Any: ...
     def matcher(self, compiled: Any) -> Matcher: ...
-
-
-def bitmask_words(vocab_size: int) -> int:
-    return (vocab_size + 31) // 32
 
 
 def vocab_table(tokenizer: Tokenizer, vocab_size: int,
@@ -226,6 +222,6 @@ def schema_json(value: Any) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return list(value)
-    if hasattr(value, "items"):
+    if hasattr(value, "items"):  # a mapping by duck type (Mapping or not): json writes it as a dict
         return dict(value.items())
     raise TypeError(f"{type(value).__name__} is not JSON")

@@ -6,7 +6,7 @@
     constraint = factory.for_tools(tools, "auto", answer_schema=schema)  # calls, or a schema answer
 
 The language (see grammar_backends.py) is the model family's tool-call format
-(`GrammarFactory(..., tool_format=)`, `formats.py`; default: ChatFormat's fallback
+(`GrammarFactory(..., tool_format=)`, `toolcall/formats.py`; default: ChatFormat's fallback
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, calls separated by "\\n"), then the
 end-of-turn token. tool_choice (OpenAI / LangChain values):
   * "none", or no tools            -> None: no constraint, nothing is built (zero cost);
@@ -49,15 +49,16 @@ import numpy as np
 import torch
 from jsonschema.exceptions import SchemaError
 
-from agentrt.errors import ConfigError, GrammarError
-from agentrt.kernels import native
-from agentrt.model.tokenizer import Tokenizer
-from agentrt.toolcall.forcing import ForcedText, Jump
-from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
-from agentrt.toolcall.grammar_backends import (
-    Backend, CallSpec, GrammarSpec, Matcher, XGrammarBackend, bitmask_words, schema_json,
+from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.constrain.forcing import ForcedText, Jump
+from agentrt.constrain.grammar_backends import (
+    Backend, CallSpec, GrammarSpec, Matcher, XGrammarBackend, schema_json,
 )
-from agentrt.toolcall.grammar_llg import LLGuidanceBackend
+from agentrt.constrain.grammar_llg import LLGuidanceBackend
+from agentrt.constrain.masks import apply_bitmask, bit, bitmask_words, low_bits
+from agentrt.errors import ConfigError
+from agentrt.model.tokenizer import Tokenizer
+from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 from agentrt.toolcall.specs import ToolSpec, load_tool_specs
 
 BACKENDS = MappingProxyType({"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend})
@@ -65,8 +66,8 @@ DEFAULT_BACKEND = "xgrammar"
 _REQUIRED = ("required", "any")
 
 
-class ToolCallConstraint:
-    """The grammar state of one request (LogitsConstraint). Used by one thread at a time.
+class ToolCallConstraint(LogitsConstraint):
+    """The grammar state of one request. Used by one thread at a time.
 
     A token the grammar rejects (only possible when the mask was not applied) does not raise
     inside the engine's step: the constraint records `error` and reports terminated, so the
@@ -81,7 +82,7 @@ class ToolCallConstraint:
         self._bitmask = torch.full((1, bitmask_words(vocab_size)), -1, dtype=torch.int32)
         self._words = self._bitmask.numpy()[0]  # the same memory, for cheap word operations
         # bits past the vocabulary in the last word: backends may set them; cleared after fill
-        self._tail = _low_bits(vocab_size % 32) if vocab_size % 32 else None
+        self._tail = low_bits(vocab_size % 32) if vocab_size % 32 else None
         self._eos = tuple(eos_ids)
         self._accepted = 0
         self._ready = False  # the bitmask holds the current state's mask (prepare())
@@ -131,7 +132,7 @@ class ToolCallConstraint:
         """Jump over the text the grammar forces after `last` (the token just accepted; None at
         the start): (replaced, ids), ids accepted in place of the last `replaced` tokens (0 or
         1: healed) and after them; at most `room` ids. (0, []) when nothing is forced
-        (toolcall/forcing.py)."""
+        (forcing.py)."""
         self._ready = False
         if self._forced is None or self.error is not None or self._m.is_terminated():
             return 0, []
@@ -180,16 +181,7 @@ class ToolCallConstraint:
         # after an error (or the end) only end-of-turn is offered, so the request finishes
         self._bitmask.zero_()
         for t in self._eos:
-            self._bitmask[0, t // 32] |= _bit(t % 32)
-
-
-def _low_bits(n: int) -> np.int32:
-    """An int32 word with its n lowest bits set."""
-    return np.array([(1 << n) - 1], dtype=np.uint32).view(np.int32)[0]
-
-
-def _bit(i: int) -> int:
-    return -(1 << 31) if i == 31 else 1 << i  # int32 two's complement
+            self._bitmask[0, t // 32] |= bit(t % 32)
 
 
 class GrammarFactory:
@@ -263,32 +255,6 @@ class GrammarFactory:
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
         return ToolCallConstraint(self.backend.matcher(compiled), self.vocab_size, self._eos, self.forced_text)
-
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """logits [V] in place: -inf where the token's bit is 0 (bit i % 32 of int32 word i // 32).
-
-    `bitmask` is a CPU int32 [1, >= ceil(V / 32)]. An all-ones mask (free text) costs a scan of
-    the words only. On CPU the compiled kernel stores -inf under each word's zero bits (masked
-    AVX-512 stores: a few us for a 49k row, whatever the pattern); without it the bits are
-    unpacked with numpy and selected with torch.where (~75 us; np.copyto(where=) is branchy:
-    26-350 us depending on the mask, xgrammar's CPU kernel 24-300 us).
-    """
-    if logits.device.type == "cpu" and native.apply_bitmask(logits, bitmask[0]):
-        return
-    words = bitmask.numpy()[0]
-    if (words == -1).all():
-        return
-    width = logits.shape[-1]
-    if logits.device.type == "cpu":
-        bits = np.unpackbits(words.view(np.uint8), count=width, bitorder="little")
-        allowed = torch.from_numpy(bits.view(np.bool_))
-        torch.where(allowed, logits, torch.tensor(float("-inf"), dtype=logits.dtype), out=logits)
-        return
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    device_words = bitmask[0].to(logits.device, non_blocking=True)
-    allowed = ((device_words.unsqueeze(-1) >> shifts) & 1).view(-1)[:width].bool()
-    logits.masked_fill_(~allowed, float("-inf"))
 
 
 def _choice(tool_choice: object) -> tuple[str, str | None]:
