@@ -34,9 +34,9 @@ from agentrt.kv.space import KVSpace
 from agentrt.kv.window import split_pool
 from agentrt.model.batch import SeqChunk
 from agentrt.model.llama import LlamaModel
+from agentrt.sampling.speculative import verify_draft
 from agentrt.scheduling.policies import make_scheduling_policy
 from agentrt.scheduling.scheduler import Queues, Scheduler
-from agentrt.scheduling.speculation import verify
 from agentrt.scheduling.tasks import TaskTracker
 
 log = structlog.get_logger("agentrt.engine")
@@ -244,7 +244,7 @@ class EngineCore:
             try:
                 self._account(r, ch)
                 if r.draft:
-                    self._accept(r, ch, verify(r, lg, self.executor.argmax))
+                    self._accept(r, ch, verify_draft(r, lg, self.executor.argmax))
                     continue
                 r.forced = 0
                 r.seq.tokens.extend(ch.tokens)

@@ -6,7 +6,8 @@ history (prompt + output); the tokens that followed their latest earlier occurre
 draft. Tool calls repeat names, keys and values that are already in the prompt, so drafts are
 often long and right. An index of every n-gram's two latest end positions makes a lookup O(1).
 
-Verification (`verify`, the one entry point): the draft tokens are extra query positions of their
+Verification (`verify`, the one entry point; `verify_draft` for a request in the engine's step,
+counting what it accepts): the draft tokens are extra query positions of their
 sequence in the same batch. Greedy: accept the longest draft prefix equal to the argmax, plus the
 model's own next token. Constrained (a grammar; greedy only): the same, each position masked by
 the grammar state after the tokens accepted before it. Sampling: the draft is a point mass
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.engine.request import Request
 from agentrt.sampling.params import SamplingParams
 from agentrt.sampling.sampler import adjusted_probs
 
@@ -55,7 +58,17 @@ class NgramIndex:
         return []
 
 
-def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, *, constraint=None,
+def verify_draft(r: Request, logits: torch.Tensor, argmax) -> list[int]:
+    """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1), counted
+    for r's acceptance rate (which caps its next drafts)."""
+    acc = verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator, argmax=argmax)
+    r.spec_proposed += len(r.draft)
+    r.spec_accepted += len(acc) - 1
+    return acc
+
+
+def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, *,
+           constraint: LogitsConstraint | None = None,
            generator: torch.Generator | None = None, argmax=None) -> list[int]:
     """Tokens accepted from logits [k+1, V] at the positions of (last token, draft...): the
     accepted draft prefix plus one token of the model's own (1 .. k+1 tokens). A `constraint`
@@ -102,7 +115,8 @@ def verify_sampled(logits: torch.Tensor, draft: list[int], params: SamplingParam
     return out
 
 
-def verify_constrained(logits: torch.Tensor, draft: list[int], constraint, argmax) -> list[int]:
+def verify_constrained(logits: torch.Tensor, draft: list[int], constraint: LogitsConstraint,
+                       argmax) -> list[int]:
     """Greedy verification under the grammar: position i is masked by the grammar state after
     the tokens accepted before it, exactly as plain constrained decoding would mask it. The
     constraint advances only over tokens that are kept, so nothing needs rolling back."""

@@ -1,14 +1,11 @@
-"""Speculation inside the step loop, the engine's bookkeeping around sampling/speculative.py: choose
-each decoder's draft (its n-gram index, the cap, the grammar's prefix), and count what the one
-verification (`speculative.verify`) accepts."""
+"""Speculation in the scheduler's plan: each decoder's draft this step (its n-gram index, the
+cap from the decoders and the token budget, the grammar's prefix). Verification of the drafts
+after the forward is sampling's (`sampling/speculative.py::verify_draft`)."""
 
 from __future__ import annotations
 
-import torch
-
 from agentrt.config import EngineConfig
 from agentrt.engine.request import Request
-from agentrt.sampling import speculative
 from agentrt.sampling.speculative import NgramIndex, draft_cap
 
 
@@ -30,12 +27,3 @@ def choose_draft(r: Request, n_decoders: int, cfg: EngineConfig, ctx_len: int) -
         draft = draft[:r.constraint.accepts_prefix(draft)]
     return draft
 
-
-def verify(r: Request, logits: torch.Tensor, argmax) -> list[int]:
-    """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1), counted
-    for r's acceptance rate (which caps its next drafts)."""
-    acc = speculative.verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator,
-                             argmax=argmax)
-    r.spec_proposed += len(r.draft)
-    r.spec_accepted += len(acc) - 1
-    return acc
