@@ -165,8 +165,10 @@ def test_the_package_top_imports_no_subpackage():
 
 
 # The engine's rooms, lowest first: a room imports only rooms below it. The one exception is the
-# request and session records (engine/request.py), the vocabulary all three rooms share.
-ROOMS = ("agentrt.kv", "agentrt.scheduling", "agentrt.engine")
+# request and session records (engine/request.py), the vocabulary all the rooms share. The
+# constrained-decoding room (grammars, masks, forcing) is used by the engine and imports none of
+# the others.
+ROOMS = ("agentrt.constrain", "agentrt.kv", "agentrt.scheduling", "agentrt.engine")
 SHARED_RECORDS = {"agentrt.engine.request"}
 
 
@@ -183,6 +185,37 @@ def test_the_engine_rooms_import_only_downward():
     assert not upward, f"a room imports one above it: {upward}"
 
 
+# toolcall/ is the sans-I/O tool-call parser: text in, events out. No tensors, threads or grammar
+# engines (those are agentrt/constrain/'s), no I/O, and of agentrt only itself and the top-level
+# vocabulary (errors, checks).
+TOOLCALL_FORBIDDEN = {"torch", "numpy", "threading", "concurrent", "multiprocessing", "asyncio", "anyio",
+                      "trio", "socket", "subprocess", "xgrammar", "llguidance"}
+
+
+def _imported_roots(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of every absolute import in a module, function-level ones included, and
+    of every __import__("name") / importlib.import_module("name") of a constant name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and ast.unparse(node.func) in ("__import__", "importlib.import_module", "import_module"):
+            yield node.lineno, str(node.args[0].value)
+
+
+def test_toolcall_is_a_sans_io_parser():
+    bad = []
+    for path in sorted((ROOT / "agentrt" / "toolcall").rglob("*.py")):
+        for line, name in _imported_roots(ast.parse(path.read_text())):
+            root = name.split(".")[0]
+            inner = name.split(".")[1] if name.startswith("agentrt.") else None
+            if root in TOOLCALL_FORBIDDEN or inner not in (None, "toolcall", "errors", "checks"):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+    assert not bad, "agentrt/toolcall/ imports what a sans-I/O parser must not:\n" + "\n".join(bad)
+
+
 def test_the_checks_catch_what_they_look_for():
     """The detectors on small sources: each rule fires, and self/cls/super() stay allowed."""
     bad = ('x._a\ngetattr(x, "_b", None)\nx.__dict__["_c"]\nx.__dict__.get("_d")\nsetattr(o, "_e", 1)\n'
@@ -190,3 +223,7 @@ def test_the_checks_catch_what_they_look_for():
     assert [line for line, _ in reach_ins(ast.parse(bad))] == [1, 2, 3, 4, 5]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+    src = 'import torch\nfrom agentrt.model import x\nfrom . import y\ndef f():\n    import threading.local\n' \
+          '    __import__("xgrammar")\n'
+    assert sorted(n for _, n in _imported_roots(ast.parse(src))) == \
+        ["agentrt.model", "threading.local", "torch", "xgrammar"]
