@@ -29,10 +29,9 @@ import torch
 from bench.common import machine, write_results  # noqa: E402
 from agentrt.model.loaders.files import resolve_source  # noqa: E402
 from agentrt.model.loaders.gguf import load_gguf_tokenizer  # noqa: E402
-from agentrt.toolcall.grammar import BACKENDS, apply_bitmask  # noqa: E402
-from agentrt.toolcall.grammar_backends import (  # noqa: E402
-    CALL_SEP, CallSpec, GrammarSpec, bitmask_words, schema_json,
-)
+from agentrt.constrain.grammar import BACKENDS  # noqa: E402
+from agentrt.constrain.grammar_backends import CALL_SEP, CallSpec, GrammarSpec, schema_json  # noqa: E402
+from agentrt.constrain.masks import apply_bitmask, bitmask_words  # noqa: E402
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG  # noqa: E402
 
 
@@ -160,7 +159,7 @@ def ff_walk(factory, ids: list[int], choice: str, ff: bool) -> dict:
 
 def measure_ff(tok) -> dict:
     """Fast-forward at the grammar level on the six-call output (required and auto)."""
-    from agentrt.toolcall.grammar import GrammarFactory
+    from agentrt.constrain.grammar import GrammarFactory
 
     factory = GrammarFactory(tok, tok.vocab_size)
     res: dict = {}
