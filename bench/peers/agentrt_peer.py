@@ -29,9 +29,10 @@ from agentrt import Engine, EngineConfig, SamplingParams
 from agentrt.kv.eviction import LRUPolicy
 from bench.peers.base import CallRecord, RunResult, drive
 from bench.workloads.replay import ModelCall
+from agentrt.constrain.constraint import LogitsConstraint
 
 
-class ForcedTokens:
+class ForcedTokens(LogitsConstraint):
     """A logits constraint that makes greedy decoding emit exactly `script`.
 
     Speculative drafts are not cut to the script (`accepts_prefix` accepts the whole draft):
