@@ -28,6 +28,7 @@ from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix_tier import TierMoves
 from agentrt.kv.tier import HostTier, TierEntry
+from agentrt.prefixes import common_prefix
 
 
 @dataclass(eq=False)
@@ -80,12 +81,7 @@ class RadixCache(TierMoves):
 
     def _page_match(self, tokens: list[int], pos: int, key: list[int], kpos: int) -> int:
         """Equal tokens of tokens[pos:] and key[kpos:] within one page (0..page_size)."""
-        n = 0
-        for a, b in zip(tokens[pos:pos + self.ps], key[kpos:kpos + self.ps]):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(tokens[pos:pos + self.ps], key[kpos:kpos + self.ps])
 
     def match_prefix(self, tokens: list[int], salt: str | None = None) -> PrefixMatch:
         """Longest cached prefix of `tokens`. Does not change the tree's shape; refreshes the

@@ -6,6 +6,8 @@ uses the tree's allocator, policy, tier, page size and node walk."""
 
 from __future__ import annotations
 
+from agentrt.prefixes import common_prefix
+
 
 class TierMoves:
     def discard(self, leaf) -> int:
@@ -84,12 +86,7 @@ class TierMoves:
 
     @staticmethod
     def _common(tokens: list[int], pos: int, key: list[int]) -> int:
-        n = 0
-        for a, b in zip(tokens[pos:pos + len(key)], key):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(tokens[pos:pos + len(key)], key)
 
     def promote(self, node, pages: list[int]) -> None:
         """Make a demoted node (whose parent is resident) resident in `pages` (fresh, refcount 1,

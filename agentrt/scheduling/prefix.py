@@ -4,20 +4,10 @@ prefix-grouped prefill (one leader prefills a block that several new requests sh
 from __future__ import annotations
 
 from agentrt.fingerprint import fnv1a
+from agentrt.prefixes import common_prefix
 from agentrt.kv.kv_manager import KVManager
 from agentrt.kv.radix import RadixCache
 from agentrt.engine.request import Request
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
-    return lo
 
 
 def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,

@@ -32,7 +32,8 @@ from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.space import KVSpace
 from agentrt.scheduling.policies import FCFS
 from agentrt.scheduling.policy_base import Ready, SchedulingView
-from agentrt.scheduling.prefix import attach_prefix, common_prefix, group_new_requests
+from agentrt.prefixes import common_prefix
+from agentrt.scheduling.prefix import attach_prefix, group_new_requests
 from agentrt.scheduling.speculation import choose_draft
 from agentrt.scheduling.trace import DecisionTrace
 

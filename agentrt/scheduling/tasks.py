@@ -10,7 +10,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from agentrt.scheduling.prefix import common_prefix
+from agentrt.prefixes import common_prefix
 from agentrt.errors import ConfigError
 from agentrt.workflow import Workflow
 

@@ -33,18 +33,15 @@ class TraceHeaders:
                 message = {**message, "headers": [*message.get("headers", ()), *out]}
             await send(message)
 
-        try:
-            with tracing.attached(span.context):
-                await self.app(scope, receive, send_traced)
-        except Exception as e:
-            span.fail(e)
-            raise
-        finally:
-            route = getattr(scope.get("route"), "path", None)  # (set by the router once matched)
-            if route:
-                span.rename(f"{scope['method']} {route}")
-            span.add((status[0], route))
-            span.end()
+        with tracing.ending(span):
+            try:
+                with tracing.attached(span.context):
+                    await self.app(scope, receive, send_traced)
+            finally:
+                route = getattr(scope.get("route"), "path", None)  # (set by the router once matched)
+                if route:
+                    span.rename(f"{scope['method']} {route}")
+                span.add((status[0], route))
 
 
 def _headers(scope: dict) -> dict[str, str]:
