@@ -2,7 +2,7 @@
 
 Public API: the names in `__all__` (pinned by tests/test_public_api.py); everything else is
 internal and may change. Internals stay importable from their modules (the reference decoder
-`agentrt.model.llama.LlamaModel`, the test oracle `agentrt.model.generate.generate`); an
+`agentrt.model.decoder.DecoderModel`, the test oracle `agentrt.model.generate.generate`); an
 agent's settings are `SamplingParams`.
 """
 
@@ -11,7 +11,7 @@ from agentrt.kv.agent_aware import AgentAwarePolicy
 from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
 from agentrt.engine.engine import Completion, Engine
-from agentrt.engine.request import TokenEvent, Usage
+from agentrt.records.request import TokenEvent, Usage
 from agentrt.engine.session import Session
 from agentrt.engine.stats import EngineStats
 from agentrt.model.config import ModelConfig

@@ -109,3 +109,10 @@ def check_tool_choice(value: Any, tool_names: tuple[str, ...] | None = None) -> 
 
 __all__ = ["check_bool", "check_choice", "check_float", "check_int", "check_optional_str", "check_timeout",
            "check_tool_choice"]
+
+
+def set_frozen(obj: Any, name: str, value: Any) -> None:
+    """Set a frozen dataclass's field to its checked, normalised value: only from its
+    `__post_init__` (and so again on each `replace()` copy), so a frozen value is only ever
+    seen normalised."""
+    object.__setattr__(obj, name, value)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 from dataclasses import dataclass
 
-from agentrt.checks import check_bool, check_choice, check_float, check_int
+from agentrt.checks import check_bool, check_choice, check_float, check_int, set_frozen
 from agentrt.errors import ConfigError
 from agentrt.policy_names import EVICTION_POLICIES, SCHEDULING_POLICIES
 
@@ -85,8 +86,7 @@ class EngineConfig:
     bare_tool_calls: bool | None = None
 
     def __post_init__(self) -> None:
-        def put(name, value):
-            object.__setattr__(self, name, value)
+        put = functools.partial(set_frozen, self)
 
         # types and ranges first, field by field (ints are ints, floats finite, bools bools)
         for name, lo in _INTS.items():

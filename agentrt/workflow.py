@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from agentrt.checks import set_frozen
 from agentrt.errors import ConfigError
 
 _NAMES = "workflow and stage names are non-empty strings"
@@ -52,8 +53,8 @@ class Workflow:
             if s not in edges or not isinstance(c, (int, float)) or not c >= 0:
                 raise ConfigError(f"workflow {self.name!r}: cost must map its stages to seconds >= 0, "
                                   f"got {s!r}: {c!r}")
-        object.__setattr__(self, "edges", edges)
-        object.__setattr__(self, "cost", dict(self.cost))
+        set_frozen(self, "edges", edges)
+        set_frozen(self, "cost", dict(self.cost))
         _check_acyclic(self.name, edges)
 
     @classmethod

@@ -112,7 +112,7 @@ def decode_weight_bytes(model) -> int:
     """Bytes of weights one decode step reads: every linear layer (packed integers + scales
     when quantized, else the dense matrix) and the output head; the embedding table is not read
     (one row per token), even when the head shares it."""
-    from agentrt.model.llama import Dense
+    from agentrt.model.decoder import Dense
     from agentrt.model.quant import QLinear
 
     total = 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from agentrt.kernels.backends import get_backend
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from agentrt.model.loaders.hf import config_from_hf, load_hf_tokenizer
 from agentrt.model.loaders.load import LoadedModel
 
@@ -43,7 +43,7 @@ def hf_model(pack: Path, shape: str, device: str, dtype: torch.dtype, seed: int 
     return model.to(dtype).eval()
 
 
-def _wrap(model: LlamaModel, pack: Path, raw: dict) -> LoadedModel:
+def _wrap(model: DecoderModel, pack: Path, raw: dict) -> LoadedModel:
     model.eval()
     model.kv_dtype = model.dtype
     return LoadedModel(model, load_hf_tokenizer(pack, raw), model.cfg, f"random:{raw.get('hidden_size')}")
@@ -53,7 +53,7 @@ def agentrt_model(pack: Path, shape: str, hf, device: str, dtype: torch.dtype) -
     """agentrt's model over the transformers model's weights (the same numbers)."""
     raw = raw_config(pack, shape)
     with torch.device(device):
-        model = LlamaModel(config_from_hf(raw), dtype, get_backend("auto", device))
+        model = DecoderModel(config_from_hf(raw), dtype, get_backend("auto", device))
     model.load_hf_weights(hf.state_dict())
     return _wrap(model, pack, raw)
 
@@ -63,7 +63,7 @@ def random_agentrt_model(pack: Path, shape: str, device: str, dtype: torch.dtype
     raw = raw_config(pack, shape)
     torch.manual_seed(seed)
     with torch.device(device), torch.no_grad():
-        model = LlamaModel(config_from_hf(raw), dtype, get_backend("auto", device))
+        model = DecoderModel(config_from_hf(raw), dtype, get_backend("auto", device))
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.normal_(0.0, 0.02)

@@ -62,7 +62,7 @@ def tiny_model() -> LoadedModel:
 
     from agentrt.model.loaders.files import resolve_source
     from agentrt.model.loaders.gguf import load_gguf_tokenizer
-    from agentrt.model.llama import LlamaModel
+    from agentrt.model.decoder import DecoderModel
     from agentrt.model.config import ModelConfig
 
     tok = load_gguf_tokenizer(resolve_source("smollm2-135m"))
@@ -76,7 +76,7 @@ def tiny_model() -> LoadedModel:
     mc = ModelConfig(arch="llama", vocab_size=49152, hidden_size=48, intermediate_size=96, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=12, rope_theta=10000.0, rms_norm_eps=cfg.rms_norm_eps,
                      max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False)
-    m = LlamaModel(mc)
+    m = DecoderModel(mc)
     m.load_hf_weights(hf.state_dict())
     return LoadedModel(m.eval(), tok, mc, "tiny-random")
 

@@ -29,7 +29,7 @@ import time
 
 import anyio
 
-from bench.common import RESULTS, machine, print_table, write_results
+from bench.common import machine, print_table, write_results
 from bench.sim_workflows import engine_config
 from bench.workflow_run import combine_reps, reductions, run_dag
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens
@@ -67,10 +67,10 @@ def parse() -> argparse.Namespace:
 
 
 def sizes_for(prefix: int) -> Sizes:
-    """Short tool-calling turns after a long prefix (2-3 calls per stage, short tools): the CPU
+    """Short tool-calling turns after a long prefix (1-2 calls per stage, short tools): the CPU
     runs the model's prefill and decode at the prices a 135M model has here."""
     return Sizes(prefix_tokens=prefix, user_tokens=(50, 121), result_tokens=(30, 61), out_tokens=12,
-                 calls=(2, 3), tool_s=(0.1, 0.3))
+                 calls=(1, 2), tool_s=(0.1, 0.3))
 
 
 def one_run(lm, fmt, dag, tasks, sizes: Sizes, cfg, costs: StepCosts, timeout: float) -> dict:

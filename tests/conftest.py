@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentrt.model.config import ModelConfig
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 
 TINY = dict(vocab_size=301, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048,
@@ -52,22 +52,22 @@ def anyio_backend():
 
 
 @functools.lru_cache(maxsize=4)
-def tiny_model(arch: str = "llama", seed: int = 0) -> LlamaModel:
+def tiny_model(arch: str = "llama", seed: int = 0) -> DecoderModel:
     hf = make_hf_model(arch, seed)
-    m = LlamaModel(config_of(hf))
+    m = DecoderModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     return m.eval()
 
 
 @functools.lru_cache(maxsize=2)
-def tiny_native(arch: str = "llama") -> LlamaModel:
+def tiny_native(arch: str = "llama") -> DecoderModel:
     """A tiny random model on the default CPU path: int8 weights, a float16 KV store, the fused
     kernels (head_dim 64: the vector attention; GQA 3 heads over 1)."""
     from agentrt.model.quant import quantize
 
     hf = make_hf_model(arch, seed=7, hidden_size=192, intermediate_size=320, num_hidden_layers=2,
                        num_attention_heads=3, num_key_value_heads=1)
-    m = LlamaModel(config_of(hf))
+    m = DecoderModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     m = quantize(m.eval(), "int8")
     m.kv_dtype = torch.float16
@@ -75,7 +75,7 @@ def tiny_native(arch: str = "llama") -> LlamaModel:
 
 
 @pytest.fixture(scope="session")
-def tiny_llama() -> LlamaModel:
+def tiny_llama() -> DecoderModel:
     return tiny_model("llama")
 
 
@@ -104,7 +104,7 @@ def embedded_native_int8():
 
 
 @functools.lru_cache(maxsize=2)
-def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
+def small_vocab_model(vocab: int = 8, seed: int = 4) -> DecoderModel:
     """A random model over a tiny vocabulary with a spread-out next-token distribution, for
     statistical tests that enumerate every continuation."""
     import transformers
@@ -116,7 +116,7 @@ def small_vocab_model(vocab: int = 8, seed: int = 4) -> LlamaModel:
         tie_word_embeddings=False)).eval()
     with torch.no_grad():
         hf.lm_head.weight.mul_(30.0)  # random init is near-uniform; make it informative
-    m = LlamaModel(config_of(hf))
+    m = DecoderModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     return m.eval()
 
@@ -140,7 +140,7 @@ def tiny_model_with_tokenizer():
     hf = make_hf_model("llama", seed=3, vocab_size=49152, hidden_size=48, intermediate_size=96,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=8192)
-    m = LlamaModel(config_of(hf))
+    m = DecoderModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     return LoadedModel(m.eval(), tok, m.cfg, "tiny-random")
 
@@ -157,7 +157,7 @@ def tiny_native_with_tokenizer():
     hf = make_hf_model("llama", seed=5, vocab_size=49152, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=8192)
-    m = LlamaModel(config_of(hf))
+    m = DecoderModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     m = quantize(m.eval(), "int8")
     m.kv_dtype = torch.float16

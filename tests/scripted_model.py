@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from agentrt.model.config import ModelConfig
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from agentrt.model.loaders.load import LoadedModel
 from tests.conftest import smol_tokenizer
 
@@ -32,8 +32,8 @@ ASSISTANT = "<|im_start|>assistant\n"  # (SmolLM2's chat template: ChatML)
 LIKELY = 30.0  # the scripted token's logit; every other token's is 0
 
 
-class ScriptedModel(LlamaModel):
-    """forward() as LlamaModel's (logits [L, V] of the batch's logits rows), from a script."""
+class ScriptedModel(DecoderModel):
+    """forward() as DecoderModel's (logits [L, V] of the batch's logits rows), from a script."""
 
     def __init__(self, tokenizer, reply: Callable[[str], str | None]):
         cfg = ModelConfig(arch="llama", vocab_size=tokenizer.vocab_size, hidden_size=16,

@@ -101,7 +101,7 @@ def oracle(hf) -> tuple[list[int], torch.Tensor, list[int], torch.Tensor]:
 
 
 def llamacpp_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """convert_hf_to_gguf's LlamaModel.permute of Q/K rows (for the interleaved RoPE)."""
+    """convert_hf_to_gguf's DecoderModel.permute of Q/K rows (for the interleaved RoPE)."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 

@@ -20,7 +20,7 @@ from agentrt.kv import snapshot
 from agentrt.engine.engine import Engine
 from agentrt.errors import ConfigError, OutOfKVMemory, PoolExhausted, SessionBusy, SnapshotMismatch
 from agentrt.model.generate import generate
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from agentrt.sampling import SamplingParams
 from tests.conftest import config_of, make_hf_model, tiny_model
 from tests.engine_util import assert_quiescent
@@ -106,7 +106,7 @@ def test_restore_refuses_another_model_dtype_garbage_foreign_or_missing_file(tmp
     path = tmp_path / "a.snap"
     write_first_turn(path)
     hf = make_hf_model("qwen2", 0)
-    bf16 = LlamaModel(config_of(hf), dtype=torch.bfloat16)
+    bf16 = DecoderModel(config_of(hf), dtype=torch.bfloat16)
     bf16.load_hf_weights(hf.state_dict())
     for other, what in ((tiny_model("qwen2", seed=1), "different weights"), (bf16, "dtype"),
                         (tiny_model("llama"), "arch")):

@@ -11,7 +11,7 @@ import torch
 from agentrt.kv.eviction import LRUPolicy
 from agentrt.kv.kv_manager import KVManager, Sequence
 from agentrt.kv.pages import OutOfPages, PageAllocator
-from agentrt.kv.pool import SequencePool
+from agentrt.engine.seq_ids import SequencePool
 from agentrt.kv.radix import RadixCache
 from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.model.config import ModelConfig

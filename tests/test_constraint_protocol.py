@@ -1,4 +1,4 @@
-"""The one interface the engine calls on a constraint (agentrt/constrain/constraint.py): its
+"""The one interface the engine calls on a constraint (agentrt/records/constraint.py): its
 defaults, the grammar implementing it, and a constraint without it refused at submission."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agentrt.config import EngineConfig
-from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.constrain.grammar import ToolCallConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.errors import ConfigError

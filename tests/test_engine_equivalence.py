@@ -12,6 +12,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
+from agentrt.scheduling.preemption import preempt
 from tests.conftest import tiny_model
 from tests.engine_util import drain, submit
 
@@ -50,7 +51,7 @@ def test_tiny_pool_evicts_and_preempts_without_changing_output():
     for _ in range(6):  # admission by footprint avoids preemption; force some mid-run
         core.step()
         if core.running:
-            core.mem.preempt(max(core.running, key=lambda r: r.admitted_at))
+            preempt(core.mem, max(core.running, key=lambda r: r.admitted_at))
     drain(core)
     st = core.stats()
     assert st.preemptions > 0 and st.evicted_pages > 0

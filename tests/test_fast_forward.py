@@ -17,6 +17,7 @@ from agentrt.conversation.chat import ChatFormat
 from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
+from agentrt.scheduling.preemption import preempt
 from agentrt.toolcall.formats import FORMATS
 from agentrt.constrain.grammar import GrammarFactory
 from tests.conftest import tiny_model_with_tokenizer
@@ -302,7 +303,7 @@ def test_a_request_preempted_with_forced_ids_pending_recomputes_them():
         core.step()
         pending = [r for r in core.running if r.forced > 0]
         if pending:
-            core.mem.preempt(pending[0])
+            preempt(core.mem, pending[0])
             preempted += 1
     drain(core)
     assert preempted > 0 and core.stats().preemptions >= preempted

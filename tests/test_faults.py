@@ -14,11 +14,11 @@ from contextlib import aclosing
 import anyio
 import pytest
 
-import agentrt.engine.core as core_mod
+import agentrt.engine.postprocess as post_mod
 import agentrt.engine.sample_step as step_mod
 import agentrt.scheduling.scheduler as sched_mod
 from agentrt.config import EngineConfig
-from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed, PoolExhausted
@@ -123,7 +123,7 @@ def test_a_sampling_failure_on_one_row_fails_only_that_request(monkeypatch):
 def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
     """A draft that breaks verification: its request (on a session) fails, the draft's KV is
     rolled back, the session stays usable and exact on its next turn."""
-    real_choose, real_verify = sched_mod.choose_draft, core_mod.verify_draft
+    real_choose, real_verify = sched_mod.choose_draft, post_mod.verify_draft
 
     def choose(r, *a):
         return [5, 6, 7] if r.tag == "bad" else real_choose(r, *a)
@@ -134,7 +134,7 @@ def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
         return real_verify(r, *a)
 
     monkeypatch.setattr(sched_mod, "choose_draft", choose)
-    monkeypatch.setattr(core_mod, "verify_draft", verify)
+    monkeypatch.setattr(post_mod, "verify_draft", verify)
     core = _core()
     sid = core.pool.acquire("session", 0)
     sess = core.open_session(sid, tag="bad")
@@ -150,7 +150,7 @@ def test_a_bad_draft_fails_only_its_request_and_rolls_back_its_kv(monkeypatch):
     assert len(sess.seq.pages) == core.kvm.pages_for(len(prompts[2]))
     # the session's next turn is exact
     monkeypatch.setattr(sched_mod, "choose_draft", real_choose)
-    monkeypatch.setattr(core_mod, "verify_draft", real_verify)
+    monkeypatch.setattr(post_mod, "verify_draft", real_verify)
     again = submit(core, prompts[2] + [9, 10], SamplingParams(max_tokens=6), session=sess)
     drain(core)
     assert again.output == generate(tiny_model("llama"), prompts[2] + [9, 10], SamplingParams(max_tokens=6))

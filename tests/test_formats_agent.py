@@ -18,7 +18,7 @@ import tokenizers
 from tokenizers import AddedToken
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, tool
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from agentrt.model.loaders.load import LoadedModel
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.runtime.events import RoundStarted, TurnResult
@@ -89,7 +89,7 @@ def _model(name: str, tmp: str) -> LoadedModel:
     hf = make_hf_model(arch, seed=5, vocab_size=tok.vocab_size + 8, hidden_size=48, intermediate_size=96,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=4096)
-    m = LlamaModel(config_of(hf))
+    m = DecoderModel(config_of(hf))
     m.load_hf_weights(hf.state_dict())
     return LoadedModel(m.eval(), tok, m.cfg, f"tiny-{name}")
 

@@ -286,7 +286,7 @@ def test_hf_dir_tokenizer_and_unsupported(tmp_path):
 def test_quantize_modes_on_a_dense_gguf(tmp_path):
     """quantize="auto" keeps a checkpoint's own form (dense F32 tensors stay dense); "int8"
     quantizes every linear layer; both run, and an unknown mode is a typed error."""
-    from agentrt.model.llama import Dense
+    from agentrt.model.decoder import Dense
     from agentrt.model.loaders.load import load_model
     from agentrt.model.quant import HEAD_REFINE, QLinear
 

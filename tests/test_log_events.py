@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from structlog.testing import capture_logs
 
 from agentrt.config import EngineConfig
-from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model

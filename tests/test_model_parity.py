@@ -9,7 +9,7 @@ from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.generate import prompt_logits
 from agentrt.model.loaders.hf import load_hf_dir
 from agentrt.model.kv import KVStore
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from tests.conftest import make_hf_model, tiny_model
 
 
@@ -18,7 +18,7 @@ def test_logits_match_transformers_from_safetensors(arch, tmp_path):
     hf = make_hf_model(arch, seed=1)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     files = load_hf_dir(tmp_path, torch.float32)
-    model = LlamaModel(files.config)
+    model = DecoderModel(files.config)
     model.load_hf_weights(files.weights)
     ids = torch.randint(0, files.config.vocab_size, (77,), generator=torch.Generator().manual_seed(3))
     ours = prompt_logits(model, ids.tolist())

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from agentrt import Agent, Runtime, tool
-from agentrt.engine.request import TokenEvent, Usage
+from agentrt.records.request import TokenEvent, Usage
 from agentrt.conversation.chat import ChatFormat
 from agentrt.conversation.formats import CHAT_FORMAT, chat_format_of
 from agentrt.toolcall.formats import HERMES

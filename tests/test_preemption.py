@@ -1,5 +1,5 @@
 """No preemption loop: requests that cannot run together are held back, and a request preempted
-once is admitted again only alone (kv/sizing.py::Footprint, scheduling/scheduler.py::admit).
+once is admitted again only alone (scheduling/admission.py::Footprint, scheduling/scheduler.py::admit).
 
 The symptom: session turns of ~1,160 tokens on a pool of about two of them. A waiting request
 refused by the footprint check stayed attached, holding its session's pages, so the running one

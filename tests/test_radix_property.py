@@ -1,4 +1,4 @@
-"""One page, one owner: a property test of the KV room (kv/space.py) as the engine core drives it.
+"""One page, one owner: a property test of the KV room (kv/room.py) as the engine core drives it.
 
 Hypothesis plays sessions' and transient requests' turns over the real classes -- admission's
 prefix reuse and prefix grouping (scheduling/prefix.py: match, alias, lock_match's split), the
@@ -7,7 +7,7 @@ promotion from the tier), branching (fork, rollback), the radix tree's own evict
 tags -- and after every step checks:
 
 * every page's refcount equals its holders: radix nodes, sessions, running transient requests
-  (`KVSpace.check_invariants`, which also runs `RadixCache.check_invariants`: no page listed by
+  (`KVRoom.check_invariants`, which also runs `RadixCache.check_invariants`: no page listed by
   two nodes);
 * every node's lock count equals the running requests whose locked path passes through it;
 * a page means one run of tokens: every sequence that lists a page the tree holds lists it at the
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from agentrt.config import EngineConfig
-from agentrt.engine.request import Request
+from agentrt.records.request import Request
 from agentrt.engine.stats import Counters
 from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
@@ -34,12 +34,13 @@ from agentrt.kv.kv_manager import Sequence
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
 from agentrt.kv.registry import make_policy
-from agentrt.kv.space import KVSpace
+from agentrt.kv.room import KVRoom
 from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
 from agentrt.sampling import SamplingParams
 from agentrt.scheduling.prefix import attach_prefix, group_new_requests
+from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
 from agentrt.scheduling.scheduler import Queues
 
 PS, PAGES, TIER_PAGES, SESSIONS, TRANSIENT = 4, 16, 6, 4, 3
@@ -71,7 +72,7 @@ class Room:
         self.cfg = EngineConfig(kv_cache_tokens=PAGES * PS, page_size=PS, max_session_seqs=SESSIONS)
         self.queues, self.clock, self.rids = Queues(), _Clock(), itertools.count(1)
         store = KVStore.allocate(CFG, PAGES, PS)
-        self.kv = KVSpace(self.cfg, store, make_policy(policy), Counters(), self.queues, self.clock, make_tier=_tier)
+        self.kv = KVRoom(self.cfg, store, make_policy(policy), Counters(), self.queues, self.clock, make_tier=_tier)
         self.hier = Hierarchy(self.kv)
         self.branching = Branching(self.kv, self.hier)
         self.free_sids = list(range(TRANSIENT, TRANSIENT + SESSIONS))
@@ -108,7 +109,7 @@ class Room:
         group_new_requests(reqs, PS)
         for r in sorted(reqs, key=lambda x: x.leader is not None):  # leaders first
             if r in self.queues.running:
-                self.kv.mem.resolve_followers()
+                resolve_followers(self.kv.mem)
                 self.compute(r, len(r.prompt))
 
     def compute(self, r: Request, end: int) -> None:
@@ -116,7 +117,7 @@ class Room:
         if r.leader is not None:
             return  # (waits for its leader's block: a later resolve_followers aliases it)
         failed: list = []
-        if self.kv.mem.reserve(r, end, {}, True, failed):
+        if reserve(self.kv.mem, r, end, {}, True, failed):
             r.seq.tokens = list(r.target[:end])
             r.computed_prompt = end
         for f, _ in failed:  # (could not fit even alone: out of the running list, its KV freed)
@@ -146,7 +147,7 @@ class Room:
             return
         r = run[i % len(run)]
         self.queues.running.remove(r)
-        self.kv.mem.drop_links(r)
+        drop_links(self.kv.mem, r)
         self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.history = False, list(r.seq.tokens)

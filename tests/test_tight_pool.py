@@ -20,6 +20,7 @@ import pytest
 
 from agentrt import Engine, EngineConfig, SamplingParams, Workflow
 from agentrt.model.generate import generate
+from agentrt.scheduling.preemption import preempt
 from tests.conftest import tiny_model
 from tests.engine_util import assert_quiescent
 
@@ -122,7 +123,7 @@ def test_a_request_preempted_again_and_again_waits_instead_of_failing():
     while r.preemptions < 40 and r.finish_reason is None:
         core.step()
         if r in core.running:
-            assert core.mem.preempt(r) is None, f"failed after {r.preemptions} preemptions"
+            assert preempt(core.mem, r) is None, f"failed after {r.preemptions} preemptions"
     drain(core)
     assert r.finish_reason == "length"
     assert r.output == generate(model, prompt, params)

@@ -4,7 +4,7 @@ join the output after the sampled token, and ride the request's next step as one
 
 from __future__ import annotations
 
-from agentrt.engine.request import Request
+from agentrt.records.request import Request
 
 
 def forced_start(r: Request, cfg, context: int, counters) -> list[int]:

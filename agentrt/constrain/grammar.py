@@ -44,26 +44,23 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-import jsonschema
 import numpy as np
 import torch
-from jsonschema.exceptions import SchemaError
 
-from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.constrain.forcing import ForcedText, Jump
 from agentrt.constrain.grammar_backends import (
-    Backend, CallSpec, GrammarSpec, Matcher, XGrammarBackend, schema_json,
+    Backend, Matcher, XGrammarBackend, schema_json,
 )
 from agentrt.constrain.grammar_llg import LLGuidanceBackend
+from agentrt.constrain.grammar_specs import calls_spec, choice_mode, json_spec, tools_key
 from agentrt.constrain.masks import apply_bitmask, bit, bitmask_words, low_bits
 from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
-from agentrt.toolcall.specs import ToolSpec, load_tool_specs
 
 BACKENDS = MappingProxyType({"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend})
 DEFAULT_BACKEND = "xgrammar"
-_REQUIRED = ("required", "any")
 
 
 class ToolCallConstraint(LogitsConstraint):
@@ -217,7 +214,7 @@ class GrammarFactory:
         or one JSON value matching it (tools and a response format in one round)."""
         if not isinstance(parallel_tool_calls, bool):
             raise ConfigError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
-        mode, name = _choice(tool_choice)
+        mode, name = choice_mode(tool_choice)
         if mode == "none":
             return None
         if tools is None or (isinstance(tools, (Mapping, Sequence)) and len(tools) == 0):
@@ -231,16 +228,16 @@ class GrammarFactory:
             if not isinstance(answer_schema, (Mapping, bool)):
                 raise ConfigError(f"answer_schema must be a JSON schema (dict or bool), got "
                                   f"{type(answer_schema).__name__}")
-            answer = _json_spec(answer_schema, schema_json(answer_schema)).schema_json
-        key = ("tools", _tools_key(tools), mode, name, parallel, answer)
-        return self._constraint(key, lambda: _calls_spec(tools, mode, name, parallel, self.tool_format, answer))
+            answer = json_spec(answer_schema, schema_json(answer_schema)).schema_json
+        key = ("tools", tools_key(tools), mode, name, parallel, answer)
+        return self._constraint(key, lambda: calls_spec(tools, mode, name, parallel, self.tool_format, answer))
 
     def for_json_schema(self, schema: object) -> ToolCallConstraint:
         """The whole output is one JSON value matching `schema`, then end-of-turn."""
         if not isinstance(schema, (Mapping, bool)):
             raise ConfigError(f"schema must be a JSON schema (dict or bool), got {type(schema).__name__}")
         text = schema_json(schema)
-        return self._constraint(("json", text), lambda: _json_spec(schema, text))
+        return self._constraint(("json", text), lambda: json_spec(schema, text))
 
     def _constraint(self, key: Any, spec: Any) -> ToolCallConstraint:
         with self._lock:
@@ -255,47 +252,3 @@ class GrammarFactory:
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
         return ToolCallConstraint(self.backend.matcher(compiled), self.vocab_size, self._eos, self.forced_text)
-
-
-def _choice(tool_choice: object) -> tuple[str, str | None]:
-    """(mode, tool name): mode in none / auto / required / named."""
-    if tool_choice is None or tool_choice == "auto":
-        return "auto", None
-    if tool_choice == "none":
-        return "none", None
-    if tool_choice in _REQUIRED:
-        return "required", None
-    if isinstance(tool_choice, str) and tool_choice:
-        return "named", tool_choice
-    if isinstance(tool_choice, Mapping):
-        fn = tool_choice.get("function")
-        if tool_choice.get("type") == "function" and isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-            return "named", fn["name"]
-    raise ConfigError("tool_choice must be 'none', 'auto', 'required', a tool name, or "
-                      f"{{'type': 'function', 'function': {{'name': ...}}}}; got {tool_choice!r}")
-
-
-def _tools_key(tools: object) -> str:
-    if isinstance(tools, Mapping) and all(isinstance(v, ToolSpec) for v in tools.values()):
-        tools = {name: spec.parameters for name, spec in tools.items()}
-    return schema_json(tools)
-
-
-def _calls_spec(tools: object, mode: str, name: str | None, parallel: bool, fmt: ToolFormat,
-                answer: str = "") -> GrammarSpec:
-    specs = load_tool_specs(tools)
-    if name is not None and name not in specs:
-        raise ConfigError(f"tool_choice names {name!r}, which is not among the tools: {', '.join(specs)}")
-    chosen = [specs[name]] if name is not None else list(specs.values())
-    calls = tuple(CallSpec(s.name, schema_json(s.parameters)) for s in chosen)
-    return GrammarSpec("calls", calls, free_text=mode == "auto" and not answer, parallel=parallel, format=fmt,
-                       answer_json=answer)
-
-
-def _json_spec(schema: Mapping[str, Any] | bool, text: str) -> GrammarSpec:
-    if isinstance(schema, Mapping):
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except SchemaError as exc:
-            raise ConfigError(f"invalid JSON schema: {exc.message}") from None
-    return GrammarSpec("json", schema_json=text)

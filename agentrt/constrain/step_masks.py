@@ -11,8 +11,8 @@ import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from agentrt.constrain.constraint import LogitsConstraint
-from agentrt.engine.request import Request
+from agentrt.records.constraint import LogitsConstraint
+from agentrt.records.request import Request
 
 
 def mask_row(r: Request, logits, counters):

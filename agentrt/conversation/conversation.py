@@ -41,7 +41,7 @@ from typing import Any
 import anyio
 
 from agentrt import tracing
-from agentrt.engine.context import context_overflow
+from agentrt.engine.context_length import context_overflow
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams

@@ -11,39 +11,40 @@ import structlog
 import torch
 
 from agentrt.config import EngineConfig
-from agentrt.constrain.fast_forward import fast_forward, forced_start
-from agentrt.constrain.step_masks import MaskPrefetch, mask_row
+from agentrt.constrain.fast_forward import forced_start
+from agentrt.constrain.step_masks import MaskPrefetch
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.events import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.faults import out_of_memory
+from agentrt.engine.postprocess import Postprocess
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
-from agentrt.engine.request import EngineSession, Request, State, TokenEvent
+from agentrt.kv.sessions import EngineSession
+from agentrt.records.request import Request, State, TokenEvent
 from agentrt.engine.response_cache import ResponseCache
-from agentrt.engine.sample_step import finish_reason, sample_rows
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.kv_manager import Sequence
-from agentrt.kv.pool import SequencePool
+from agentrt.engine.seq_ids import SequencePool
 from agentrt.kv.registry import make_policy
 from agentrt.kv.retention import Retention
-from agentrt.kv.space import KVSpace
+from agentrt.kv.room import KVRoom
 from agentrt.kv.window import split_pool
 from agentrt.model.batch import SeqChunk
-from agentrt.model.llama import LlamaModel
-from agentrt.sampling.speculative import verify_draft
+from agentrt.model.decoder import DecoderModel
 from agentrt.scheduling.policies import make_scheduling_policy
+from agentrt.scheduling.preemption import drop_links
 from agentrt.scheduling.scheduler import Queues, Scheduler
 from agentrt.scheduling.tasks import TaskTracker
 
 log = structlog.get_logger("agentrt.engine")
 
 
-class EngineCore:
-    def __init__(self, model: LlamaModel, config: EngineConfig | None = None, policy=None,
+class EngineCore(Postprocess):
+    def __init__(self, model: DecoderModel, config: EngineConfig | None = None, policy=None,
                  eos_token_ids: tuple[int, ...] = (), *, executor: Executor | None = None,
                  clock: Clock | None = None):
         """`executor` runs the planned batches (default: the model, ModelExecutor); `clock` gives
@@ -58,9 +59,9 @@ class EngineCore:
         self.clock = clock if clock is not None else WallClock()
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
         self.queues, self.counters, self.tasks = Queues(), Counters(), TaskTracker()
-        # the KV room (kv/space.py): an explicit policy wins over cfg.eviction_policy
+        # the KV room (kv/room.py): an explicit policy wins over cfg.eviction_policy
         tier_bytes = cfg.kv_tier_bytes
-        self.kv = kv = KVSpace(cfg, self.executor.allocate(cfg.num_pages, cfg.page_size, num_local),
+        self.kv = kv = KVRoom(cfg, self.executor.allocate(cfg.num_pages, cfg.page_size, num_local),
                                policy if policy is not None else make_policy(cfg.eviction_policy),
                                self.counters, self.queues, self.clock,
                                make_tier=(lambda store: self.executor.tier(store, tier_bytes)) if tier_bytes else None)
@@ -237,72 +238,6 @@ class EngineCore:
         return chunks, self.masks.beside(plan, chunks, lambda: self.executor.run(plan, chunks, self.kvm.store,
                                                                                   self.cfg.page_size))
 
-    def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
-        """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
-        plain, plain_rows = [], []
-        for (r, _), ch, lg in zip(plan, chunks, rows):
-            try:
-                self._account(r, ch)
-                if r.draft:
-                    self._accept(r, ch, verify_draft(r, lg, self.executor.argmax))
-                    continue
-                r.forced = 0
-                r.seq.tokens.extend(ch.tokens)
-                if ch.want_logits:
-                    if r.constraint is not None:  # masks its own row: a raising grammar fails r only
-                        lg = mask_row(r, lg, self.counters)
-                    plain.append(r)
-                    plain_rows.append(lg)
-            except Exception as e:
-                self.fail(r, e)
-        if plain:
-            self._sample_and_emit(plain, torch.cat(plain_rows))
-
-    def _accept(self, r: Request, ch: SeqChunk, accepted: list[int]) -> None:
-        """Keep the KV of the tokens fed before the draft and of the accepted draft; roll back
-        the rest."""
-        r.seq.tokens.extend(ch.tokens[:len(ch.tokens) - len(r.draft) - 1 + len(accepted)])
-        self.kvm.truncate(r.seq, r.seq.num_cached)
-        self.counters.spec_proposed += len(r.draft)
-        self.counters.spec_accepted += len(accepted) - 1
-        r.draft, r.forced = [], 0
-        self._emit_tokens(r, self._jump(r, accepted))
-
-    def _account(self, r: Request, ch: SeqChunk) -> None:
-        in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
-        r.computed_prompt += in_prompt
-        self.counters.prompt_computed += in_prompt
-        self.counters.decode_tokens += len(ch.tokens) - in_prompt
-
-    def _sample_and_emit(self, reqs: list[Request], logits) -> None:
-        """Sample every row (engine/sample_step.py), then advance constraints and emit. A
-        request's first sampled token ends its prefill (Usage.prefill_s)."""
-        now = self.clock.now()
-        for r, t in zip(reqs, sample_rows(reqs, logits, self.executor.argmax, self.fail)):
-            if t is None or r.state is State.FINISHED:
-                continue
-            r.first_token_s = r.first_token_s or now
-            try:
-                if r.constraint is not None:
-                    r.constraint.advance(t)
-                self._emit_tokens(r, self._jump(r, [t]))
-            except Exception as e:
-                self.fail(r, e)
-
-    def _jump(self, r: Request, toks: list[int]) -> list[int]:
-        return fast_forward(r, toks, self.cfg, self.model.cfg.max_position_embeddings, self.counters)
-
-    def _emit_tokens(self, r: Request, toks: list[int]) -> None:
-        """Append sampled tokens, stopping at the first that finishes the request."""
-        for i, t in enumerate(toks):
-            r.output.append(t)
-            if r.ngrams is not None:
-                r.ngrams.extend([t])
-            reason = finish_reason(r, t, i == len(toks) - 1, self.model.cfg.max_position_embeddings)
-            if reason is not None:
-                return self._finish(r, reason, last=tuple(toks[:i + 1]))
-        r.emit(TokenEvent(r.rid, tuple(toks)))
-
     def _finish(self, r: Request, reason: str, last: tuple[int, ...] = (), error: BaseException | None = None) -> None:
         """The one exit path of a request: frees or hands over everything it holds."""
         now = self.clock.now()
@@ -316,7 +251,7 @@ class EngineCore:
         r.state, r.finish_reason, r.finished_s = State.FINISHED, reason, now
         if reason == "error":
             self.events.failed(r, error)
-        self.mem.drop_links(r)
+        drop_links(self.mem, r)
         if self.responses is not None:
             self.responses.record(r, reason)
         self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
@@ -340,7 +275,7 @@ class EngineCore:
                                     len(self.tasks.tasks))
 
     def check_invariants(self) -> None:
-        """Pages free xor referenced, refcounts equal to their holders (kv/space.py); pool ids
+        """Pages free xor referenced, refcounts equal to their holders (kv/room.py); pool ids
         free xor in use; each request in exactly the queue its state names; the task tracker
         within its bound."""
         live = list(itertools.chain(self.waiting, self.running))

@@ -19,14 +19,13 @@ from dataclasses import dataclass, replace
 
 import anyio
 
-from agentrt.checks import check_optional_str
 from agentrt.config import EngineConfig
-from agentrt.engine.context import context_limit
 from agentrt.engine.core import EngineCore
 from agentrt.engine.lifetime import EngineHost
+from agentrt.engine.reads import EngineReads
 from agentrt.engine.loop import StepThread
-from agentrt.engine.request import TokenEvent, Usage
-from agentrt.engine.validate import check_generate_args, check_open_session_args, check_prompt
+from agentrt.records.request import TokenEvent, Usage
+from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.engine.session import Session, restore_session
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed
 from agentrt.sampling import SamplingParams, make_generator
@@ -41,7 +40,7 @@ class Completion:
     usage: Usage
 
 
-class Engine:
+class Engine(EngineReads):
     def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
                  eos_token_ids: tuple[int, ...] | None = None, executor=None):
         """`executor`: what runs the batches (default: the model). A simulated one
@@ -112,11 +111,6 @@ class Engine:
     def loop_thread_id(self) -> int | None:
         """The id of the thread whose event loop the engine was entered in (None before)."""
         return getattr(self, "_loop_thread_id", None)
-
-    def session_tokens(self, es) -> list[int]:
-        """A copy of the token ids whose KV an engine session holds (read under the step lock)."""
-        with self._steps.lock:
-            return list(es.seq.tokens)
 
     async def close_session(self, es) -> None:
         """Release an engine session's sequence (a no-op once the engine is closed)."""
@@ -287,44 +281,6 @@ class Engine:
         tokens of the step in flight may arrive first. A finished request is left alone."""
         self._steps.submit(lambda: self.core.cancel(request_id, "early_stop"))
 
-    @property
-    def max_context_tokens(self) -> int:
-        """The longest request (prompt + max_tokens) this engine can ever take: the model's context,
-        and what fits under the KV pool's high-water mark (engine/context.py)."""
-        return context_limit(self.core.model.cfg.max_position_embeddings, self.core.cfg)
-
-    def stats(self):
-        with self._steps.lock:
-            return self.core.stats()
-
-    def decision_trace(self) -> list[dict]:
-        """The last `EngineConfig.decision_trace` scheduling decisions, oldest first
-        (scheduling/trace.py: candidates, score terms, resident prefixes, evictions)."""
-        trace = self.core.scheduler.trace
-        if trace is None:
-            raise ConfigError("the decision trace is off; set EngineConfig.decision_trace to the decisions to keep")
-        with self._steps.lock:
-            return trace.as_dicts()
-
-    def inspect(self, fn: Callable[[EngineCore], object]) -> object:
-        """fn(core) between two steps (under the step lock, like stats()), from any thread: a
-        consistent read of the core's state for an observer (agentrt.dashboard). fn must only read,
-        and be quick: the step loop waits for it. Call it off the event loop (a thread)."""
-        with self._steps.lock:
-            return fn(self.core)
-
-    def cached_prefix_len(self, tokens: list[int], cache_salt: str | None = None) -> int:
-        """How many leading tokens of `tokens` the prefix cache holds now, in whole pages (0
-        without a radix cache): what a router asks each replica to send a prompt where most of it
-        is cached (cache-aware routing). A read under the step lock, like stats(): no access time
-        changes, nothing is locked or evicted."""
-        prompt = check_prompt(tokens)
-        check_optional_str("cache_salt", cache_salt)
-        radix = self.core.radix
-        if radix is None:
-            return 0
-        with self._steps.lock:
-            return radix.peek(prompt, cache_salt)
 
 
 def _seed(prompt: list[int], params: SamplingParams) -> int:

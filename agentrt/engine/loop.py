@@ -16,7 +16,7 @@ import anyio
 import structlog
 
 from agentrt.engine.core import EngineCore
-from agentrt.engine.request import TokenEvent
+from agentrt.records.request import TokenEvent
 from agentrt.errors import ConfigError, EngineClosed, EngineFailed
 from agentrt.kernels.native import release_thread_pool
 
@@ -128,24 +128,40 @@ class StepThread:
     def _serve(self) -> None:
         while True:
             wake = None
-            if not self.core.has_work() and self._inbox.empty():
+            if self._idle():
                 with self.lock:  # idle: time for prefetch before blocking (until the next is due)
                     wake = self.core.idle()
             try:
                 cmd = self._inbox.get(block=not self.core.has_work(), timeout=wake)
             except queue.Empty:
                 cmd = _NOTHING
-            while cmd is not _NOTHING:
-                if cmd is None:
-                    return self._shutdown()
-                self._run_cmd(cmd[0])
-                try:
-                    cmd = self._inbox.get_nowait()
-                except queue.Empty:
-                    cmd = _NOTHING
-            if self.core.has_work():
-                self._step()
+            if not self._turn(cmd):
+                return
             self._flush()
+
+    # ---- the loop's turn, shared with the simulated loop (sim/loop.py) ---------------------
+
+    def _idle(self) -> bool:
+        return not self.core.has_work() and self._inbox.empty()
+
+    def _turn(self, cmd) -> bool:
+        """One turn after the loop's wait: every queued command (`cmd` first; _NOTHING: none
+        came), then a step if there is work. False: the loop shuts down."""
+        while cmd is not _NOTHING:
+            if cmd is None:
+                self._shutdown()
+                return False
+            self._run_cmd(cmd[0])
+            cmd = self._next_cmd()
+        if self.core.has_work():
+            self._step()
+        return True
+
+    def _next_cmd(self):
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return _NOTHING
 
     def _run_cmd(self, cmd: Callable[[], None]) -> None:
         # commands answer their callers themselves; one that raises hit a bug while mutating

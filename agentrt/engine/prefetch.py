@@ -9,6 +9,7 @@ is done while the tier holds nothing: the step loop pays no scan of the sessions
 
 from __future__ import annotations
 
+from agentrt.scheduling.admission import projected_cells
 from agentrt.scheduling.scheduler import UPCOMING_S
 
 PAGES_PER_STEP = 8  # tier copies a decode-only step may add (~1 ms of memcpy on a CPU)
@@ -30,8 +31,9 @@ def prefetch(core, max_pages: int, return_pages: int) -> float | None:
     done = core.hierarchy.prefetch_returning([s for t, s in waits if t <= now], return_pages,
                                              hold=lambda es: retention.hold(es, now, lead)) if waits else 0
     if max_pages > done:
-        tasks = core.tasks
+        tasks, ps = core.tasks, core.cfg.page_size
+        reserve = sum(-(-projected_cells(r) // ps) for r in core.running)  # (the running requests' growth)
         core.hierarchy.prefetch(max_pages - done, hints=lambda: {
-            a: tasks.prefix_len(a) for a, p in tasks.upcoming(now, UPCOMING_S).items() if p >= HINT_P})
+            a: tasks.prefix_len(a) for a, p in tasks.upcoming(now, UPCOMING_S).items() if p >= HINT_P}, reserve=reserve)
     later = [t for t, _ in waits if t > now]
     return min(later) - now if later else None

@@ -5,7 +5,7 @@ through `fail` and leaves the other rows' draws unchanged."""
 
 from __future__ import annotations
 
-from agentrt.engine.request import Request
+from agentrt.records.request import Request
 from agentrt.sampling import sample_batch
 
 

@@ -103,7 +103,7 @@ class EngineStats:
 
     @classmethod
     def snapshot(cls, c: Counters, kv, queues, scheduler, retention, tasks: int) -> "EngineStats":
-        """The numbers of one moment: `c` the counters, `kv` the KV room (kv/space.py), `queues`
+        """The numbers of one moment: `c` the counters, `kv` the KV room (kv/room.py), `queues`
         the request queues, `scheduler` (its policy's decision times), `retention` (the TTLs
         chosen), `tasks` the tasks remembered."""
         a, radix, tier, loc = kv.alloc, kv.radix, kv.tier, kv.alloc.local

@@ -8,8 +8,8 @@ import operator
 from collections.abc import Mapping
 
 from agentrt.checks import check_optional_str, check_timeout
-from agentrt.constrain.constraint import LogitsConstraint
-from agentrt.engine.context import context_overflow, kv_limit
+from agentrt.records.constraint import LogitsConstraint
+from agentrt.engine.context_length import context_overflow, kv_limit
 from agentrt.engine.session import Session
 from agentrt.errors import ConfigError, OutOfKVMemory
 from agentrt.sampling import SamplingParams
@@ -97,7 +97,7 @@ def check_session(engine, session) -> None:
 def check_constraint(constraint) -> None:
     """None, or an object with every method of LogitsConstraint (the engine calls them all)."""
     if constraint is not None and not isinstance(constraint, LogitsConstraint):
-        raise ConfigError(f"constraint must implement agentrt.constrain.constraint.LogitsConstraint (subclass "
+        raise ConfigError(f"constraint must implement agentrt.records.constraint.LogitsConstraint (subclass "
                           f"it: each method has a default), got {type(constraint).__name__}")
 
 

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.engine.request import EngineSession
+from agentrt.kv.sessions import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy, SnapshotMismatch
 from agentrt.kv.hierarchy import Hierarchy
-from agentrt.kv.space import KVSpace
+from agentrt.kv.room import KVRoom
 
 
 class Branching:
     """Fork, rollback, export and import over one engine's KV space."""
 
-    def __init__(self, kv: KVSpace, hierarchy: Hierarchy):
+    def __init__(self, kv: KVRoom, hierarchy: Hierarchy):
         self.kv, self.hierarchy = kv, hierarchy
 
     def check_idle(self, es: EngineSession, what: str) -> None:

@@ -22,20 +22,19 @@ slack, and bringing back a session tail given up under pressure.
   reaches them (radix.prefetch_used_pages).
 * **Tail restore** (`Hierarchy.restore_tail`): a cut session points its page table at its history again
   (tree pages, promoted from the tier where needed), e.g. before a snapshot.
-All of it runs in the engine's step thread, over the KV room's state (kv/space.py).
+All of it runs in the engine's step thread, over the KV room's state (kv/room.py).
 """
 
 from __future__ import annotations
 
 from agentrt.kv.kv_manager import Sequence
-from agentrt.kv.sizing import projected_cells
-from agentrt.kv.space import KVSpace
+from agentrt.kv.room import KVRoom
 
 
 class Hierarchy:
-    """Promotion, prefetch and tail restore over one engine's KV space."""
+    """Promotion, prefetch and tail restore over one engine's KV room."""
 
-    def __init__(self, kv: KVSpace):
+    def __init__(self, kv: KVRoom):
         self.kv = kv
 
     def promote_prefix(self, tokens: list[int], salt: str | None, pinned: bool = True,
@@ -108,10 +107,11 @@ class Hierarchy:
             done += got
         return done
 
-    def prefetch(self, max_pages: int, hints=None) -> int:
+    def prefetch(self, max_pages: int, hints=None, reserve: int = 0) -> int:
         """Promote demoted pages of the agents predicted to run next; returns pages promoted.
         `hints()`: {tag: static prefix tokens} of the stages the scheduler expects next (its
-        workflow knowledge), first and only their prefixes; then the policy's chain."""
+        workflow knowledge), first and only their prefixes; then the policy's chain. `reserve`:
+        pages the running requests may still need (the scheduler's projection), kept free."""
         radix, policy = self.kv.radix, self.kv.policy
         distances = getattr(policy, "distances", None)
         if radix is None or radix.tier is None or not radix.tier.used or max_pages <= 0:
@@ -136,7 +136,7 @@ class Hierarchy:
                 n = sum(len(x.key) for x in path) // ps
                 if done + n > max_pages:
                     continue
-                if n > self._spare_pages() and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
+                if n > self._spare_pages(reserve) and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
                     continue
                 end = self._promote_path(path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d, mark=True)
                 got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
@@ -162,11 +162,9 @@ class Hierarchy:
         cfg = self.kv.cfg
         return int((1 - cfg.high_water) * cfg.num_pages)
 
-    def _spare_pages(self) -> int:
-        """Free pages beyond a reserve for the running requests' growth and the high-water gap."""
-        ps = self.kv.cfg.page_size
-        reserve = self._gap() + sum(-(-projected_cells(r) // ps) for r in self.kv.queues.running)
-        return max(0, self.kv.alloc.num_free - reserve)
+    def _spare_pages(self, reserve: int) -> int:
+        """Free pages beyond `reserve` (the running requests' growth) and the high-water gap."""
+        return max(0, self.kv.alloc.num_free - reserve - self._gap())
 
     def restore_tail(self, es, pinned: bool = True, max_pages: int | None = None) -> None:
         """Point an idle session's page table at its whole history again when pressure cut it:

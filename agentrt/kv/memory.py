@@ -1,6 +1,7 @@
 """Memory pressure inside a step. Order of remedies, cheapest first: free pages -> take
 resident radix leaves out of the pool (demoted to the KV tier, or dropped) -> preempt the
-youngest running request (its KV is dropped and recomputed when it is re-admitted).
+youngest running request (its KV is dropped and recomputed when it is re-admitted: that
+decision is the scheduler's, scheduling/preemption.py; this room only frees pages).
 
 Sessions and the tree compete in one ranking (partial detach). An idle session's history is in
 the radix tree (inserted when each turn ends), so its newest turn is a leaf of the tree whose
@@ -18,9 +19,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from agentrt.engine.request import Request, State
-from agentrt.kv.sizing import over_high_water
-from agentrt.errors import OutOfKVMemory
 
 
 class MemoryManager:
@@ -227,79 +225,6 @@ class MemoryManager:
         return sum(1 for n in self.radix.nodes() if n.lock_ref == 0
                    for p in n.pages if self.alloc.refcount(p) == 1 + len(idle.get(p, ())))
 
-    def reserve(self, r: Request, end: int, plan: dict, may_preempt: bool, failed: list) -> bool:
-        """Make r's positions up to `end` writable. With may_preempt, younger running requests
-        (then r itself) are preempted until it fits; preempted requests leave `plan`, and those
-        that must fail instead go to `failed` as (request, error) for the caller to finish."""
-        while True:
-            if self.reclaim(self.kvm.write_cost(r.seq, end)):
-                self.kvm.prepare_write(r.seq, end)
-                return True
-            if not may_preempt:
-                return False
-            victim = max(self.queues.running, key=lambda x: x.admitted_at)
-            err = self.preempt(victim, alone=len(self.queues.running) == 1)
-            if err is not None:
-                failed.append((victim, err))
-            plan.pop(victim, None)
-            if victim is r:
-                return False
-
-    def preempt(self, r: Request, alone: bool = False) -> OutOfKVMemory | None:
-        """Drop r's KV and queue it again: it waits for room (admitted again only alone,
-        sizing.Footprint, so it is never the youngest again while others run, and preemption
-        cannot loop). `alone`: r was the only running request and still could not get its pages;
-        the first time, its own KV may be what pinned the rest (a cached leaf it shares a page
-        with cannot be evicted, and is split at its match when it is admitted again), so it goes
-        back to wait; preempted alone again after that, it cannot fit even alone: it leaves the
-        running list with its KV freed, and the returned OutOfKVMemory is for the caller to
-        finish it with."""
-        r.preemptions += 1  # (its pages were no idle session's: the cached owners stay true)
-        self.counters.preemptions += 1
-        self.queues.running.remove(r)
-        self.drop_links(r)
-        self.kvm.release(r.seq)
-        if alone and r.preemptions > 1:
-            return OutOfKVMemory(
-                f"request {r.rid} ({len(r.target)} tokens) cannot fit in the KV pool even alone "
-                f"({self.cfg.kv_cache_tokens} tokens; {self.alloc.num_free} of {self.alloc.num_pages} pages free "
-                "once its own were dropped, after evicting every cached page it could); raise "
-                "EngineConfig.kv_cache_tokens, lower max_tokens, or close idle sessions")
-        r.state, r.attached = State.WAITING, False
-        self.queues.waiting.appendleft(r)
-        return None
-
-    def drop_links(self, r: Request) -> None:
-        """Unlock r's radix path and cut leader/follower links that involve it."""
-        if r.lock_node is not None:
-            self.radix.unlock(r.lock_node)
-            r.lock_node = None
-        r.leader = None
-        for f in self.queues.running:
-            if f.leader is r:
-                f.leader = None
-
-    def resolve_followers(self) -> None:
-        """A follower whose leader now holds the shared block aliases it (metadata only)."""
-        for f in self.queues.running:
-            lead = f.leader
-            if lead is None or lead.seq.num_cached < f.share_end:
-                continue
-            end = self.kvm.valid_point(lead.seq.pages, f.share_end)  # (kv/window.py)
-            gained = end - f.seq.num_cached
-            f.leader = None
-            if gained <= 0:
-                continue
-            if f.lock_node is not None:
-                self.radix.unlock(f.lock_node)
-                f.lock_node = None
-            self.kvm.release(f.seq)
-            self.kvm.alias(f.seq, f.target[:end], lead.seq.pages)
-            self.counters.grouped_tokens += gained
-            if not f.preemptions:  # served from KV computed once: cached, for usage and hit rate
-                f.cached_tokens += gained
-                self.counters.prompt_cached += gained
-
     def over_high_water(self) -> bool:
         """Occupancy net of evictable cache above the high-water mark (prefill chunks wait).
         Inside a planning pass the pages that cannot be evicted grow only by what is allocated
@@ -321,6 +246,11 @@ class MemoryManager:
         if self._levels is not None:
             self._pinned_at = (pinned, alloc.allocated)
         return over_high_water(pinned, 0, self.cfg)
+
+
+def over_high_water(used_pages: int, evictable_pages: int, cfg) -> bool:
+    """Occupancy net of evictable cache above the high-water mark: prefill chunks wait."""
+    return (used_pages - evictable_pages) > cfg.high_water * cfg.num_pages
 
 
 class _Filtered:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from agentrt.kv.space import KVSpace
+from agentrt.kv.room import KVRoom
 
 
 class ToolRetention:
@@ -88,7 +88,7 @@ class Retention:
     """Tool-aware retention over one engine's KV space: pins sessions whose turn ended in tool
     calls, and learns the tools' durations when the sessions come back."""
 
-    def __init__(self, kv: KVSpace, max_ttl_s: float):
+    def __init__(self, kv: KVRoom, max_ttl_s: float):
         self.kv, self.durations = kv, ToolRetention(max_ttl_s=max_ttl_s)
 
     @property

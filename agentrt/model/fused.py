@@ -7,7 +7,7 @@ outputs RMS-normed before they are added; a mixture-of-experts layer: routing an
 expert GEMMs in one call, model/moe.py). When every layer is quantized and every sequence
 attends in the kernel, all layers run in one native call (`agrt_decoder_layers`, same kernels,
 same order); otherwise layer by layer from Python. The eager torch forward
-(`LlamaModel.forward_eager`) issues ~40 small ops per layer; on a 2-core CPU their dispatch
+(`DecoderModel.forward_eager`) issues ~40 small ops per layer; on a 2-core CPU their dispatch
 cost exceeded the decode step's own work.
 
 Batch invariance (`model.batch_invariant`, True unless `load_model(batch_invariant=False)`):

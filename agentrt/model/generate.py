@@ -10,12 +10,12 @@ import torch
 from agentrt.errors import ConfigError, ContextLengthExceeded
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from agentrt.model.staging import HostStaging
 from agentrt.sampling import SamplingParams, make_generator, sample_row
 
 
-def prompt_logits(model: LlamaModel, prompt: list[int], page_size: int = 16,
+def prompt_logits(model: DecoderModel, prompt: list[int], page_size: int = 16,
                   path: str | None = None) -> torch.Tensor:
     """Logits [len(prompt), V] of a single full-prompt forward."""
     pages = list(range(-(-len(prompt) // page_size)))
@@ -24,7 +24,7 @@ def prompt_logits(model: LlamaModel, prompt: list[int], page_size: int = 16,
     return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
 
 
-def generate(model: LlamaModel, prompt: list[int], params: SamplingParams | None = None,
+def generate(model: DecoderModel, prompt: list[int], params: SamplingParams | None = None,
              eos_token_ids: tuple[int, ...] = (), page_size: int = 16, constraint=None,
              path: str | None = None, fast_forward: bool = False) -> list[int]:
     """Generate up to params.max_tokens ids after `prompt`; stops after an eos/stop token

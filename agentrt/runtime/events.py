@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrt.engine.request import Usage
+from agentrt.records.request import Usage
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, CallStarted, TextDelta
 
 __all__ = ["ArgumentsDelta", "CallComplete", "CallInvalid", "CallStarted", "TextDelta",

@@ -8,11 +8,12 @@ The state an agent gathers (its session, conversation, call ids) is not part of 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from agentrt.checks import check_bool, check_int, check_tool_choice
+from agentrt.checks import check_bool, check_int, check_tool_choice, set_frozen
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.overflow import ContextPolicy
@@ -45,8 +46,7 @@ class AgentSpec:
     def __post_init__(self) -> None:
         # normalised in place, as SamplingParams and EngineConfig do: a frozen value is only ever
         # seen normalised, and replace() runs this again on the changed copy
-        def put(field: str, value: Any) -> None:
-            object.__setattr__(self, field, value)
+        put = functools.partial(set_frozen, self)
 
         self._check_identity()
         put("tools", tuple(Toolset(self.tools)))  # (Toolset: a duplicate name raises ToolDefinitionError)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agentrt.checks import check_bool, check_float, check_int
+from agentrt.checks import check_bool, check_float, check_int, set_frozen
 from agentrt.errors import ConfigError
 
 # Below this a temperature is greedy: logits / 1e-40 overflow float32 and the softmax turns to
@@ -32,8 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        def put(name, value):
-            object.__setattr__(self, name, value)
+        put = functools.partial(set_frozen, self)
 
         put("max_tokens", check_int("SamplingParams.max_tokens", self.max_tokens, min=1))
         t = check_float("SamplingParams.temperature", self.temperature, min=0.0)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.constrain.constraint import LogitsConstraint
-from agentrt.engine.request import Request
+from agentrt.records.constraint import LogitsConstraint
+from agentrt.records.request import Request
 from agentrt.sampling.params import SamplingParams
 from agentrt.sampling.sampler import adjusted_probs
 

@@ -7,7 +7,7 @@ from agentrt.fingerprint import fnv1a
 from agentrt.prefixes import common_prefix
 from agentrt.kv.kv_manager import KVManager
 from agentrt.kv.radix import RadixCache
-from agentrt.engine.request import Request
+from agentrt.records.request import Request
 
 
 def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,

@@ -6,17 +6,17 @@ step returns the Plan the core runs:
    without building a view; the others see a `SchedulingView` built here, and their decision
    time is recorded (`decision_us`).
 2. **Admit** in that order while each request fits the cell budget and the footprint check
-   (sizing.Footprint); the first that does not fit ends the admission. A request
+   (admission.Footprint); the first that does not fit ends the admission. A request
    about to be admitted is first pointed at the KV it can reuse (prefix.attach_prefix, with the
    demoted part of its match promoted by the memory hierarchy).
    Requests admitted together that share a block are grouped (prefix.group_new_requests).
 3. **Plan the batch**: decodes first (each needs at most a page; its draft only if memory
-   allows), then prefill chunks (sizing.chunk_size) while memory allows. Memory comes from the
+   allows), then prefill chunks (admission.chunk_size) while memory allows. Memory comes from the
    memory manager: free pages, then cache and idle sessions' tails, then preempting the
    youngest running request; requests that must fail instead are returned in `Plan.failed`, and
    requests whose own planning raised (their draft) in `Plan.faults`.
 
-The scheduler works on the KV room (kv/space.py) and the queues, and calls back into nothing:
+The scheduler works on the KV room (kv/room.py) and the queues, and calls back into nothing:
 what the core must do comes back in the Plan.
 """
 
@@ -26,14 +26,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from agentrt.engine.request import Request, State
-from agentrt.kv import sizing
+from agentrt.records.request import Request, State
 from agentrt.kv.hierarchy import Hierarchy
-from agentrt.kv.space import KVSpace
+from agentrt.kv.room import KVRoom
 from agentrt.scheduling.policies import FCFS
 from agentrt.scheduling.policy_base import Ready, SchedulingView
 from agentrt.prefixes import common_prefix
+from agentrt.scheduling import admission
 from agentrt.scheduling.prefix import attach_prefix, group_new_requests
+from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
 from agentrt.scheduling.speculation import choose_draft
 from agentrt.scheduling.trace import DecisionTrace
 
@@ -59,7 +60,7 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, cfg, queues: Queues, kv: KVSpace, hierarchy: Hierarchy, tasks, policy, *,
+    def __init__(self, cfg, queues: Queues, kv: KVRoom, hierarchy: Hierarchy, tasks, policy, *,
                  ticks, context: int, clock, events=None):
         """`ticks`: the engine's logical clock (an iterator of ints, shared with the core);
         `events`: the core's state-change events (engine/events.py; admissions and preemptions)."""
@@ -95,7 +96,7 @@ class Scheduler:
             if r.state is not State.WAITING:
                 continue
             self.attach(r)
-            footprint = footprint or sizing.Footprint(self.running, self.cfg)
+            footprint = footprint or admission.Footprint(self.running, self.cfg)
             if not footprint.admissible(r) or not footprint.fits(r):
                 # held back: it lets go of its match, so what it would hold (its locked prefix, its
                 # session's pages) stays reclaimable for the running requests (else they preempt
@@ -161,7 +162,7 @@ class Scheduler:
         return decision.order
 
     def _detach(self, r: Request) -> None:
-        self.mem.drop_links(r)
+        drop_links(self.mem, r)
         if r.session is None:
             self.kvm.release(r.seq)
         r.attached = False
@@ -190,7 +191,7 @@ class Scheduler:
                 resident = max(resident, common_prefix(r.session.seq.tokens, tgt))
         held = len(r.seq.tokens) if running else len(tgt)
         new = r.params.max_tokens - len(r.output)
-        cells = max(0, held - plen) + (sizing.projected_cells(r) if running else new)
+        cells = max(0, held - plen) + (admission.projected_cells(r) if running else new)
         work = r.remaining + new if running else len(tgt) - max(resident, min(plen, len(tgt))) + new
         return Ready(r, r.tag, r.task, r.submitted_s, tasks.arrival(r.task, r.submitted_s), resident, cells,
                      tasks.remaining(r.task, r.tag), tasks.cost(r.tag), tasks.successors(r.task, r.tag), work,
@@ -214,7 +215,7 @@ class Scheduler:
         return plan
 
     def _plan(self) -> Plan:
-        self.mem.resolve_followers()
+        resolve_followers(self.mem)
         decodes = [r for r in self.running if not r.in_prefill]
         prefills = [r for r in self.running if r.in_prefill and r.leader is None]
         plan: dict[Request, int] = {}
@@ -226,7 +227,7 @@ class Scheduler:
         for r in decodes:
             if r.state is State.RUNNING and r in self.running:
                 self._plan_decode(r, len(decodes), plan, failed, faults)
-        chunk = sizing.chunk_size(prefills, decodes, self.cfg)
+        chunk = admission.chunk_size(prefills, decodes, self.cfg)
         for r in prefills:
             if r.state is not State.RUNNING or r not in self.running:
                 continue
@@ -234,7 +235,7 @@ class Scheduler:
                 self.mem.counters.deferred_chunks += 1
                 break
             n = min(r.remaining, chunk)
-            if not self.mem.reserve(r, r.seq.num_cached + n, plan, not plan, failed):
+            if not reserve(self.mem, r, r.seq.num_cached + n, plan, not plan, failed):
                 self.mem.counters.deferred_chunks += 1
                 break
             plan[r] = n
@@ -250,8 +251,8 @@ class Scheduler:
             return
         # a draft never preempts anyone: without room it is dropped, then the token is reserved
         # (a decode feeds its next token and the ids fast-forwarded after it: r.remaining)
-        if r.draft and not self.mem.reserve(r, r.seq.num_cached + r.remaining + len(r.draft), plan, False, failed):
+        if r.draft and not reserve(self.mem, r, r.seq.num_cached + r.remaining + len(r.draft), plan, False, failed):
             r.draft = []
-        if r.draft or self.mem.reserve(r, r.seq.num_cached + r.remaining, plan, True, failed):
+        if r.draft or reserve(self.mem, r, r.seq.num_cached + r.remaining, plan, True, failed):
             if r.state is State.RUNNING and r in self.running:
                 plan[r] = r.remaining + len(r.draft)

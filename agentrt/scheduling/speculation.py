@@ -5,7 +5,7 @@ after the forward is sampling's (`sampling/speculative.py::verify_draft`)."""
 from __future__ import annotations
 
 from agentrt.config import EngineConfig
-from agentrt.engine.request import Request
+from agentrt.records.request import Request
 from agentrt.sampling.speculative import NgramIndex, draft_cap
 
 

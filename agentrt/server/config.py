@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from agentrt.checks import check_float, check_int
+from agentrt.checks import check_float, check_int, set_frozen
 from agentrt.errors import ConfigError
 
 # the limits that count something: ints >= 1
@@ -53,7 +53,7 @@ class ServerConfig:
             self._set(name, check_float(name, getattr(self, name), min=0.0, min_open=True, allow_inf=True))
 
     def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # (frozen: the checked value, normalised)
+        set_frozen(self, name, value)
 
     @property
     def public(self) -> bool:

@@ -24,7 +24,7 @@ from agentrt.conversation import timeline
 from agentrt.conversation.conversation import RoundEnd
 from agentrt.conversation.reply import call_id, call_prefix
 from agentrt.conversation.router import routed_conversation
-from agentrt.engine.context import context_overflow
+from agentrt.engine.context_length import context_overflow
 from agentrt.errors import ContextLengthExceeded, ReplicaLost, SchemaUnsupported
 from agentrt.sampling import SamplingParams
 

@@ -59,20 +59,15 @@ class SimSteps(StepThread):
     async def _serve_async(self) -> None:
         executor = self.core.executor
         while True:
-            if not self.core.has_work() and self._inbox.empty():
+            if self._idle():
                 wake = self.core.idle()
                 await self._pass(executor.take_pending())
-                if not self.core.has_work() and self._inbox.empty():
+                if self._idle():
                     with anyio.move_on_after(wake if wake is not None else math.inf):
                         await self._wake.wait()
             self._wake = anyio.Event()
-            while not self._inbox.empty():
-                cmd = self._inbox.get_nowait()
-                if cmd is None:
-                    return self._shutdown()
-                self._run_cmd(cmd[0])
-            if self.core.has_work():
-                self._step()
+            if not self._turn(self._next_cmd()):
+                return
             await self._pass(executor.take_pending())
             self._flush()
 

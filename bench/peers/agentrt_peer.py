@@ -29,7 +29,7 @@ from agentrt import Engine, EngineConfig, SamplingParams
 from agentrt.kv.eviction import LRUPolicy
 from bench.peers.base import CallRecord, RunResult, drive
 from bench.workloads.replay import ModelCall
-from agentrt.constrain.constraint import LogitsConstraint
+from agentrt.records.constraint import LogitsConstraint
 
 
 class ForcedTokens(LogitsConstraint):

@@ -1,4 +1,4 @@
-"""load_model: a name, GGUF file or HF directory -> a ready LlamaModel with its tokenizer."""
+"""load_model: a name, GGUF file or HF directory -> a ready DecoderModel with its tokenizer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from agentrt.model.config import ModelConfig
 from agentrt.model.loaders.files import ModelFiles, resolve_source
 from agentrt.model.loaders.gguf import load_gguf
 from agentrt.model.loaders.hf import load_hf_dir
-from agentrt.model.llama import LlamaModel
+from agentrt.model.decoder import DecoderModel
 from agentrt.model.fused import PATHS
 from agentrt.model.quant import quantize as apply_quant
 from agentrt.model.quant import QUANT_MODES, resolve_mode
@@ -38,7 +38,7 @@ def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32, nat
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: LlamaModel
+    model: DecoderModel
     tokenizer: Tokenizer | None
     config: ModelConfig
     source: str
@@ -53,7 +53,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ConfigError(f"dtype {dtype!r} is not supported; use 'float32' (default) or 'bfloat16'")
 
 
-def resolve_kv_dtype(kv_dtype: str, model: LlamaModel, quantized: bool) -> torch.dtype:
+def resolve_kv_dtype(kv_dtype: str, model: DecoderModel, quantized: bool) -> torch.dtype:
     """The KV store's element type: "auto" = float16 for quantized weights on the CPU kernels
     (half the bytes a decode step reads per cached token, and twice the tokens per GiB, as
     llama.cpp's default f16 cache), else the model's dtype (fp32 stays the accuracy reference)."""
@@ -111,7 +111,7 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
                         cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu")
     files = load_files(source, dt, native=mode == "native")
     tokenizer, config, source = files.tokenizer, files.config, files.source
-    model = LlamaModel(files.config, dt, get_backend(kernels, device))
+    model = DecoderModel(files.config, dt, get_backend(kernels, device))
     model.load_hf_weights(files.weights)
     del files  # (the unpacked matrices; the model holds the packed ones)
     apply_quant(model, "int8" if mode == "int8" else "none")  # (native: loaded quantized)

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import Response
 
 from agentrt.conversation.conversation import RoundEnd
-from agentrt.engine.context import context_overflow
+from agentrt.engine.context_length import context_overflow
 from agentrt.engine.validate import check_prompt
 from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import IncrementalDecoder

@@ -1,5 +1,6 @@
-"""A Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3; mixture-of-experts
-MLPs for Qwen3-MoE, Mixtral and OLMoE, model/moe.py) over a paged KV cache.
+"""The one decoder every supported family runs on, Llama-shaped (Llama, SmolLM2, Mistral, Qwen2,
+Qwen3, Phi-3, Gemma; mixture-of-experts MLPs for Qwen3-MoE, Mixtral and OLMoE, model/moe.py) over
+a paged KV cache.
 
 One forward runs a flattened varlen batch: many sequences, each with some new tokens (a
 prefill chunk or one decode token, or decode + draft tokens), mixed in one call. Weights use
@@ -31,7 +32,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, layer: int = 0):
         super().__init__()
         self.window = cfg.window(layer)  # sliding window (0: full causal attention)
-        self.local_rope = cfg.local_rope(layer)  # turns by LlamaModel.rope_local (Gemma 3's local layers)
+        self.local_rope = cfg.local_rope(layer)  # turns by DecoderModel.rope_local (Gemma 3's local layers)
         self.softcap = cfg.attn_softcap  # scores -> softcap * tanh(scores / softcap) (Gemma 2; 0: none)
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         out = (self.h + 2 * self.hkv) * self.d
@@ -99,7 +100,7 @@ class Block(nn.Module):
         return x + (h if self.mlp_post_norm is None else ops.rms_norm(h, self.mlp_post_norm, self.eps))
 
 
-class LlamaModel(nn.Module):
+class DecoderModel(nn.Module):
     """forward(input_ids [T], positions [T], kv, meta, logits_rows [L]) -> logits [L, V] fp32."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,

@@ -1,11 +1,12 @@
 """Sizing rules of one iteration, as pure functions: whether a waiting request fits the cell
-budget (`Footprint`), how many prompt tokens each prefill gets (adaptive chunking), when prefill waits for
-memory. The scheduler (scheduling/scheduler.py) applies them."""
+budget (`Footprint`), how many prompt tokens each prefill gets (adaptive chunking). The scheduler
+(scheduling/scheduler.py) applies them; when prefill waits for memory is the KV room's rule
+(kv/memory.py::over_high_water)."""
 
 from __future__ import annotations
 
 from agentrt.config import EngineConfig
-from agentrt.engine.request import Request
+from agentrt.records.request import Request
 
 
 def projected_cells(r: Request) -> int:
@@ -29,11 +30,6 @@ def chunk_size(prefills: list[Request], decodes: list[Request], cfg: EngineConfi
     if contended and any(is_latency_sensitive(r, cfg) for r in prefills + decodes):
         chunk = min(chunk, cfg.fair_chunk_cap)
     return chunk
-
-
-def over_high_water(used_pages: int, evictable_pages: int, cfg: EngineConfig) -> bool:
-    """Occupancy net of evictable cache above the high-water mark: prefill chunks wait."""
-    return (used_pages - evictable_pages) > cfg.high_water * cfg.num_pages
 
 
 class Footprint:

@@ -5,7 +5,7 @@ model, and the memory manager that makes room among them.
 
 What reads it: the memory hierarchy (kv/hierarchy.py), tool-aware retention (kv/retention.py),
 branching (kv/branching.py), admission's prefix reuse (scheduling/prefix.py) and the core's
-post-processing. The request queues and the clock are the scheduler's and the engine's; the space
+post-processing. The request queues and the clock are the scheduler's and the engine's; the room
 keeps references to them because making room ranks the idle sessions against what is queued.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentrt.config import EngineConfig
-from agentrt.engine.request import EngineSession
+from agentrt.kv.sessions import EngineSession
 from agentrt.kv.kv_manager import KVManager, Sequence
 from agentrt.kv.memory import MemoryManager
 from agentrt.kv.pages import PageAllocator
@@ -23,7 +23,7 @@ from agentrt.kv.tier import CostModel
 from agentrt.kv.window import LocalPages, slide
 
 
-class KVSpace:
+class KVRoom:
     def __init__(self, cfg: EngineConfig, store, policy, counters, queues, clock,
                  make_tier: Callable[[object], object] | None = None):
         """`store`: the executor's KV store; `make_tier(store)`: the second tier over it (None:
@@ -84,7 +84,7 @@ class KVSpace:
 
     def check_invariants(self, holders: list[list[int]]) -> None:
         """Pages free xor held, refcounts equal to their holders (`holders`: the page lists of
-        what lives outside the space, e.g. transient requests); the tree's and the policy's own
+        what lives outside the room, e.g. transient requests); the tree's and the policy's own
         invariants; every session's pages cover its tokens."""
         holders = holders + [s.seq.pages for s in self.sessions.values()]
         if self.radix is not None:

@@ -1,4 +1,6 @@
-"""Request and session state inside the engine (mutated only by the engine's step thread)."""
+"""The request records every engine room shares (mutated only by the engine's step thread): a
+request's state (`Request`, `State`), what it reports (`Usage`, `TokenEvent`). A session's KV state
+(`EngineSession`) is the KV room's own (kv/sessions.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrt.constrain.constraint import LogitsConstraint
 from agentrt.kv.kv_manager import Sequence
+from agentrt.kv.sessions import EngineSession
 from agentrt.model.batch import SeqChunk
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.sampling import SamplingParams
 
 
@@ -50,30 +53,6 @@ class TokenEvent:
 
 
 @dataclass(eq=False)
-class EngineSession:
-    """A long-lived sequence (from the session region of the pool) that keeps its KV across
-    turns. `seq.tokens` is exactly what its KV covers."""
-
-    sid: int
-    seq: Sequence
-    tag: str | None = None
-    cache_salt: str | None = None
-    busy: bool = False
-    closed: bool = False
-    last_used: int = 0
-    history: list[int] = field(default_factory=list)  # seq.tokens when its last turn ended
-    # tool-aware retention (kv/retention.py): the tools its last turn called, when, and
-    # until when (the core clock's now()) its KV is ranked after every unpinned candidate
-    tools: tuple[str, ...] = ()
-    tools_at: float = 0.0
-    pin_until: float = 0.0
-    # return prefetch (kv/hierarchy.py::prefetch_returning): pages held before it (-1: none
-    # in this wait) and pages it promoted back
-    prefetch_from: int = -1
-    prefetch_pages: int = 0
-
-
-@dataclass(eq=False)
 class Request:
     rid: int
     prompt: list[int]
@@ -83,7 +62,7 @@ class Request:
     session: EngineSession | None = None
     cache_salt: str | None = None
     tag: str | None = None
-    constraint: LogitsConstraint | None = None  # (agentrt/constrain/constraint.py)
+    constraint: LogitsConstraint | None = None  # (agentrt/records/constraint.py)
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     state: State = State.WAITING
@@ -102,7 +81,7 @@ class Request:
     spec_accepted: int = 0
     forced: int = 0  # fast-forwarded ids after the next token to feed (they ride its decode step)
     attached: bool = False  # prefix reuse done for the current admission
-    preemptions: int = 0  # times its KV was dropped for memory (see MemoryManager.preempt)
+    preemptions: int = 0  # times its KV was dropped for memory (scheduling/preemption.py)
     lock_node: object | None = None  # radix node locked while this request uses its pages
     # workflow facts (agentrt/workflow.py): the task it serves; its stage is `tag`
     task: str | None = None

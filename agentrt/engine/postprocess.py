@@ -1,0 +1,87 @@
+"""The step's third phase (schedule -> run -> postprocess), a part of EngineCore: account each
+chunk's tokens, verify drafts (sampling/speculative.py), mask constrained rows
+(constrain/step_masks.py), sample every row at once (engine/sample_step.py), advance constraints,
+fast-forward forced ids (constrain/fast_forward.py) and emit; a request whose part raises fails
+alone (EngineCore.fail)."""
+
+from __future__ import annotations
+
+import torch
+
+from agentrt.constrain.fast_forward import fast_forward
+from agentrt.constrain.step_masks import mask_row
+from agentrt.engine.sample_step import finish_reason, sample_rows
+from agentrt.model.batch import SeqChunk
+from agentrt.records.request import Request, State, TokenEvent
+from agentrt.sampling.speculative import verify_draft
+
+
+class Postprocess:
+    """EngineCore's post-processing (a mixin: it uses the core's cfg, model, kvm, counters,
+    clock, executor, fail and _finish)."""
+
+    def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
+        """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
+        plain, plain_rows = [], []
+        for (r, _), ch, lg in zip(plan, chunks, rows):
+            try:
+                self._account(r, ch)
+                if r.draft:
+                    self._accept(r, ch, verify_draft(r, lg, self.executor.argmax))
+                    continue
+                r.forced = 0
+                r.seq.tokens.extend(ch.tokens)
+                if ch.want_logits:
+                    if r.constraint is not None:  # masks its own row: a raising grammar fails r only
+                        lg = mask_row(r, lg, self.counters)
+                    plain.append(r)
+                    plain_rows.append(lg)
+            except Exception as e:
+                self.fail(r, e)
+        if plain:
+            self._sample_and_emit(plain, torch.cat(plain_rows))
+
+    def _accept(self, r: Request, ch: SeqChunk, accepted: list[int]) -> None:
+        """Keep the KV of the tokens fed before the draft and of the accepted draft; roll back
+        the rest."""
+        r.seq.tokens.extend(ch.tokens[:len(ch.tokens) - len(r.draft) - 1 + len(accepted)])
+        self.kvm.truncate(r.seq, r.seq.num_cached)
+        self.counters.spec_proposed += len(r.draft)
+        self.counters.spec_accepted += len(accepted) - 1
+        r.draft, r.forced = [], 0
+        self._emit_tokens(r, self._jump(r, accepted))
+
+    def _account(self, r: Request, ch: SeqChunk) -> None:
+        in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
+        r.computed_prompt += in_prompt
+        self.counters.prompt_computed += in_prompt
+        self.counters.decode_tokens += len(ch.tokens) - in_prompt
+
+    def _sample_and_emit(self, reqs: list[Request], logits) -> None:
+        """Sample every row (engine/sample_step.py), then advance constraints and emit. A
+        request's first sampled token ends its prefill (Usage.prefill_s)."""
+        now = self.clock.now()
+        for r, t in zip(reqs, sample_rows(reqs, logits, self.executor.argmax, self.fail)):
+            if t is None or r.state is State.FINISHED:
+                continue
+            r.first_token_s = r.first_token_s or now
+            try:
+                if r.constraint is not None:
+                    r.constraint.advance(t)
+                self._emit_tokens(r, self._jump(r, [t]))
+            except Exception as e:
+                self.fail(r, e)
+
+    def _jump(self, r: Request, toks: list[int]) -> list[int]:
+        return fast_forward(r, toks, self.cfg, self.model.cfg.max_position_embeddings, self.counters)
+
+    def _emit_tokens(self, r: Request, toks: list[int]) -> None:
+        """Append sampled tokens, stopping at the first that finishes the request."""
+        for i, t in enumerate(toks):
+            r.output.append(t)
+            if r.ngrams is not None:
+                r.ngrams.extend([t])
+            reason = finish_reason(r, t, i == len(toks) - 1, self.model.cfg.max_position_embeddings)
+            if reason is not None:
+                return self._finish(r, reason, last=tuple(toks[:i + 1]))
+        r.emit(TokenEvent(r.rid, tuple(toks)))
