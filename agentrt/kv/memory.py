@@ -20,7 +20,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 
-
 class MemoryManager:
     """Explicit collaborators, one direction: the allocator, KV manager, radix tree, eviction
     policy, counters, the engine's sessions and its request queues (`queues.waiting`,
