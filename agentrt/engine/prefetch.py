@@ -32,8 +32,8 @@ def prefetch(core, max_pages: int, return_pages: int) -> float | None:
                                              hold=lambda es: retention.hold(es, now, lead)) if waits else 0
     if max_pages > done:
         tasks, ps = core.tasks, core.cfg.page_size
-        reserve = sum(-(-projected_cells(r) // ps) for r in core.running)  # (the running requests' growth)
         core.hierarchy.prefetch(max_pages - done, hints=lambda: {
-            a: tasks.prefix_len(a) for a, p in tasks.upcoming(now, UPCOMING_S).items() if p >= HINT_P}, reserve=reserve)
+            a: tasks.prefix_len(a) for a, p in tasks.upcoming(now, UPCOMING_S).items() if p >= HINT_P},
+            reserve=lambda: sum(-(-projected_cells(r) // ps) for r in core.running))  # (the running requests' growth)
     later = [t for t, _ in waits if t > now]
     return min(later) - now if later else None

@@ -107,11 +107,12 @@ class Hierarchy:
             done += got
         return done
 
-    def prefetch(self, max_pages: int, hints=None, reserve: int = 0) -> int:
+    def prefetch(self, max_pages: int, hints=None, reserve=lambda: 0) -> int:
         """Promote demoted pages of the agents predicted to run next; returns pages promoted.
         `hints()`: {tag: static prefix tokens} of the stages the scheduler expects next (its
-        workflow knowledge), first and only their prefixes; then the policy's chain. `reserve`:
-        pages the running requests may still need (the scheduler's projection), kept free."""
+        workflow knowledge), first and only their prefixes; then the policy's chain. `reserve()`:
+        pages the running requests may still need (the scheduler's projection), kept free; asked
+        only when a path is weighed (most steps find nothing to prefetch)."""
         radix, policy = self.kv.radix, self.kv.policy
         distances = getattr(policy, "distances", None)
         if radix is None or radix.tier is None or not radix.tier.used or max_pages <= 0:
@@ -136,7 +137,7 @@ class Hierarchy:
                 n = sum(len(x.key) for x in path) // ps
                 if done + n > max_pages:
                     continue
-                if n > self._spare_pages(reserve) and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
+                if n > self._spare_pages(reserve()) and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
                     continue
                 end = self._promote_path(path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d, mark=True)
                 got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
