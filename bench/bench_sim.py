@@ -27,9 +27,6 @@ Writes bench/results/sim.json.
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -39,16 +36,15 @@ from bench.common import RESULTS, machine, print_table, write_results  # noqa: E
 from bench.sim_compare import ranking, summary  # noqa: E402
 from bench.sim_memory import METRICS as MEMORY_METRICS, memory_validation  # noqa: E402
 from bench.sim_scale import scale_run  # noqa: E402
-from bench.workflow_run import run_dag  # noqa: E402
+from bench.workflow_run import SIM_METRICS, measured_and_simulated, run_dag  # noqa: E402
 from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat import ChatFormat  # noqa: E402
-from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts  # noqa: E402
-from agentrt.sim import run as sim_run  # noqa: E402
+from agentrt.sim import StepCosts  # noqa: E402
 from agentrt.sim.calibrate import calibrate  # noqa: E402
 
 COSTS = Path(__file__).resolve().parent / "costs"
-METRICS = ("mean_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s")  # step_s: the engine's step time
+METRICS = SIM_METRICS  # step_s: the engine's step time
 
 
 def parse() -> argparse.Namespace:
@@ -76,24 +72,6 @@ def engine_config(sizes: Sizes) -> EngineConfig:
                         max_transient_seqs=128, acquire_timeout=3600.0)
 
 
-def one_policy(lm, fmt, dag, tasks, sizes, cfg, costs, reps: int) -> dict:
-    book = ScriptBook()
-    runs = [anyio.run(run_dag, lm, fmt, dag, tasks, sizes, cfg, 600.0, False, None, book if i == 0 else None)
-            for i in range(reps)]
-    real = {k: statistics.fmean(r[k] for r in runs) if all(isinstance(r.get(k), (int, float)) for r in runs)
-            else runs[0].get(k) for k in runs[0]}
-    jcts = [r["mean_jct_s"] for r in runs if r.get("mean_jct_s")]
-    real["spread"] = (max(jcts) - min(jcts)) / statistics.fmean(jcts) if len(jcts) > 1 else 0.0
-    model = SimModel(lm.model.cfg, lm.model.kv_dtype)
-    t0 = time.perf_counter()
-    sim = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg, 600.0, False, SimExecutor(model, costs, book))
-    sim["sim_wall_s"] = time.perf_counter() - t0
-    keep = ("mean_jct_s", "p99_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s", "prompt_computed", "steps",
-            "preemptions", "wall_s", "sim_wall_s", "error", "spread")
-    ratio = {m: sim[m] / real[m] if real.get(m) and sim.get(m) is not None else None for m in METRICS}
-    return {"real": {k: real.get(k) for k in keep}, "sim": {k: sim.get(k) for k in keep}, "sim_over_real": ratio}
-
-
 def validate(a, lm, costs) -> dict:
     fmt, sizes = ChatFormat(lm.tokenizer), Sizes(prefix_tokens=300, out_tokens=8)
     cfg, out = engine_config(sizes), {}
@@ -105,7 +83,7 @@ def validate(a, lm, costs) -> dict:
         tasks = make_tasks(fmt, lm.tokenizer, dag, sizes, a.tasks, rate, 4)
         case = out[name] = {"rate": rate, "policies": {}}
         for p in a.policies:
-            r = case["policies"][p] = one_policy(lm, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), costs,
+            r = case["policies"][p] = measured_and_simulated(lm, fmt, dag, tasks, sizes, cfg.replace(scheduling_policy=p), costs,
                                                  a.reps)
             print(f"{name} {p:13s} real mean JCT {r['real']['mean_jct_s'] or 0:.2f} s  sim {r['sim']['mean_jct_s'] or 0:.2f} s"
                   f"  sim/real " + " ".join(f"{m} {v:.2f}" for m, v in r["sim_over_real"].items() if v), flush=True)

@@ -6,13 +6,20 @@ driver runs a real engine or a simulated one (bench_sim.py: agentrt.sim on a vir
 from __future__ import annotations
 
 import statistics
+import time
 from contextlib import aclosing
 
 import anyio
 import numpy as np
 
 from agentrt import Engine, SamplingParams
+from agentrt.sim import ScriptBook, SimExecutor, SimModel
+from agentrt.sim import run as sim_run
 from bench.workflow_workload import Dag, Sizes, TaskPlan
+
+# what a simulated run is compared with its measured run on (sim / real): mean JCT, per-turn
+# latency, TTFT, hit rate, the engine's step seconds
+SIM_METRICS = ("mean_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s")
 
 
 def jct_summary(jcts: list[float]) -> dict:
@@ -154,3 +161,26 @@ def combine_reps(reps: list[dict]) -> dict:
 def median_or_none(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def measured_and_simulated(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, costs, reps: int = 1,
+                           timeout: float = 600.0) -> dict:
+    """One policy on one task set, run for real `reps` times (the first run's outputs recorded),
+    then simulated on `costs` with the recording replayed, so the simulation sees every prompt the
+    real run did: {"real", "sim", "sim_over_real" per SIM_METRICS}; real figures are means over
+    the runs, with their mean-JCT spread."""
+    book = ScriptBook()
+    runs = [anyio.run(run_dag, lm, fmt, dag, tasks, sizes, cfg, timeout, False, None, book if i == 0 else None)
+            for i in range(reps)]
+    real = {k: statistics.fmean(r[k] for r in runs) if all(isinstance(r.get(k), (int, float)) for r in runs)
+            else runs[0].get(k) for k in runs[0]}
+    jcts = [r["mean_jct_s"] for r in runs if r.get("mean_jct_s")]
+    real["spread"] = (max(jcts) - min(jcts)) / statistics.fmean(jcts) if len(jcts) > 1 else 0.0
+    model = SimModel(lm.model.cfg, lm.model.kv_dtype)
+    t0 = time.perf_counter()
+    sim = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg, timeout, False, SimExecutor(model, costs, book))
+    sim["sim_wall_s"] = time.perf_counter() - t0
+    keep = ("mean_jct_s", "p99_jct_s", "turn_s_mean", "ttft_s_mean", "hit_rate", "step_s", "prompt_computed", "steps",
+            "preemptions", "wall_s", "sim_wall_s", "error", "spread")
+    ratio = {m: sim[m] / real[m] if real.get(m) and sim.get(m) is not None else None for m in SIM_METRICS}
+    return {"real": {k: real.get(k) for k in keep}, "sim": {k: sim.get(k) for k in keep}, "sim_over_real": ratio}

@@ -31,12 +31,11 @@ import anyio
 
 from bench.common import machine, print_table, write_results
 from bench.sim_workflows import engine_config
-from bench.workflow_run import combine_reps, reductions, run_dag
+from bench.workflow_run import combine_reps, measured_and_simulated, reductions, run_dag
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens
 from agentrt import DEFAULT_MODEL, load_model
 from agentrt.conversation.chat import ChatFormat
-from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts
-from agentrt.sim import run as sim_run
+from agentrt.sim import StepCosts
 from agentrt.sim.calibrate import calibrate
 
 POLICIES = ("fcfs", "lpm", "srpt", "program_fcfs", "topas")
@@ -74,18 +73,12 @@ def sizes_for(prefix: int) -> Sizes:
 
 
 def one_run(lm, fmt, dag, tasks, sizes: Sizes, cfg, costs: StepCosts, timeout: float) -> dict:
-    """One policy on one task set, for real (outputs recorded), then simulated on the recording."""
-    book = ScriptBook()
+    """One policy on one task set, for real (outputs recorded), then simulated on the recording:
+    the real run's figures, its simulation's, and sim / real mean JCT."""
     t0 = time.perf_counter()
-    real = anyio.run(run_dag, lm, fmt, dag, tasks, sizes, cfg, timeout, False, None, book)
-    real["run_s"] = time.perf_counter() - t0
-    model = SimModel(lm.model.cfg, lm.model.kv_dtype)
-    sim = sim_run(run_dag, model, fmt, dag, tasks, sizes, cfg, timeout, False, SimExecutor(model, costs, book))
-    real.pop("jct_s", None)
-    sim.pop("jct_s", None)
-    ratio = sim["mean_jct_s"] / real["mean_jct_s"] if real.get("mean_jct_s") and sim.get("mean_jct_s") else None
-    return real | {"sim": {k: sim.get(k) for k in ("mean_jct_s", "p99_jct_s", "hit_rate", "steps", "wall_s")},
-                   "sim_over_real_mean_jct": ratio}
+    r = measured_and_simulated(lm, fmt, dag, tasks, sizes, cfg, costs, 1, timeout)
+    return r["real"] | {"run_s": time.perf_counter() - t0, "sim": r["sim"],
+                        "sim_over_real_mean_jct": r["sim_over_real"]["mean_jct_s"]}
 
 
 def one_dag(a, lm, fmt, name: str, costs: StepCosts) -> dict:
@@ -105,7 +98,7 @@ def one_dag(a, lm, fmt, name: str, costs: StepCosts) -> dict:
             runs[p].append(r)
             print(f"{name:8s} rep {k} {p:13s} mean JCT {r.get('mean_jct_s') or 0:6.2f} s  p99 {r.get('p99_jct_s') or 0:6.2f} s"
                   f"  hit {r.get('hit_rate') or 0:.2f}  sim {r['sim'].get('mean_jct_s') or 0:6.2f} s"
-                  f"  [{r['run_s']:.0f} s] {r.get('error', '')}", flush=True)
+                  f"  [{r['run_s']:.0f} s] {r.get('error') or ''}", flush=True)
     out["policies"] = {p: combine_reps(rs) for p, rs in runs.items()}
     out.update(reductions(out["policies"]))
     per = [reductions({p: rs[k] for p, rs in runs.items()}).get("mean_jct_reduction_vs_best_baseline")
