@@ -26,8 +26,8 @@ turns and with agents per replica (measured here: 4-6 ms per agent turn at 40 ag
 replica, 17 ms at 1,000 agents on one engine). bench_cluster --quick (1-8 replicas, 100-320
 agents, 4 turns, four policies) takes about 45 s; 16 replicas x 640 agents x 8 turns about 30 s
 per policy. Estimated from those rates: the full sweep (to 64 replicas x 2,560 agents x 8 turns)
-about 4 minutes per policy, 10,000 agents x 8 turns on 250 replicas about 8. Runs repeat up to
-trio's scheduling order (it shuffles ready tasks): figures differ by about 1% between runs.
+about 4 minutes per policy, 10,000 agents x 8 turns on 250 replicas about 8. Runs repeat
+exactly (agentrt.sim.run is deterministic).
 
     from bench.cluster_sim import Workload, simulate
     simulate("session_affine", Workload(agents=100, replicas=4), StepCosts.load("bench/results/cost_cpu.json"))

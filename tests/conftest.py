@@ -46,8 +46,8 @@ def config_of(hf_model) -> ModelConfig:
 
 @pytest.fixture(scope="session")
 def anyio_backend():
-    """Async tests run on asyncio (anyio's plugin would add trio, installed for agentrt.sim,
-    whose simulations tests run explicitly through agentrt.sim.run)."""
+    """Async tests run on asyncio (anyio's plugin would add trio; the engine's trio support is
+    tested explicitly, and simulations run through agentrt.sim.run)."""
     return "asyncio"
 
 

@@ -137,11 +137,11 @@ def test_step_observers_see_every_step_and_one_that_raises_is_only_logged():
     core.check_invariants()
 
 
-def test_a_simulation_is_deterministic_whatever_order_trio_wakes_its_tasks_in():
+def test_a_simulation_is_deterministic_when_tasks_wake_at_one_instant():
     """Agents released at one instant (every tool sleeps the same virtual time) reach the engine
-    in an order trio would randomise; agentrt.sim.run seeds it, so the same workload gives the
-    same admissions, steps and virtual time, run after run (paired policy comparisons then differ
-    only by the policies)."""
+    in the order they were woken (agentrt.sim.run: a FIFO asyncio loop on a virtual clock), so
+    the same workload gives the same admissions, steps and virtual time, run after run (paired
+    policy comparisons then differ only by the policies)."""
     model = SimModel(tiny_native("llama").cfg)
     prompts = _histories(6, seed=3)
 

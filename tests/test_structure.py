@@ -133,17 +133,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# a third party's private hook with no public equivalent, reached on purpose (never an agentrt
-# object): trio's seeded deterministic scheduling, which pytest-trio switches on the same way
-# (agentrt/sim/run.py: the simulator is deterministic with it)
-THIRD_PARTY_HOOKS = {("agentrt/sim/run.py", "trio_run._ALLOW_DETERMINISTIC_SCHEDULING"),
-                     ("agentrt/sim/run.py", "trio_run._r")}
-
-
 def test_no_code_reaches_into_another_objects_underscored_attributes():
     hits = [f"{path.relative_to(ROOT)}:{line}: {code}"
-            for path in modules().values() for line, code in reach_ins(ast.parse(path.read_text()))
-            if (str(path.relative_to(ROOT)), code) not in THIRD_PARTY_HOOKS]
+            for path in modules().values() for line, code in reach_ins(ast.parse(path.read_text()))]
     assert not hits, "give the owner a small public method or property instead:\n" + "\n".join(hits)
 
 

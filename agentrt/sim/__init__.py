@@ -4,7 +4,7 @@ prefetch and preemption code over a cost model instead of a model, on a virtual 
     from agentrt.sim import SimExecutor, SimModel, StepCosts, ScriptBook, run
     costs = StepCosts.load("bench/costs/gpu_llama3_8b_h100.json")
     engine = Engine(SimModel(model_cfg), config, executor=SimExecutor(SimModel(model_cfg), costs))
-    run(main)   # a trio loop with a virtual clock: tool sleeps and step costs take no real time
+    run(main)   # an asyncio loop with a virtual clock: tool sleeps and step costs take no real time
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 the event loop instead of an OS thread, with the step's simulated cost passed on the loop's
 (virtual) clock before its events are delivered.
 
-Run under `agentrt.sim.run` (a trio loop whose clock jumps to the next deadline whenever every
-task waits): a step planned at virtual time t delivers its tokens at t + its cost, a tool that
-sleeps 0.2 s takes 0.2 virtual seconds, and a whole multi-agent workload runs as fast as its
+Run under `agentrt.sim.run` (an asyncio loop whose clock jumps to the next deadline whenever
+every task waits): a step planned at virtual time t delivers its tokens at t + its cost, a tool
+that sleeps 0.2 s takes 0.2 virtual seconds, and a whole multi-agent workload runs as fast as its
 Python bookkeeping allows."""
 
 from __future__ import annotations
