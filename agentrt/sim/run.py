@@ -15,10 +15,10 @@ heap keyed by deadline alone; timers due at one instant (deadlines within the cl
 leave it in an order that is a pure function of the sequence of pushes and pops, so with every
 callback run in a fixed order that order is fixed too (not first in, first out, but the same
 every run). The clock moves only when the loop selects with nothing ready, by the loop's own
-wait to the earliest deadline, so time too is a function of the run alone. What stays outside this: anyio delivers a cancellation to the tasks of
-one scope in set order (by object identity), so a workload whose figures depend on the order in
-which sibling tasks see one cancellation is not covered; simulations cancel only past their
-results (timeouts, teardown)."""
+wait to the earliest deadline, so time too is a function of the run alone. What stays outside
+this: anyio delivers a cancellation to the tasks of one scope in set order (by object
+identity), so a workload whose figures depend on the order in which sibling tasks see one
+cancellation is not covered; simulations cancel only past their results (timeouts, teardown)."""
 
 from __future__ import annotations
 
@@ -87,9 +87,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self.virtual_clock.now
 
 
-def run(main, *args, seed: int = 0):
+def run(main, *args):
     """anyio.run(main, *args) on asyncio with a virtual clock (VirtualTimeLoop); returns main's
-    result. The run is deterministic without a seed: `seed` is accepted and ignored, kept so
-    that callers written for the seeded trio simulator still work."""
-    del seed
+    result. Deterministic without a seed (above)."""
     return anyio.run(main, *args, backend="asyncio", backend_options={"loop_factory": VirtualTimeLoop})
