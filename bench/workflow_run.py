@@ -158,6 +158,27 @@ def combine_reps(reps: list[dict]) -> dict:
     return out
 
 
+# two-sided 95% Student t quantiles by degrees of freedom (n - 1 paired repetitions)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def paired_summary(per: list[float]) -> dict:
+    """TOPAS's reduction per paired repetition -> its spread (max - min), mean, the 95% t-interval
+    of the mean, and how many repetitions it led in. A gain is beyond the spread of the paired
+    repetitions when the interval's low end is above zero (and, with few repetitions, when it led
+    in every one: a sign test)."""
+    out: dict = {"per_rep": per, "reps": len(per), "led_in": sum(x > 0 for x in per)}
+    if not per:
+        return out
+    mean = statistics.fmean(per)
+    out.update(mean=mean, min=min(per), max=max(per), spread=max(per) - min(per) if len(per) > 1 else None)
+    if len(per) > 1:
+        half = T95.get(len(per) - 1, 1.96) * statistics.stdev(per) / len(per) ** 0.5
+        out["ci95"] = [mean - half, mean + half]
+        out["beyond_spread"] = mean - half > 0
+    return out
+
+
 def median_or_none(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
