@@ -18,12 +18,12 @@ from agentrt.model.config import ModelConfig
 from agentrt.model.loaders.load import DEFAULT_MODEL, LoadedModel, load_model
 from agentrt.runtime.actor import ActorRef
 from agentrt.runtime.agent import Agent
-from agentrt.runtime.events import TurnResult
+from agentrt.runtime.turn_events import TurnResult
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.spec import AgentSpec
 from agentrt.runtime.supervision import Supervision
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.conversation.overflow import ContextPolicy
 from agentrt.conversation.repeats import CallLimits

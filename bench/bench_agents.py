@@ -30,7 +30,7 @@ import torch
 
 
 from agentrt import EngineConfig, load_model  # noqa: E402
-from agentrt.conversation.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from bench.cases.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401

@@ -25,7 +25,7 @@ from agentrt.engine.core import EngineCore  # noqa: E402
 from agentrt.model.loaders.files import resolve_source  # noqa: E402
 from agentrt.model.loaders.load import load_model  # noqa: E402
 from agentrt.sampling import SamplingParams  # noqa: E402
-from agentrt.conversation.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.constrain.grammar import GrammarFactory  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {

@@ -44,7 +44,7 @@ from langchain_core.tools import tool  # noqa: E402
 from agentrt import Engine, EngineConfig, load_model  # noqa: E402
 from agentrt.integrations.langgraph import ChatAgentrt  # noqa: E402
 from agentrt.integrations.langgraph.messages import to_openai, tools_to_openai  # noqa: E402
-from agentrt.conversation.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from bench.common import machine, print_table, write_results  # noqa: E402
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Seoul", "Perth", "Dakar", "Hanoi", "Rome", "Bern"]

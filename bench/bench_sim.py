@@ -39,7 +39,7 @@ from bench.sim_scale import scale_run  # noqa: E402
 from bench.workflow_run import SIM_METRICS, measured_and_simulated, run_dag  # noqa: E402
 from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
-from agentrt.conversation.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.sim import StepCosts  # noqa: E402
 from agentrt.sim.calibrate import calibrate  # noqa: E402
 

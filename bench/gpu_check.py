@@ -220,7 +220,7 @@ def agents(pack: Path, agents: int, turns: int) -> dict:
     import anyio
 
     from agentrt import EngineConfig
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
     from bench.cases.agents_cases import build_cases, kv_tokens
     from bench.gpu_shapes import agentrt_model, hf_model
     from bench.peers.agentrt_peer import AgentrtSystem

@@ -109,7 +109,7 @@ def radix_property(quick: bool) -> dict:
 
 def tight_pool() -> dict:
     from agentrt import DEFAULT_MODEL, load_model
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
     from agentrt.model.config import ModelConfig
     from agentrt.sim import SimExecutor, SimModel, StepCosts
     from agentrt.sim import run as sim_run

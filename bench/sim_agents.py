@@ -32,7 +32,7 @@ from bench.cases.memory_cases import DEFAULT_DIST, LONG_FULL, LONG_QUICK, MEM_SY
 from bench.peers.agentrt_peer import AgentrtSystem  # noqa: E402
 from bench.workloads.latency import LatencyDist  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
-from agentrt.conversation.chat import ChatFormat  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.model.config import ModelConfig  # noqa: E402
 from agentrt.sim import SimExecutor, SimModel, StepCosts  # noqa: E402
 from agentrt.sim import run as sim_run  # noqa: E402

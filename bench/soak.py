@@ -32,7 +32,7 @@ import anyio
 
 
 from agentrt import Agent, Engine, EngineConfig, LoadedModel, Runtime, SamplingParams, tool  # noqa: E402
-from agentrt.conversation.formats import chat_format_of  # noqa: E402
+from agentrt.conversation.engine_text import chat_format_of  # noqa: E402
 from agentrt.errors import AgentrtError, AskTimeout, PoolExhausted, RequestCancelled  # noqa: E402
 from agentrt.model.generate import generate  # noqa: E402
 from bench.common import RESULTS, machine  # noqa: E402

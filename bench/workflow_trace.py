@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from agentrt import DEFAULT_MODEL, load_model
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.model.config import ModelConfig
 from agentrt.sim import SimExecutor, SimModel, StepCosts
 from agentrt.sim import run as sim_run

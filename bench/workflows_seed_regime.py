@@ -37,7 +37,7 @@ from bench.sim_workflows import engine_config
 from bench.workflow_run import combine_reps, measured_and_simulated, paired_summary, reductions, run_dag
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens
 from agentrt import DEFAULT_MODEL, load_model
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.sim import StepCosts
 from agentrt.sim.calibrate import calibrate
 

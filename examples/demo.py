@@ -20,7 +20,7 @@ import anyio
 
 from agentrt import Engine, EngineConfig, SamplingParams, load_model
 from agentrt.model.tokenizer import IncrementalDecoder
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 
 SCRIPT = ["Hi! What is the capital of France?", "And of Italy?", "Thanks! What language do they speak in Italy?"]
 

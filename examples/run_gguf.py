@@ -29,7 +29,7 @@ import anyio
 from pydantic import Field
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, load_model, tool
-from agentrt.runtime.events import CallComplete, CallInvalid, ToolResultEvent, TurnResult
+from agentrt.runtime.turn_events import CallComplete, CallInvalid, ToolResultEvent, TurnResult
 
 WEATHER = {"paris": (18, "cloudy"), "tokyo": (24, "sunny"), "oslo": (-3, "snowing"), "london": (12, "raining")}
 

@@ -11,7 +11,7 @@ import pytest
 from agentrt.config import EngineConfig
 from agentrt.engine.engine import Engine
 from agentrt.runtime.agent import Agent, GenerationSettings
-from agentrt.runtime.events import RoundStarted, TurnResult
+from agentrt.runtime.turn_events import RoundStarted, TurnResult
 from agentrt.runtime.runtime import Runtime
 from agentrt.tools import tool
 

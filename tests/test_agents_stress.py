@@ -13,7 +13,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.engine import Engine
 from agentrt.errors import AskTimeout, RequestCancelled
 from agentrt.runtime.agent import Agent, GenerationSettings
-from agentrt.runtime.events import TurnResult
+from agentrt.runtime.turn_events import TurnResult
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.supervision import Supervision
 from agentrt.tools import tool

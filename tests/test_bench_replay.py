@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from agentrt import EngineConfig
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 
 from bench.peers.agentrt_peer import AgentrtSystem, ForcedTokens
 from bench.peers.base import CallRecord, SerialModel, drive

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.conversation.conversation import Conversation
 from tests.conftest import smol_tokenizer
 from tests.qwen_fixture import qwen_tokenizer

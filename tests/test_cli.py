@@ -59,7 +59,7 @@ def test_chat_shows_the_tool_call_and_its_result(chats):
     import ast
     import re
 
-    from agentrt.cli.chat import calculate
+    from agentrt.cli.terminal_chat import calculate
 
     calc, plain = chats
     assert calc.returncode == 0 and plain.returncode == 0, calc.stderr + plain.stderr

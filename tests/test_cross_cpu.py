@@ -81,7 +81,7 @@ def test_rmsnorm_sums_in_its_written_order(dim):
 def fingerprint() -> dict:
     """The default path's greedy ids of PROMPTS and a hash of the capital prompt's logits (every
     position: each layer's bits reach them)."""
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
     from agentrt.model.generate import generate, prompt_logits
     from agentrt.model.loaders.load import load_model
     from agentrt.sampling import SamplingParams

@@ -31,7 +31,7 @@ def reference(embedded):
 
 
 def _prompt_ids(embedded, messages):
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
 
     return ChatFormat(embedded.tokenizer).encode(messages)
 

@@ -9,7 +9,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from tests.engine_util import drain, submit
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

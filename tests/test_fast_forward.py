@@ -13,7 +13,7 @@ import json
 import pytest
 
 from agentrt.config import EngineConfig
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams

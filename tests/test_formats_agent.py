@@ -21,10 +21,10 @@ from agentrt import Agent, Engine, EngineConfig, Runtime, tool
 from agentrt.model.decoder import DecoderModel
 from agentrt.model.loaders.load import LoadedModel
 from agentrt.model.tokenizer import Tokenizer
-from agentrt.runtime.events import RoundStarted, TurnResult
+from agentrt.runtime.turn_events import RoundStarted, TurnResult
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.conversation import Conversation
-from agentrt.conversation.formats import chat_format_of, grammars_of
+from agentrt.conversation.engine_text import chat_format_of, grammars_of
 from tests.conftest import config_of, make_hf_model, smol_tokenizer
 from tests.engine_util import assert_quiescent
 from tests.family_templates import gemma3_tokenizer, phi4_mini_tokenizer

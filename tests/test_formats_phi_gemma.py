@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from agentrt.conversation.chat import CHATML_TEMPLATE, ChatFormat
+from agentrt.conversation.chat_format import CHATML_TEMPLATE, ChatFormat
 from agentrt.conversation.conventions import GEMMA_INSTRUCTION, PHI4_SYSTEM, detect_convention
 from agentrt.errors import ChatTemplateError
 from agentrt.toolcall import CallComplete, CallInvalid

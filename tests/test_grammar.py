@@ -20,7 +20,7 @@ from agentrt.errors import ConfigError, GrammarError, SchemaUnsupported
 from agentrt.model.generate import generate
 from agentrt.model.tokenizer import Tokenizer, byte_to_unicode
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.chat import ChatFormat
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.constrain.grammar import GrammarFactory
 

@@ -130,7 +130,7 @@ def test_embedded_int8_kv_agrees_with_float16_on_97_percent_of_teacher_forced_to
     """A tool-calling chat (system, tools, a call, a long tool result, a question) and prose."""
     from pathlib import Path
 
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
 
     lm = embedded_native
     tools = [{"type": "function", "function": {"name": "search_orders", "description": "Search orders.",

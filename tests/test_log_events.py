@@ -1,4 +1,4 @@
-"""The engine's state changes as structlog events (engine/events.py), captured with
+"""The engine's state changes as structlog events (engine/event_log.py), captured with
 structlog.testing.capture_logs: admissions, evictions (with the sessions cut), promotions, preemptions and
 failures, each bound to its request / agent / session / task ids; nothing made (and no snapshot
 taken) while the `agentrt.events` logger is below DEBUG, except failures at WARNING."""

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool
-from agentrt.conversation.formats import chat_format_of
+from agentrt.conversation.engine_text import chat_format_of
 from agentrt.errors import AgentrtError
 from agentrt.model.generate import generate
 from tests.conftest import tiny_native_with_tokenizer

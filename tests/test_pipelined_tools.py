@@ -11,10 +11,10 @@ from typing import Literal
 import anyio
 import pytest
 
-from agentrt import Agent, Runtime, tool
+from agentrt import Agent, EngineConfig, Runtime, tool
 from agentrt.records.request import TokenEvent, Usage
-from agentrt.conversation.chat import ChatFormat
-from agentrt.conversation.formats import CHAT_FORMAT, chat_format_of
+from agentrt.conversation.chat_format import ChatFormat
+from agentrt.conversation.engine_text import CHAT_FORMAT, chat_format_of
 from agentrt.toolcall.formats import HERMES
 from tests.conftest import smol_tokenizer
 
@@ -24,12 +24,13 @@ class ScriptedEngine:
 
     def __init__(self, replies: list[str], tokenizer=None) -> None:
         self.tokenizer = tokenizer or smol_tokenizer()
-        self.shared = {CHAT_FORMAT: ChatFormat(self.tokenizer)}  # (conversation/formats.py reads it)
+        self.shared = {CHAT_FORMAT: ChatFormat(self.tokenizer)}  # (conversation/engine_text.py reads it)
         self.replies = list(replies)
         self.stopped: list[int] = []
         self._thread = "running"  # (Runtime checks the engine was entered)
         self.max_context_tokens = 1 << 20
         self.started = True
+        self.config = EngineConfig()  # (what the session leases and the rounds read)
 
     async def open_session(self, tag=None, cache_salt=None, timeout=None):
         return _Session()
@@ -47,6 +48,9 @@ class ScriptedEngine:
 
 class _Session:
     closed = False
+
+    async def expect_tools(self, tools) -> float:
+        return 0.0
 
     async def close(self) -> None:
         self.closed = True

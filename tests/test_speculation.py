@@ -64,7 +64,7 @@ def test_speculation_is_token_identical_on_tiny_model():
 @pytest.mark.embedded
 @pytest.mark.slow
 def test_speculation_is_token_identical_on_embedded_model(embedded):
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
 
     fmt = ChatFormat(embedded.tokenizer)
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
@@ -174,7 +174,7 @@ def test_rejection_rule_samples_exactly_from_the_target(draft_rank):
 
 def test_constrained_greedy_speculation_is_token_identical():
     """Tool-call grammar + speculation == tool-call grammar alone, on SmolLM2's vocabulary."""
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
     from agentrt.constrain.grammar import GrammarFactory
     from tests.conftest import tiny_model_with_tokenizer
 

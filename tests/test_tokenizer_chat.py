@@ -12,7 +12,7 @@ from agentrt.errors import ChatTemplateError
 from agentrt.model.loaders.files import resolve_source
 from agentrt.model.loaders.gguf import load_gguf_tokenizer
 from agentrt.model.tokenizer import IncrementalDecoder, Tokenizer
-from agentrt.conversation.chat import CHATML_TEMPLATE, ChatFormat
+from agentrt.conversation.chat_format import CHATML_TEMPLATE, ChatFormat
 
 IM_START, IM_END = 1, 2
 

@@ -180,7 +180,7 @@ def verdicts_of(events: list) -> list:
 
 
 def check_invariants(events: list) -> None:
-    """The ordering / content contract of events.py, for one complete event stream."""
+    """The ordering / content contract of toolcall/parse_events.py, for one complete event stream."""
     started: dict[int, str] = {}
     args: dict[int, str] = {}
     judged: set[int] = set()

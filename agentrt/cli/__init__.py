@@ -152,7 +152,7 @@ def cmd_bench(args) -> None:
 def cmd_chat(args) -> None:
     import anyio
 
-    from agentrt.cli.chat import chat
+    from agentrt.cli.terminal_chat import chat
 
     anyio.run(chat, _load(args), _engine_config(args), args)
 

@@ -50,7 +50,7 @@ def _bandwidth() -> str:
 
 def describe(lm, *, bandwidth: bool = False) -> Iterator[tuple[str, str]]:
     from agentrt.kernels import native
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
 
     cfg, model = lm.config, lm.model
     yield "source", str(lm.source)

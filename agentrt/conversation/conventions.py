@@ -1,5 +1,5 @@
 """Tool conventions of chat templates without a `tools` variable: how tool schemas, assistant tool
-calls and tool results become messages the model's own template renders (chat.py applies one
+calls and tool results become messages the model's own template renders (chat_format.py applies one
 before the template runs; toolcall/formats.py names the matching call format).
 
     native    the template renders tools itself (it uses `tools` and mentions `tool_calls`);
@@ -25,7 +25,7 @@ before the template runs; toolcall/formats.py names the matching call format).
 
 `TAIL` marks template-made text that follows a message's content (Phi-4's call block): control
 tokens in it are control tokens, so what it holds (call arguments) is checked for control-token
-text first (chat.py). Prepared messages never change earlier ones when messages are appended,
+text first (chat_format.py). Prepared messages never change earlier ones when messages are appended,
 except Gemma's merged tool results: appending one re-renders the turn it joins.
 """
 

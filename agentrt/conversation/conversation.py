@@ -47,7 +47,7 @@ from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.conversation.call_ids import CALL, call_id as call_id_of
-from agentrt.conversation.formats import chat_format_of, grammars_of
+from agentrt.conversation.engine_text import chat_format_of, grammars_of
 from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.conversation.repeats import CallLimits
 from agentrt.conversation.round_state import RoundState, TextOnly
@@ -217,7 +217,7 @@ class Conversation:
                 # the round still ended where the parser stopped it, whatever the timing
                 state.finish = "early_stop"
             end = self._close(state, call_id, content)
-            if end.calls and hasattr(self.session, "expect_tools"):  # keep the KV while the tools run
+            if end.calls and self.session is not None:  # keep the KV while the tools run
                 with contextlib.suppress(EngineClosed):
                     await self.session.expect_tools([c.name for c in end.calls])
             span.add(end)
@@ -241,8 +241,7 @@ class Conversation:
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
         state = RoundState(parser, stop, reasoning, limits.stop_on_repeat)
         # fast-forward spells forced text canonically in the engine; without it, respell after
-        state.constrained = constraint is not None and not getattr(getattr(engine, "config", None),
-                                                                   "grammar_fast_forward", False)
+        state.constrained = constraint is not None and not engine.config.grammar_fast_forward
         answer = json_schema is not None and not (both and tool_choice not in (None, "auto"))  # (may it answer?)
         prompt = hinted_prompt(self, json_schema, params.max_tokens, both) if answer and schema_hint else None
         return state, dec, constraint, prompt

@@ -1,5 +1,5 @@
 """OpenAI-style messages for chat formatting: validation/normalisation, and the fallback tool
-format (see chat.py's docstring) for templates without tool support."""
+format (see chat_format.py's docstring) for templates without tool support."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class SessionRouter:
         and salted with `cache_salt` (its prefixes are shared only with requests of that salt)."""
         await self.release_idle()
         rs = self.sessions.get(key)
-        if rs is not None and getattr(rs.session, "cache_salt", None) != cache_salt:
+        if rs is not None and rs.session.cache_salt != cache_salt:
             raise ConfigError(f"session {key!r} was opened with another cache_salt; a key keeps one salt")
         if rs is None:
             session = await self._open(key, tag, cache_salt)

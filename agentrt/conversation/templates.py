@@ -1,6 +1,6 @@
 """A chat template compiled as transformers compiles it: jinja2 in an immutable sandbox, with
 `raise_exception`, `strftime_now`, `tojson` and the `{% generation %}` tag some templates use;
-ChatML when neither the caller nor the tokenizer gives one (conversation/chat.py renders with it)."""
+ChatML when neither the caller nor the tokenizer gives one (conversation/chat_format.py renders with it)."""
 
 from __future__ import annotations
 

@@ -99,12 +99,9 @@ def now() -> float:
     return time.monotonic()
 
 
-def timeline_of(engine: Any) -> TurnLog | None:
-    """The engine's turn log, created on first use (None for an engine without `shared`: a remote one)."""
-    shared = getattr(engine, "shared", None)
-    if shared is None:
-        return None
-    log = shared.get("timeline")
+def timeline_of(engine: Any) -> TurnLog:
+    """The engine's turn log (an Engine's, or a Ray RemoteEngine's), created on first use."""
+    log = engine.shared.get("timeline")
     if log is None:
-        log = shared["timeline"] = TurnLog()
+        log = engine.shared["timeline"] = TurnLog()
     return log

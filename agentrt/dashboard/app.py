@@ -30,7 +30,9 @@ from starlette.staticfiles import StaticFiles
 
 from agentrt.conversation.timeline import timeline_of
 from agentrt.dashboard.snapshot import engine_state, point, runtime_state
+from agentrt.engine.engine import Engine
 from agentrt.errors import ConfigError
+from agentrt.runtime.runtime import Runtime
 
 STATIC = Path(__file__).parent / "static"
 
@@ -71,7 +73,7 @@ class Dashboard:
         engine, runtime = _split(self.target() if callable(self.target) else self.target)
         snap = engine.inspect(engine_state) if engine is not None else _no_engine()
         snap["t"] = now - self.origin
-        snap["model"] = getattr(engine, "model_name", None)
+        snap["model"] = engine.model_name if engine is not None else None
         snap["agents"] = runtime_state(runtime) if runtime is not None else []
         log = timeline_of(engine) if engine is not None else None
         snap["turns"] = [r.as_dict(self.origin) for r in log.recent(self.turns)] if log is not None else []
@@ -94,10 +96,9 @@ def _split(target: Any) -> tuple[Any, Any]:
     """(engine, runtime) of a target; ConfigError for anything else."""
     if target is None:
         return None, None
-    if hasattr(target, "actors") and hasattr(target, "spawn"):  # a Runtime
-        engine = target.engine
-        return (engine if callable(getattr(engine, "inspect", None)) else None), target
-    if callable(getattr(target, "inspect", None)) and hasattr(target, "core"):
+    if isinstance(target, Runtime):  # (its engine: an in-process Engine, else not shown)
+        return (target.engine if isinstance(target.engine, Engine) else None), target
+    if isinstance(target, Engine):
         return target, None
     raise ConfigError(f"the dashboard shows an in-process Engine or Runtime, got {type(target).__name__}; "
                       "pass the Engine (or the Runtime) your agents run on")

@@ -12,6 +12,7 @@ import itertools
 import math
 from typing import Any
 
+from agentrt.runtime.agent import Agent
 from agentrt.scheduling.scheduler import UPCOMING_S
 
 RECENT_TASKS = 256  # tasks looked at for the workflow view (most recently seen first)
@@ -88,11 +89,10 @@ def runtime_state(runtime: Any) -> list[dict]:
     rows = []
     for name, ref in list(runtime.actors.items()):
         agent = ref.behavior
-        session = getattr(agent, "session", None)
-        es = getattr(session, "engine_session", None)
-        conv = getattr(agent, "conversation", None)
+        session, conv = (agent.session, agent.conversation) if isinstance(agent, Agent) else (None, None)
+        es = session.engine_session if session is not None else None
         rows.append({"name": name, "busy": ref.busy, "stopped": ref.stopped, "queued": ref.queued,
-                     "kind": type(agent).__name__, "session": getattr(es, "sid", None),
+                     "kind": type(agent).__name__, "session": es.sid if es is not None else None,
                      "tokens": len(conv.tokens) if conv is not None else 0})
     return rows
 

@@ -14,7 +14,7 @@ from agentrt.config import EngineConfig
 from agentrt.constrain.fast_forward import forced_start
 from agentrt.constrain.step_masks import MaskPrefetch
 from agentrt.engine.clock import Clock, WallClock
-from agentrt.engine.events import EngineEvents
+from agentrt.engine.event_log import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.faults import out_of_memory
 from agentrt.engine.postprocess import Postprocess
@@ -197,7 +197,7 @@ class EngineCore(Postprocess):
     # ---- one iteration --------------------------------------------------------------
     def step(self) -> int:
         """One iteration, schedule -> run -> postprocess; returns the tokens that went through
-        the model. (With state-change events on, engine/events.py names what the step moved.)"""
+        the model. (With state-change events on, engine/event_log.py names what the step moved.)"""
         with self.events.around():
             return self._step()
 

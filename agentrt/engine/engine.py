@@ -27,6 +27,7 @@ from agentrt.engine.loop import StepThread
 from agentrt.records.request import TokenEvent, Usage
 from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.engine.session import Session, restore_session
+from agentrt.model.loaders.load import LoadedModel
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed
 from agentrt.sampling import SamplingParams, make_generator
 from agentrt.fingerprint import fnv1a
@@ -41,26 +42,31 @@ class Completion:
 
 
 class Engine(EngineReads):
+    alive = True  # (in process: never lost as a Ray replica can be; see `closed`)
+
     def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
                  eos_token_ids: tuple[int, ...] | None = None, executor=None):
         """`executor`: what runs the batches (default: the model). A simulated one
         (agentrt.sim.SimExecutor, run under agentrt.sim.run) makes the same engine a simulation:
         steps run on the event loop and take their modelled cost in virtual time."""
-        loaded = getattr(model, "model", None)
-        self.model = loaded if loaded is not None else model
-        self.tokenizer = getattr(model, "tokenizer", None)
+        if isinstance(model, LoadedModel):  # a loaded checkpoint: its tokenizer and source come with it
+            self.model, self.tokenizer, source = model.model, model.tokenizer, model.source
+        else:  # a bare model (a DecoderModel, a SimModel): no tokenizer
+            self.model, self.tokenizer, source = model, None, None
         # the model's name in traces (gen_ai.request.model): a LoadedModel's source, else its architecture
-        arch = getattr(getattr(self.model, "cfg", None), "arch", "local")
-        self.model_name = str(getattr(model, "source", None) or arch)
+        self.model_name = str(source or self.model.cfg.arch)
         if eos_token_ids is None:
             eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else ()
         self.config = config or EngineConfig()
-        clock = executor.clock() if hasattr(executor, "clock") else None  # (default: the wall clock)
+        # the executor's clock (None: the wall clock) and step loop (None: a StepThread)
+        clock = executor.clock() if executor is not None else None
         self.core = EngineCore(self.model, self.config, policy, eos_token_ids, executor=executor, clock=clock)
         # the step loop: its thread (a task on the loop when simulated), inbox and outbox
-        self._steps = getattr(executor, "make_steps", StepThread)(self.core)
+        make_steps = executor.make_steps if executor is not None else None
+        self._steps = (make_steps or StepThread)(self.core)
+        self._loop_thread_id: int | None = None  # (set on entering)
         self._portal, self._host = None, EngineHost()
-        # what the layers above build once per engine and share (conversation/formats.py: the
+        # what the layers above build once per engine and share (conversation/engine_text.py: the
         # chat format and the grammar factory)
         self.shared: dict[str, object] = {}
 
@@ -110,7 +116,7 @@ class Engine(EngineReads):
     @property
     def loop_thread_id(self) -> int | None:
         """The id of the thread whose event loop the engine was entered in (None before)."""
-        return getattr(self, "_loop_thread_id", None)
+        return self._loop_thread_id
 
     async def close_session(self, es) -> None:
         """Release an engine session's sequence (a no-op once the engine is closed)."""

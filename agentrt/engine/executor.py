@@ -9,12 +9,14 @@ tier, retention, prefetch and preemption are the same code either way."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 import torch
 
+from agentrt.engine.clock import Clock
 from agentrt.kv.tier import HostTier
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.graphs import StepGraphs, graphable, is_short
@@ -35,6 +37,11 @@ class StepOutput:
 
 class Executor(Protocol):
     simulated: bool
+    # the Engine's step loop, make_steps(core) (None: its own StepThread, engine/loop.py)
+    make_steps: Callable[[object], object] | None
+
+    def clock(self) -> Clock | None:
+        """The clock every "now" of the core reads (None: the wall clock)."""
 
     def allocate(self, num_pages: int, page_size: int, num_local: int | None = None) -> KVStore:
         """The KV pool's storage (once, at start); `num_local`: pages of the sliding-window
@@ -60,6 +67,11 @@ class ModelExecutor:
     prefill row run eagerly."""
 
     simulated = False
+    make_steps = None  # (the Engine's own StepThread)
+
+    @staticmethod
+    def clock() -> Clock | None:
+        return None  # (the wall clock)
 
     def __init__(self, model, path: str | None = None, cuda_graphs: bool = True):
         self.model, self.path = model, path  # path None: the model's own default forward

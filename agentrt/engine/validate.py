@@ -36,6 +36,7 @@ def check_prompt(prompt, vocab: int | None = None) -> list[int]:
         # (the error's hint only: what the wrong value looks like, a tensor / array or an iterable)
         if hasattr(prompt, "tolist") and hasattr(prompt, "shape"):
             hint = "; pass a list of ints, e.g. prompt.tolist() of a 1-D tensor or array"
+        # (a public input: an iterator / iterable by duck type, for the hint)
         elif hasattr(prompt, "__next__") or hasattr(prompt, "__iter__"):
             hint = "; pass a list of ints, e.g. list(prompt)"
         else:

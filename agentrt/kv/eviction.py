@@ -27,7 +27,9 @@ class IdleSession(Protocol):
 
 class EvictionPolicy(Protocol):
     """Ranks unlocked radix leaves for eviction and idle sessions for detaching. Called on the
-    scheduler's hot path: keep it O(candidates log candidates) or better."""
+    scheduler's hot path: keep it O(candidates log candidates) or better. Optional hooks, looked
+    up on the policy: `on_request` and `order_sessions` (left out: nothing, and least recently
+    used first), `distances()` (the tier's prefetch, kv/hierarchy.py) and `check_invariants()`."""
 
     def on_request(self, tag: str | None) -> None:
         """A request of agent `tag` (None: unknown) was admitted."""

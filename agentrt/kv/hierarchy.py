@@ -114,6 +114,7 @@ class Hierarchy:
         pages the running requests may still need (the scheduler's projection), kept free; asked
         only when a path is weighed (most steps find nothing to prefetch)."""
         radix, policy = self.kv.radix, self.kv.policy
+        # a user-supplied eviction policy: distances() is an optional hook (kv/eviction.py)
         distances = getattr(policy, "distances", None)
         if radix is None or radix.tier is None or not radix.tier.used or max_pages <= 0:
             return 0

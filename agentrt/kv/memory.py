@@ -213,6 +213,7 @@ class MemoryManager:
 
     def _order_sessions(self, sessions: list) -> list:
         """The policy's session order (least recently used for a policy without one)."""
+        # a user-supplied eviction policy: order_sessions is optional by contract (kv/eviction.py)
         order = getattr(self.policy, "order_sessions", None)
         return order(sessions) if order is not None else sorted(sessions, key=lambda s: s.last_used)
 

@@ -90,6 +90,7 @@ class KVRoom:
         if self.radix is not None:
             self.radix.check_invariants()
             holders.append(self.radix.all_pages())
+        # a user-supplied eviction policy: check_invariants is an optional hook (kv/eviction.py)
         check = getattr(self.policy, "check_invariants", None)
         if check is not None:
             check()

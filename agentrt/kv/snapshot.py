@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from agentrt.errors import ConfigError, SnapshotMismatch
+from agentrt.model.quant import QEmbedding, QLinear
 
 FORMAT = "agentrt-session-snapshot"
 VERSION = 2  # 2: framed with a checksum
@@ -81,10 +82,10 @@ def _weight_tensors(model):
     """Parameters and buffers by name, then packed quantized weights (not registered tensors)."""
     yield from model.state_dict().items()
     for mname, mod in model.named_modules():
-        parts = getattr(mod, "parts", None) or ([mod.packed] if hasattr(mod, "packed") else [])
+        parts = mod.parts if isinstance(mod, QLinear) else [mod.packed] if isinstance(mod, QEmbedding) else []
         for i, pw in enumerate(parts):
             for field in ("q", "s", "m"):
-                t = getattr(pw, field, None)
+                t = getattr(pw, field)
                 if isinstance(t, torch.Tensor):
                     yield f"{mname}.packed{i}.{field}", t
 

@@ -66,6 +66,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    experts = shared = None  # (a dense MLP: no routed or shared experts, as a MoE's)
+
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.inter = cfg.intermediate_size

@@ -70,7 +70,7 @@ class _Step:
         self.cos, self.sin = model.rope.cos, model.rope.sin
         self.local = model.rope_local  # (Gemma 3's sliding-window layers; else model.rope)
         self.meta = meta
-        cut = None if getattr(model, "batch_invariant", True) else KERNEL_ATTENTION_MAX_Q
+        cut = None if model.batch_invariant else KERNEL_ATTENTION_MAX_Q
         short = [b for b, q in enumerate(meta.q_lens) if cut is None or q <= cut]
         self.long = tuple(b for b, q in enumerate(meta.q_lens) if cut is not None and q > cut)
         self.short = torch.tensor(short, dtype=torch.int64)
@@ -251,7 +251,7 @@ def native_layers(model):
     slots = tuple((owner, name, getattr(owner, name)) for owner, name in linear_slots(model))
     ok = all(isinstance(lin, QLinear) and len(lin.parts) <= 3 for _, _, lin in slots)
     # (layer by layer: OLMoE's whole-projection norms, Qwen2-MoE's shared experts)
-    ok = ok and not any(b.attn.norm_all or getattr(b.mlp, "shared", None) is not None for b in model.blocks)
+    ok = ok and not any(b.attn.norm_all or b.mlp.shared is not None for b in model.blocks)
     value = _describe(model) if ok else None
     model.fused_cache["layers"] = (slots, value)
     return value
@@ -265,7 +265,7 @@ def _describe(model):
         arr[i].attn_norm, arr[i].mlp_norm = blk.attn_norm.data_ptr(), blk.mlp_norm.data_ptr()
         arr[i].q_norm, arr[i].k_norm = head_norms(blk.attn)
         arr[i].window, arr[i].softcap = blk.attn.window, blk.attn.softcap
-        arr[i].gelu = int(getattr(blk.mlp, "gelu", False))
+        arr[i].gelu = int(blk.mlp.gelu)
         arr[i].attn_post_norm, arr[i].mlp_post_norm = _ptr(blk.attn_post_norm), _ptr(blk.mlp_post_norm)
         if blk.attn.local_rope:  # (Gemma 3's local layers turn by their own table)
             arr[i].cos, arr[i].sin = model.rope_local.cos.data_ptr(), model.rope_local.sin.data_ptr()

@@ -38,7 +38,7 @@ def graphable(model, store: KVStore) -> bool:
     """Whether `model`'s short steps over `store` can be captured: a CUDA model on the triton
     backend, one page pool (sliding-window layers with pages of their own index a second table),
     dense MLPs (a mixture of experts routes on the host) and a float KV store."""
-    return (model.device.type == "cuda" and getattr(model.ops, "name", "") == "triton"
+    return (model.device.type == "cuda" and model.ops.name == "triton"
             and store.local_of is None and store.k[0].dtype != torch.int8 and not model.cfg.is_moe)
 
 

@@ -47,6 +47,8 @@ class Expert(nn.Module):
 class MoE(nn.Module):
     """forward(h [T, hidden]) -> the experts' weighted sum [T, hidden]."""
 
+    gelu = False  # (SwiGLU experts, as a dense MLP's `gelu`)
+
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.top_k, self.norm_topk = cfg.experts_per_token, cfg.norm_topk_prob

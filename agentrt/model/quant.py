@@ -116,8 +116,9 @@ def linear_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
     slots = []
     for block in model.blocks:
         slots += [(block.attn, "qkv"), (block.attn, "o")]
-        mlps = [*block.mlp.experts, *([block.mlp.shared] if block.mlp.shared is not None else [])] \
-            if hasattr(block.mlp, "experts") else [block.mlp]
+        experts = block.mlp.experts  # (None: a dense MLP)
+        mlps = [*experts, *([block.mlp.shared] if block.mlp.shared is not None else [])] \
+            if experts is not None else [block.mlp]
         slots += [(mlp, name) for mlp in mlps for name in ("gate_up", "down")]
     return slots
 

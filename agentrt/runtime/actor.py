@@ -249,6 +249,7 @@ class ActorRef:
         that fails is a crash too (the runtime and the other actors go on). The behaviour's stop
         hears `restarting=True` only when supervision will restart it: a crash past the restart
         budget stops it for good, and it releases what it holds (an agent's session)."""
+        # a user-supplied behaviour: start is an optional hook (Behavior)
         if hasattr(self.behavior, "start"):
             try:
                 await self.behavior.start(ctx)
@@ -264,9 +265,10 @@ class ActorRef:
                     return True
             return False
         finally:
+            # a user-supplied behaviour: stop is an optional hook (Behavior)
             if hasattr(self.behavior, "stop"):
                 # shielded (a cancelled actor still releases what it holds), but bounded
-                bound = getattr(ctx.runtime, "shutdown_timeout", math.inf)
+                bound = ctx.runtime.shutdown_timeout
                 with anyio.CancelScope(shield=True, deadline=anyio.current_time() + bound) as scope:
                     await self.behavior.stop(ctx, restarting=crashed and self._restartable() and tracker.can_restart())
                 if scope.cancelled_caught:
@@ -279,6 +281,7 @@ class ActorRef:
         with anyio.CancelScope() as scope, task, tracing.attached(env.trace), bound_contextvars(**ids):
             self._scope = scope
             try:
+                # a user-supplied behaviour: stream is an optional hook (Behavior)
                 if env.streaming and hasattr(self.behavior, "stream"):
                     async for ev in self.behavior.stream(env.message, ctx):
                         env.event(ev)

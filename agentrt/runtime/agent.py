@@ -30,7 +30,7 @@ import anyio
 
 from agentrt import tracing
 from agentrt.errors import ConfigError, PoolExhausted
-from agentrt.runtime.events import RoundStarted, ToolResultEvent, TurnResult
+from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
 from agentrt.conversation import timeline
@@ -97,6 +97,7 @@ class Agent:
         self.session = None
         self.conversation: Conversation | None = None
         self._call_ids = itertools.count(1)
+        self._leases = None  # the Runtime's session leases (runtime/leases.py), set at start
 
     @classmethod
     def from_spec(cls, spec: AgentSpec) -> "Agent":
@@ -130,7 +131,7 @@ class Agent:
                 child.conversation = await self.conversation.fork(tag=name, timeout=0.0)
                 break
             except PoolExhausted:  # no id for the fork: passivate an idle agent (maybe this one)
-                leases = getattr(self, "_leases", None)
+                leases = self._leases
                 if leases is None or not await leases.passivate_one(self.engine):
                     raise
         child.session = child.conversation.session

@@ -24,7 +24,8 @@ from typing import Any
 
 import anyio
 
-from agentrt.engine import events
+from agentrt.engine import event_log
+from agentrt.engine.session import Session
 from agentrt.errors import ConfigError, PoolExhausted
 
 _POLL_S = 0.25  # a session closed outside the runtime (not an agent's) frees an id without telling
@@ -47,11 +48,11 @@ class SessionLeases:
             return
         passivated = agent.conversation is not None and agent.conversation.session is None \
             and bool(agent.conversation.tokens)
-        config = getattr(agent.engine, "config", None)
-        if getattr(config, "max_session_seqs", None) == 0:
+        config = agent.engine.config  # (an Engine's or a Ray RemoteEngine's EngineConfig)
+        if config.max_session_seqs == 0:
             raise ConfigError(f"agent {agent.spec.name!r} needs a KV session, and the engine has none "
                               "(EngineConfig.max_session_seqs=0)")
-        wait = getattr(config, "acquire_timeout", None)
+        wait = config.acquire_timeout
         deadline = anyio.current_time() + (math.inf if wait is None else wait)
         queue, ticket = self._queues.setdefault(id(agent.engine), deque()), object()
         queue.append(ticket)
@@ -79,7 +80,7 @@ class SessionLeases:
         agent.attach(session)
         self.activations += passivated
         if passivated:
-            events.debug("agent.activated", agent=agent.spec.name, session=_sid(session),
+            event_log.debug("agent.activated", agent=agent.spec.name, session=_sid(session),
                          tokens=len(agent.conversation.tokens))
 
     def release(self, agent: Any) -> None:
@@ -108,7 +109,7 @@ class SessionLeases:
             if agent.session is session:  # (a cluster may have moved it since)
                 await agent.passivate()
                 self.passivations += 1
-                events.debug("agent.passivated", agent=agent.spec.name, session=_sid(session))
+                event_log.debug("agent.passivated", agent=agent.spec.name, session=_sid(session))
                 return True
         return False
 
@@ -118,6 +119,5 @@ class SessionLeases:
 
 
 def _sid(session: Any) -> int | None:
-    """A session's engine id (None for one without: a remote replica's)."""
-    es = getattr(session, "engine_session", None)
-    return getattr(es, "sid", None)
+    """An in-process session's engine id (None for another: a remote replica's)."""
+    return session.engine_session.sid if isinstance(session, Session) else None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import anyio
 import structlog
 
-from agentrt.conversation.formats import grammars_of
+from agentrt.conversation.engine_text import grammars_of
 from agentrt.errors import ActorError, ActorStopped, ConfigError, SessionBusy
 from agentrt.runtime.actor import ActorContext, ActorRef, Behavior
 from agentrt.runtime.leases import SessionLeases
@@ -103,6 +103,7 @@ class Runtime:
         if isinstance(behavior, type):
             raise ConfigError(f"spawn() takes a behaviour instance, got the class {behavior.__name__}; "
                               f"call it: spawn({behavior.__name__}(...))")
+        # a user-supplied behaviour (public input): handle or stream, checked before it runs
         if not callable(getattr(behavior, "handle", None)) and not callable(getattr(behavior, "stream", None)):
             raise ConfigError(f"spawn() takes a behaviour with an async handle(message, ctx) method, "
                               f"got {type(behavior).__name__}")
@@ -110,6 +111,7 @@ class Runtime:
             raise ConfigError(f"an actor name must be a non-empty str (or None), got {name!r}")
         if supervision is not None and not isinstance(supervision, Supervision):
             raise ConfigError(f"supervision must be a Supervision or None, got {type(supervision).__name__}")
+        # a user-supplied behaviour: a name is optional (Behavior)
         name = name or getattr(behavior, "name", None) or f"actor-{len(self._actors) + 1}"
         if not isinstance(name, str):
             raise ConfigError(f"the behaviour's name must be a str, got {name!r}; pass name=...")
@@ -140,6 +142,7 @@ class Runtime:
             raise ConfigError(f"fork() takes an ActorRef or an actor name, got {type(source).__name__}")
         if ref.stopped:
             raise ActorStopped(f"actor {ref.name!r} has stopped; fork a running agent")
+        # any behaviour: only agents (and user behaviours that choose to) can fork
         if not callable(getattr(ref.behavior, "fork", None)):
             raise ConfigError(f"fork() forks agent actors; {ref.name!r} runs a {type(ref.behavior).__name__}")
         if not isinstance(name, str) or not name or (name in self._actors and not self._actors[name].stopped):

@@ -74,6 +74,7 @@ class AgentSpec:
         if isinstance(tools, (str, bytes, Tool)) or callable(tools) or not isinstance(tools, Iterable):
             raise ConfigError(f"Agent {name!r}: tools must be a list of tools or functions, got "
                               f"{type(tools).__name__}; wrap a single one: tools=[f]")
+        # a public input: an Engine, or a Ray RemoteEngine (integrations/), which agentrt cannot name
         if self.engine is not None and not callable(getattr(self.engine, "open_session", None)):
             raise ConfigError(f"Agent {name!r}: engine must be an Engine (or None: the Runtime's), "
                               f"got {type(self.engine).__name__}")

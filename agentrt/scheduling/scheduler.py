@@ -63,11 +63,12 @@ class Scheduler:
     def __init__(self, cfg, queues: Queues, kv: KVRoom, hierarchy: Hierarchy, tasks, policy, *,
                  ticks, context: int, clock, events=None):
         """`ticks`: the engine's logical clock (an iterator of ints, shared with the core);
-        `events`: the core's state-change events (engine/events.py; admissions and preemptions)."""
+        `events`: the core's state-change events (engine/event_log.py; admissions and preemptions)."""
         self.cfg, self.queues, self.kv, self.hierarchy = cfg, queues, kv, hierarchy
         self.mem, self.kvm, self.radix = kv.mem, kv.kvm, kv.radix
         self.tasks, self.policy, self.ticks = tasks, policy, ticks
         self.context, self.clock, self.events = context, clock, events
+        # a user-supplied eviction policy: on_request is optional by contract (kv/eviction.py)
         self._on_request = getattr(kv.policy, "on_request", None)
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)

@@ -27,7 +27,7 @@ class Backends:
         self._next = 0
 
     def live(self) -> list[int]:
-        return [i for i, e in enumerate(self.engines) if getattr(e, "alive", True) and not getattr(e, "closed", False)]
+        return [i for i, e in enumerate(self.engines) if e.alive and not e.closed]
 
     @property
     def engine(self) -> Any:

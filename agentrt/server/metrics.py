@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from agentrt.engine.reads import EngineReads
+
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -25,7 +27,7 @@ class _EngineCollector:
                                 value=backends.sessions)
         yield GaugeMetricFamily("agentrt_replicas_live", "engines (replicas) running", value=len(backends.live()))
         engine = self.state.engine
-        if not hasattr(engine, "stats"):  # a Ray replica: its engine's figures live in its process
+        if not isinstance(engine, EngineReads):  # a Ray replica: its engine's figures live in its process
             return
         st = engine.stats()
         gauges = {

@@ -38,6 +38,7 @@ class TraceHeaders:
                 with tracing.attached(span.context):
                     await self.app(scope, receive, send_traced)
             finally:
+                # starlette's route object: a third-party type, set only once a route matched
                 route = getattr(scope.get("route"), "path", None)  # (set by the router once matched)
                 if route:
                     span.rename(f"{scope['method']} {route}")

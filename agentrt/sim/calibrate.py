@@ -28,6 +28,7 @@ from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine
 from agentrt.engine.executor import ModelExecutor
+from agentrt.model.loaders.load import LoadedModel
 from agentrt.sampling import SamplingParams
 from agentrt.sim.costs import StepCosts
 
@@ -111,7 +112,7 @@ def loaded_samples(lm, seconds: float = 30.0, agents: int = 4, seed: int = 0) ->
     """(steps, gaps) of a multi-agent workload run for `seconds` through the async Engine: agents
     on sessions sharing a 256-token system prefix, each turn appending 32-512 new tokens and
     decoding 4-48 (streamed), then a tool sleeping 0-0.3 s."""
-    model = getattr(lm, "model", lm)
+    model = lm.model if isinstance(lm, LoadedModel) else lm
     vocab, rng = model.cfg.vocab_size, random.Random(seed)
     cfg = EngineConfig(response_cache_size=0, enable_speculation=False)
     head = _prompt(seed, 256, vocab)
@@ -145,7 +146,7 @@ def loaded_samples(lm, seconds: float = 30.0, agents: int = 4, seed: int = 0) ->
 def calibrate(lm, quick: bool = False, name: str | None = None, loaded_s: float | None = None) -> StepCosts:
     """Fitted to the grid; checked on a loaded run (`loaded_s` seconds; default 20, 8 when
     quick), whose median gap between steps is `loop_s`."""
-    model = getattr(lm, "model", lm)
+    model = lm.model if isinstance(lm, LoadedModel) else lm
     grid = samples(model, quick)
     loaded, gaps = loaded_samples(lm, loaded_s if loaded_s is not None else (8.0 if quick else 20.0))
     copy = _tier_copy_s(model)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from agentrt.errors import ConfigError
+from agentrt.model.batch import SeqChunk
 
 FEATURES = ("base_s", "per_seq_s", "per_token_s", "per_pair_s", "per_key_s")
 
@@ -31,7 +32,7 @@ def features(chunks) -> tuple[float, float, float, float, float]:
     """(1, B, T, A, K) of a batch of SeqChunk (or (start, n) pairs)."""
     b = t = a = k = 0.0
     for c in chunks:
-        start, n = (c.start, len(c.tokens)) if hasattr(c, "tokens") else c
+        start, n = (c.start, len(c.tokens)) if isinstance(c, SeqChunk) else c
         b, t = b + 1, t + n
         a += n * (start + (n + 1) / 2)
         k += start + n

@@ -9,7 +9,7 @@
     events = parser.close()
 """
 
-from agentrt.toolcall.events import (
+from agentrt.toolcall.parse_events import (
     ArgumentsDelta, CallComplete, CallInvalid, CallStarted, EarlyStop, Event, InvalidKind,
     ParserState, TextDelta, Verdict,
 )

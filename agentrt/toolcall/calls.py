@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from agentrt.toolcall.events import (
+from agentrt.toolcall.parse_events import (
     CallComplete, CallInvalid, CallStarted, EventSink, InvalidKind, Verdict,
 )
 from agentrt.toolcall.scanner import END, ERROR, PIECE, START, JsonScanner

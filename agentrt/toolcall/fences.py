@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrt.toolcall.events import ParserState
+from agentrt.toolcall.parse_events import ParserState
 from agentrt.toolcall.tags import match_literal
 
 _FENCE = "```"

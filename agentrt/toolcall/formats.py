@@ -130,7 +130,7 @@ FORMATS = {f.name: f for f in (HERMES, QWEN, LLAMA3, MISTRAL, PHI4, GEMMA)}
 
 def detect_tool_format(chat) -> ToolFormat:
     """The format `chat` (a ChatFormat) renders tool calls in; HERMES for the fallback."""
-    convention = getattr(chat, "tool_convention", "native" if chat.native_tools else "fallback")
+    convention = chat.tool_convention
     if convention == "phi4":
         return replace(PHI4, bare=PHI4.open not in chat.tokenizer.special_tokens)
     if convention == "gemma":

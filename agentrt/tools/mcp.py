@@ -144,9 +144,11 @@ class MCPTools:
 
 def _text(result: Any) -> str:
     """The result's text parts joined; structured content (or other parts) as JSON."""
+    # third-party MCP SDK objects of unknown version: parts and results vary by type
     parts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
     if parts:
         return "\n".join(parts)
+    # (third-party MCP result: structuredContent is newer than some SDKs)
     if getattr(result, "structuredContent", None) is not None:
         return json.dumps(result.structuredContent, ensure_ascii=False)
     return json.dumps([c.model_dump(mode="json") for c in result.content], ensure_ascii=False)

@@ -100,6 +100,7 @@ class Tool:
         pydantic's type coercion ("3" is no longer accepted for an int)."""
         if isinstance(fn, Tool) or not callable(fn):
             raise ToolDefinitionError(f"a tool needs a plain callable, got {type(fn).__name__}")
+        # a user's callable: partials and callable objects have no __name__
         name = name if name is not None else getattr(fn, "__name__", type(fn).__name__)
         _check_settings(name, timeout, retries)  # cheap checks first, before introspection
         doc_description, doc_params = parse_docstring(inspect.getdoc(_unwrap_partial(fn)))
@@ -263,6 +264,7 @@ def _is_context(hint: Any) -> bool:
 def _find_context_param(fn: Callable[..., Any]) -> str | None:
     """The ToolContext parameter of an untyped-or-typed `fn`, best effort (no hints -> None)."""
     try:
+        # a user's callable: partials and callable objects have no __name__
         hints = _type_hints(fn, getattr(fn, "__name__", "tool"))
     except ToolDefinitionError:
         return None

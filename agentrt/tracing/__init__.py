@@ -94,6 +94,7 @@ def enable(tracer_provider: Any = None) -> None:
     except ImportError as e:
         raise ConfigError("tracing needs OpenTelemetry: pip install 'agentrt[otel]' "
                           f"(opentelemetry-api and -sdk); importing it failed: {e}") from None
+    # a user-supplied OpenTelemetry provider: a third-party object, checked by what it offers
     if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
         raise ConfigError("tracer_provider must be an OpenTelemetry TracerProvider (with get_tracer()) or "
                           f"None for the global one, got {type(tracer_provider).__name__}")

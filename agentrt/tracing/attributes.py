@@ -59,7 +59,7 @@ TOOL_AGENT = "agentrt.tool.agent"  # the agent whose turn called the tool
 
 def model_name(engine: Any) -> str:
     """The engine's model (`Engine.model_name`), else "local"."""
-    return str(getattr(engine, "model_name", None) or "local")
+    return str(engine.model_name or "local")
 
 
 def request_attributes(params: Any) -> dict[str, Any]:

@@ -88,7 +88,7 @@ class Spans:
         model = A.model_name(engine)
         attrs = {A.OPERATION: "chat", A.PROVIDER: A.PROVIDER_NAME, A.REQUEST_MODEL: model,
                  **A.request_attributes(params), **_task()}
-        policy = getattr(getattr(engine, "config", None), "scheduling_policy", None)
+        policy = engine.config.scheduling_policy
         if policy is not None:
             attrs[A.POLICY] = policy
         return self._start(f"chat {model}", SpanKind.CLIENT, parent, attrs, A.round_attributes)

@@ -70,7 +70,7 @@ def step_ms(model, ctx: int, batch: int, rounds: int, steps: int, shared: int = 
 def conversation(tok, target: int) -> list[list[int]]:
     """Two turns of a tool-calling chat: the first ~target tokens (system + tools + a long tool
     result), then a short user question."""
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
 
     fmt = ChatFormat(tok)
     tools = [{"type": "function", "function": {"name": "search_docs", "description": "Search the docs.",

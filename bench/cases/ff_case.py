@@ -151,7 +151,7 @@ def summary(recs: list[dict]) -> dict:
 async def prepare(lm, cfg: EngineConfig, scripts, factory):
     """The grammar factory (made once), every tool set compiled and a short call through a
     throwaway engine, all before the clock runs."""
-    from agentrt.conversation.formats import grammars_of
+    from agentrt.conversation.engine_text import grammars_of
 
     async with Engine(lm, cfg.replace(kv_cache_tokens=4096)) as eng:
         factory = factory or grammars_of(eng)
@@ -230,7 +230,7 @@ def print_ff(ff: dict) -> None:
 
 def main() -> None:
     from agentrt import load_model
-    from agentrt.conversation.chat import ChatFormat
+    from agentrt.conversation.chat_format import ChatFormat
     from bench.cases.agents_cases import build_cases, kv_tokens
     from bench.common import RESULTS, machine
 

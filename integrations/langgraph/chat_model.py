@@ -28,7 +28,7 @@ from langchain_core.utils import secret_from_env
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from agentrt import tracing
-from agentrt.conversation.formats import chat_format_of
+from agentrt.conversation.engine_text import chat_format_of
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.repeats import CallLimits
@@ -102,6 +102,7 @@ class ChatAgentrt(BaseChatModel):
         if (engine is None) + (host is None) + (self.base_url is None) != 2:
             raise ConfigError("pass engine= (an Engine), base_url= (a remote agentrt serve), or use "
                               "ChatAgentrt.from_model(source)")
+        # a public input: an Engine or a Ray RemoteEngine, both hold `shared` (no common base)
         if engine is not None and not isinstance(getattr(engine, "shared", None), dict):
             raise ConfigError(f"engine must be an agentrt Engine, got {type(engine).__name__}")
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,

@@ -135,6 +135,7 @@ def structured_schema(schema: Any) -> tuple[dict, Any]:
     from langchain_core.utils.pydantic import is_basemodel_subclass
 
     if isinstance(schema, type) and is_basemodel_subclass(schema):  # pydantic 2, or pydantic.v1
+        # third-party pydantic class: a v2 model, or a v1 one (schema())
         return (schema.model_json_schema() if hasattr(schema, "model_json_schema") else schema.schema()), schema
     if isinstance(schema, Mapping) and "type" in schema and "function" not in schema and "title" not in schema:
         return dict(schema), None  # already a JSON schema

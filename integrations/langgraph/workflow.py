@@ -42,7 +42,9 @@ def workflow_of(graph: Any, name: str | None = None) -> Workflow:
     (edges to a node on the search's current path: a loop's way back) are dropped. Only what
     `graph.get_graph()` draws is seen: a conditional edge without a path map or a `Literal`
     return hint, or a `Command` goto without `destinations=`, adds no edge."""
+    # third-party LangGraph objects, of versions we do not pin: a compiled graph draws itself;
     if isinstance(graph, type) or not callable(getattr(graph, "get_graph", None)):
+        # (a builder compiles: the hint)
         hint = "; pass builder.compile()" if callable(getattr(graph, "compile", None)) else ""
         raise ConfigError(f"workflow_of takes a compiled LangGraph graph, got {type(graph).__name__}{hint}")
     name = graph.name if name is None else name
@@ -68,11 +70,14 @@ def _forward_edges(succ: Mapping[str, list[str]], nodes: list[str]) -> list[tupl
 def _stage_names(graph: Any) -> dict[str, str]:
     """node -> stage where they differ: an agent_node's requests carry its agent's name."""
     out: dict[str, str] = {}
+    # LangGraph internals (third-party, unpinned): builder.nodes -> specs -> runnables -> functions
     for node, spec in (getattr(getattr(graph, "builder", None), "nodes", None) or {}).items():
-        runnable = getattr(spec, "runnable", None)
+        runnable = getattr(spec, "runnable", None)  # (LangGraph's StateNodeSpec)
+        # (LangGraph's RunnableCallable: an async or a sync function)
         fn = getattr(runnable, "afunc", None) or getattr(runnable, "func", None)
+        # any node function: only agent_node's carry a binding (nodes.py), whose name is the stage
         binding = getattr(fn, "binding", None)
-        if isinstance(getattr(binding, "name", None), str):
+        if isinstance(getattr(binding, "name", None), str):  # (a user's function may hold another `binding`)
             out[node] = binding.name
     return out
 
@@ -81,6 +86,7 @@ def declare_graph(engine: Any, graph: Any, name: str | None = None) -> Any:
     """Declare `workflow_of(graph, name)` on `engine` and return the graph configured so its
     runs name that workflow (`graph.with_config(configurable={"agentrt_workflow": name})`): use
     the returned graph. The engine then schedules the graph's tasks on the declared DAG."""
+    # a public input: an Engine, or a stand-in that declares workflows (a cluster's)
     if not callable(getattr(engine, "declare_workflow", None)):
         raise ConfigError(f"declare_graph takes an agentrt Engine first, got {type(engine).__name__}")
     wf = workflow_of(graph, name)
@@ -116,6 +122,7 @@ class GraphTasks:
         if outer is not None:
             return TaskContext(outer.task_id, outer.workflow or workflow)
         runtime = ((config or {}).get("configurable") or {}).get("__pregel_runtime")
+        # LangGraph's private run object (third-party, unpinned): its control names the run
         control = getattr(runtime, "control", None)
         if control is None:
             return None

@@ -35,7 +35,7 @@ from agentrt.checks import check_int
 from agentrt.errors import ActorStopped, ConfigError, ReplicaLost
 from agentrt.runtime.agent import Agent
 from agentrt.runtime.runtime import Runtime
-from agentrt.conversation.chat import build_chat_format
+from agentrt.conversation.chat_format import build_chat_format
 
 from .placement import AgentInfo, Policy, ReplicaView, make_policy, prefix_key
 from .remote import RemoteEngine

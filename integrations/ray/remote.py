@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrt.conversation.formats import CHAT_FORMAT, GRAMMARS
+from agentrt.conversation.engine_text import CHAT_FORMAT, GRAMMARS
 from agentrt.errors import ConfigError, ReplicaLost
 
 from .replica import ConstraintSpec
@@ -66,10 +66,12 @@ class RemoteEngine:
         self.tokenizer = chat.tokenizer
         self.max_context_tokens = info["max_context_tokens"]
         self.alive = True
-        # the chat format from the replica, grammars built there (conversation/formats.py reads these)
+        # the chat format from the replica, grammars built there (conversation/engine_text.py reads these)
         self.shared = {CHAT_FORMAT: chat, GRAMMARS: RemoteGrammars()}
 
     started = True
+    closed = False  # (a replica is lost, not closed: see alive)
+    model_name = None  # (traces name a replica's model "local")
 
     async def call(self, method: str, *args: Any) -> Any:
         """await handle.method.remote(*args), with a dead replica as ReplicaLost."""
@@ -123,6 +125,8 @@ class RemoteEngine:
 
 class RemoteSession:
     """A KV session held by a replica (the Session interface a Conversation uses)."""
+
+    engine_session = None  # (the replica holds the step thread's record, not this process)
 
     def __init__(self, engine: RemoteEngine, session_id: int, tag: str | None, cache_salt: str | None = None) -> None:
         self.engine, self.session_id, self.tag, self.cache_salt = engine, session_id, tag, cache_salt

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrt.conversation.formats import grammars_of
+from agentrt.conversation.engine_text import grammars_of
 from agentrt.errors import ConfigError
 
 

@@ -100,6 +100,7 @@ class GGUFFile:
         read does not stay in its resident set."""
         page = mmap.PAGESIZE
         start, end = offset // page * page, -(-(offset + n_bytes) // page) * page
+        # the stdlib mmap's madvise: absent on some platforms (Windows)
         if end > start and hasattr(self._map, "madvise"):
             self._map.madvise(mmap.MADV_DONTNEED, start, min(end, len(self._map)) - start)
 

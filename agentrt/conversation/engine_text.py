@@ -1,5 +1,5 @@
 """The text side of an engine, built by the conversation layer: the chat format (the model's
-template, its tool-call format; conversation/chat.py) and the grammar factory (constrained
+template, its tool-call format; conversation/chat_format.py) and the grammar factory (constrained
 decoding in that format; constrain/grammar.py). Each is built on first use from the engine's
 tokenizer and config and kept in the engine's `shared` slot, so every conversation, agent, chat
 model and server route on one engine shares one of each (compiled grammars are cached there).
@@ -9,7 +9,7 @@ made: a chat format from the replica, and grammars built on the replica."""
 
 from __future__ import annotations
 
-from agentrt.conversation.chat import ChatFormat, build_chat_format
+from agentrt.conversation.chat_format import ChatFormat, build_chat_format
 from agentrt.errors import ConfigError
 
 CHAT_FORMAT, GRAMMARS = "chat_format", "grammars"

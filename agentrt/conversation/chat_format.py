@@ -288,8 +288,8 @@ def build_chat_format(tokenizer: Any, config: Any = None) -> "ChatFormat":
 
     from agentrt.toolcall.formats import FORMATS
 
-    chat = ChatFormat(tokenizer, tool_format=FORMATS.get(getattr(config, "tool_format", None)))
-    bare = getattr(config, "bare_tool_calls", None)
+    name, bare = (config.tool_format, config.bare_tool_calls) if config is not None else (None, None)
+    chat = ChatFormat(tokenizer, tool_format=FORMATS.get(name))
     if bare is not None:
         chat = chat.with_tool_format(dataclasses.replace(chat.tool_format, bare=bare))
     return chat

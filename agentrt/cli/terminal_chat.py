@@ -17,7 +17,7 @@ from typing import Literal
 import anyio
 
 from agentrt import Agent, Engine, Runtime, SamplingParams, tool
-from agentrt.runtime.events import ToolResultEvent, TurnResult
+from agentrt.runtime.turn_events import ToolResultEvent, TurnResult
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta
 
 _OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b,
