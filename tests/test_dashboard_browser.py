@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,11 @@ def test_the_dashboard_shows_a_running_workload(tmp_path):
         turns_before = work.turns
         _wait(page, f"window.agentrtDashboard.history.at(-1).decode_tokens > {first['decoded']} && "
                     f"Number(document.querySelector('#timeline').dataset.turns) > {first['turns']}")
+        # (the page polls the engine, which records a turn before the workload's ask returns to
+        # count it: under load the page can be first, so the count is waited for, not raced)
+        deadline = time.monotonic() + 20.0
+        while work.turns <= turns_before and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert work.turns > turns_before
         points = int(page.get_attribute("#chart-kv", "data-points"))
         assert points > first["points"] and page.locator("#chart-kv canvas").count() == 1
