@@ -45,14 +45,18 @@ class Engine(EngineReads):
     alive = True  # (in process: never lost as a Ray replica can be; see `closed`)
 
     def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
-                 eos_token_ids: tuple[int, ...] | None = None, executor=None):
+                 eos_token_ids: tuple[int, ...] | None = None, executor=None, tokenizer=None):
         """`executor`: what runs the batches (default: the model). A simulated one
         (agentrt.sim.SimExecutor, run under agentrt.sim.run) makes the same engine a simulation:
-        steps run on the event loop and take their modelled cost in virtual time."""
+        steps run on the event loop and take their modelled cost in virtual time. `tokenizer`: a
+        bare model's (a DecoderModel's, a SimModel's; what chat formatting and grammars need); a
+        LoadedModel brings its own."""
         if isinstance(model, LoadedModel):  # a loaded checkpoint: its tokenizer and source come with it
-            self.model, self.tokenizer, source = model.model, model.tokenizer, model.source
-        else:  # a bare model (a DecoderModel, a SimModel): no tokenizer
-            self.model, self.tokenizer, source = model, None, None
+            self.model, source = model.model, model.source
+            tokenizer = tokenizer or model.tokenizer
+        else:  # a bare model (a DecoderModel, a SimModel)
+            self.model, source = model, None
+        self.tokenizer = tokenizer
         # the model's name in traces (gen_ai.request.model): a LoadedModel's source, else its architecture
         self.model_name = str(source or self.model.cfg.arch)
         if eos_token_ids is None:
