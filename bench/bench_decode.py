@@ -12,9 +12,7 @@ fresh. Writes bench/results/decode.json.   python -m bench.bench_decode [--quick
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 
 from bench.peers.forward_step import LlamaCppStep  # noqa: E402

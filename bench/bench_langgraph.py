@@ -31,9 +31,7 @@ import statistics
 from collections import Counter
 from contextlib import aclosing
 from itertools import zip_longest
-import sys
 import time
-from pathlib import Path
 
 import anyio
 

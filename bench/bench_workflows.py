@@ -20,7 +20,6 @@ import argparse
 import math
 import random
 import subprocess
-import sys
 import time
 import traceback
 from pathlib import Path

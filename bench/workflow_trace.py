@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from pathlib import Path
 
 from agentrt import DEFAULT_MODEL, load_model
 from agentrt.conversation.chat_format import ChatFormat

@@ -22,9 +22,7 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 from contextlib import aclosing
-from pathlib import Path
 
 import anyio
 import torch
