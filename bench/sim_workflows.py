@@ -29,7 +29,7 @@ from pathlib import Path
 
 
 from bench.common import machine, print_table, write_results  # noqa: E402
-from bench.workflow_run import combine_reps, reductions, run_dag  # noqa: E402
+from bench.workflow_run import combine_reps, per_rep_keys, reductions, run_dag  # noqa: E402
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
@@ -71,10 +71,7 @@ def one_dag(name: str, costs: StepCosts, fmt, tok, sizes: Sizes, n_tasks: int, l
             for k in range(reps)]
     out: dict = {"policies": {p: combine_reps([r["policies"][p] for r in runs]) for p in policies}}
     out.update(reductions(out["policies"]))
-    per = [one.get("mean_jct_reduction_vs_best_baseline") for one in runs]
-    per = [x for x in per if x is not None]
-    out["mean_jct_reduction_per_rep"] = per
-    out["mean_jct_reduction_spread"] = max(per) - min(per) if len(per) > 1 else 0.0
+    out.update(per_rep_keys([one.get("mean_jct_reduction_vs_best_baseline") for one in runs]))
     return out
 
 

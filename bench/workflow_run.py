@@ -179,6 +179,15 @@ def paired_summary(per: list[float]) -> dict:
     return out
 
 
+def per_rep_keys(per: list) -> dict:
+    """The keys both workflow benches report for TOPAS's reduction per paired repetition (None:
+    a repetition where a side did not run): the reductions, their spread and paired_summary."""
+    per = [x for x in per if x is not None]
+    paired = paired_summary(per)
+    return {"mean_jct_reduction_per_rep": per, "mean_jct_reduction_spread": paired.get("spread"),
+            "mean_jct_reduction_paired": paired}
+
+
 def median_or_none(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

@@ -34,7 +34,7 @@ import anyio
 
 from bench.common import machine, print_table, write_results
 from bench.sim_workflows import engine_config
-from bench.workflow_run import combine_reps, measured_and_simulated, paired_summary, reductions, run_dag
+from bench.workflow_run import combine_reps, measured_and_simulated, per_rep_keys, reductions, run_dag
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens
 from agentrt import DEFAULT_MODEL, load_model
 from agentrt.conversation.chat_format import ChatFormat
@@ -106,10 +106,7 @@ def one_dag(a, lm, fmt, name: str, costs: StepCosts) -> dict:
     out.update(reductions(out["policies"]))
     per = [reductions({p: rs[k] for p, rs in runs.items()}).get("mean_jct_reduction_vs_best_baseline")
            for k in range(a.reps)]
-    per = [x for x in per if x is not None]
-    out["mean_jct_reduction_per_rep"] = per
-    out["mean_jct_reduction_spread"] = max(per) - min(per) if len(per) > 1 else None
-    out["mean_jct_reduction_paired"] = paired_summary(per)
+    out.update(per_rep_keys(per))
     out["sim_over_real_mean_jct"] = {p: statistics.median(r["sim_over_real_mean_jct"] for r in rs
                                                           if r["sim_over_real_mean_jct"] is not None)
                                      for p, rs in runs.items() if any(r["sim_over_real_mean_jct"] for r in rs)}
