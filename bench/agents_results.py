@@ -1,4 +1,4 @@
-"""The headline keys of bench/agents.json and `--merge` (bench/bench_agents.py).
+"""The headline keys of bench/results/agents.json and `--merge` (bench/bench_agents.py).
 
 Why a merge: the full memory cases take over an hour on 2 cores, the rest of the full run
 hours more; each can be run on its own (`--cases ... --merge`) into the same JSON, and the

@@ -35,17 +35,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 
 from bench.cluster_real import TOOL_S, med, run_cluster, run_local  # noqa: E402
 from bench.cluster_sim import POLICIES, Overheads, Workload, simulate  # noqa: E402
-from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
+from bench.common import ROOT, RESULTS, machine, print_table, write_results  # noqa: E402
 from agentrt.sim import StepCosts  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 OVERHEADS = ("call_overhead", "transfer_fixed", "transfer_per_token")
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT
+
 CITIES = ["Paris", "Tokyo", "Oslo", "Lima", "Rome", "Cairo"]
 TOOL_S = 0.5
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]  # the repository root
+RESULTS = ROOT / "bench" / "results"
 
 
 def timeit(fn, repeat: int = 3, warmup: int = 1) -> float:

@@ -31,9 +31,8 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
 
-from bench.common import RESULTS, machine  # noqa: E402
+from bench.common import ROOT, RESULTS, machine  # noqa: E402
 from bench.workloads.malformed import PROBES  # noqa: E402
 
 

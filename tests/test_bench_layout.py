@@ -50,3 +50,15 @@ def test_no_import_circles_in_bench_function_level_imports_included():
     graph = {name: imports(name, path, known) for name, path in known.items()}
     found = circles(graph)
     assert not found, "bench modules importing each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+# the scripts copied alone onto the bare GPU machine (bench/gpu_pack.py) find the root themselves
+STANDALONE = {"bench.gpu_pack", "bench.gpu_check", "bench.gpu_faults"}
+
+
+def test_the_repository_root_is_found_in_one_place():
+    """A module moved into a sub-package once kept `parents[1]` and read bench/docs/ for docs/:
+    every bench module takes ROOT or RESULTS from bench.common instead of counting parents."""
+    counting = {name for name, path in bench_modules().items()
+                if re.search(r"__file__\)\.resolve\(\)\.parents\[", path.read_text())}
+    assert counting - STANDALONE == {"bench.common"}, counting - STANDALONE

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import anyio
 import torch
@@ -29,6 +28,7 @@ import torch
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
+from bench.common import ROOT  # noqa: E402
 
 PAGE = 16
 CONTEXTS = (128, 2048, 4096)
@@ -126,8 +126,7 @@ def agreement(lm, tokens: int = 4096) -> dict:
     repository's docs (prose and code) and a tool-calling chat."""
     import copy
 
-    root = Path(__file__).resolve().parents[1]
-    text = (root / "docs" / "architecture.md").read_text() + (root / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text() + (ROOT / "README.md").read_text()
     ids = (conversation(lm.tokenizer, 600)[1] + lm.tokenizer.encode(text))[:tokens]
     choice = {}
     for dt in (torch.float16, torch.int8, torch.float32):

@@ -27,8 +27,10 @@ from pathlib import Path
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from bench.common import ROOT
+
 BFCL_VERSION = "2026.3.23"
-DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".cache"
+DEFAULT_CACHE = ROOT / "bench" / ".cache"
 SYSTEM_PROMPT = ("You are an expert in composing functions. Given a question and a set of possible "
                  "functions, make one or more function/tool calls to achieve the purpose. If none "
                  "of the functions can be used, or parameters are missing, point it out.")
