@@ -94,6 +94,21 @@ def test_topas_moves_to_the_downstream_stage_when_it_pays():
     assert make_scheduling_policy("lpm").decide(v).order[0] == "a1"
 
 
+def test_topas_charges_a_move_for_the_batch_it_could_have_served():
+    """Nothing resident, the budget holds one prefix and five requests beside it: one request of
+    a task at its last stage (the highest weight) against three of the entry stage. A move
+    charged once would bring D's prefix in for its one request, and the A requests behind it
+    would pay a second move; charged as the full batch it amortizes (5 / k reloads), A's three go."""
+    rs = [ready("d1", "D", remaining=0.3, task_arrival=0.0)]
+    rs += [ready(f"a{i}", "A", remaining=0.9, task_arrival=0.0) for i in range(3)]
+    d = Topas().decide(view(rs, budget=PREFIX + 500))
+    assert sorted(d.order) == ["a0", "a1", "a2"] and "A" in d.keep and "D" not in d.keep
+    # five D requests fill the batch: the move is charged once, and the task-ending stage wins
+    rs += [ready(f"d{i}", "D", remaining=0.3, task_arrival=0.0) for i in range(2, 6)]
+    d = Topas().decide(view(rs, budget=PREFIX + 500))
+    assert d.order and all(x.startswith("d") for x in d.order)
+
+
 def test_topas_keeps_a_running_agents_prefix_and_looks_ahead():
     """A running request of stage A leads to B next: B's resident prefix is kept (lookahead)
     while an unrelated resident prefix X is not."""
@@ -124,10 +139,12 @@ def test_topas_aging_bounds_waiting_under_adversarial_arrivals():
             now += COST  # one A request served per scheduling point
         return float("inf")
 
-    # B wins once its aged weight pays for its reload, A's eviction and its own work:
-    # (1 + age / aging_s) / 0.6 * COST / (2 * PREFIX * RELOAD + 100 * RELOAD) > A's density
+    # B wins once its aged weight pays for its move (charged for the 5 requests that fit beside
+    # B's prefix: it brings one), A's eviction and its own work:
+    # (1 + age / aging_s) / 0.6 * COST / ((5 + 1) * PREFIX * RELOAD + 100 * RELOAD) > A's density
     density_a = (1 / 0.9) * COST / (100 * RELOAD)
-    bound = lambda aging_s: aging_s * (density_a * 0.6 * (2 * PREFIX + 100) * RELOAD / COST - 1)
+    full = (1500 - PREFIX) // 100
+    bound = lambda aging_s: aging_s * (density_a * 0.6 * ((full + 1) * PREFIX + 100) * RELOAD / COST - 1)
     slow, fast = waited(10.0), waited(1.0)
     assert fast < slow <= bound(10.0) + COST and fast <= bound(1.0) + COST
     assert waited(1e9) == float("inf")  # without aging, B would wait forever

@@ -21,7 +21,13 @@ weighted-shortest-processing-time index (Smith's rule with setup times), in seco
   w(r) = aging(J) / remaining(J), so what counts is the *share* of J's remaining path done (a
   task near its end gains most, as in SRPT), times task aging `1 + age(J) / aging_s`: a task
   kept waiting gains priority without bound and cannot starve.
-- **prefix moves**: the reload time of the missing tokens of every agent in R' not resident.
+- **prefix moves**: the reload time of the missing tokens of every agent in R' not resident,
+  charged as if the move served at least a full batch: a move whose k admitted requests are
+  fewer than the n that fit beside its prefix (the budget less the prefix, over the ready
+  requests' mean cells) is charged n / k times its reload. A move is a setup the visit amortizes;
+  charged once, a 2,000-token prefix was moved in for one request of a task near its end (its
+  weight is high), the requests that piled up behind it then paid a second move, and on the real
+  engine's diamond TOPAS evicted 20% more prefix pages than LPM and lost to it by 4-19% mean JCT.
 - **work(A)**: the engine time A takes: the prompt tokens it still has to compute (past what is
   resident and past its agent's prefix -- a tool call's follow-up finds its first call cached)
   at the learned prefill rate, plus the longest generation's decode steps at the learned decode
@@ -117,6 +123,7 @@ class _Context:
         # locality: requests on one resident prefix batch together), weight breaking ties
         self.by_locality = sorted(view.ready, key=lambda r: (-r.resident, -self.weight(r)))
         self.dynamic = sum(r.cells for r in view.running)
+        self.mean_cells = max(1.0, sum(r.cells for r in view.ready) / max(1, len(view.ready)))
         self.resident = {a for a, n in view.resident.items() if n > 0 and n >= RESIDENT * view.prefix_len.get(a, 0)}
         self.has_work = {r.stage for r in view.ready} | {r.stage for r in view.running}
         nxt = dict(view.upcoming)  # work expected soon: tasks between requests, and what the
@@ -137,6 +144,14 @@ class _Context:
         missing = n if full else max(0, n - v.resident.get(agent, 0))
         return missing * v.reload_s_per_token
 
+    def move(self, agent, admitted: list) -> float:
+        """Seconds charged for bringing `agent`'s prefix in for `admitted`: its reload, times
+        full / k where fewer than the `full` batch that fits beside the prefix are its own."""
+        v = self.view
+        full = (v.budget - v.prefix_len.get(agent, 0)) / self.mean_cells
+        k = sum(1 for r in admitted if r.stage == agent)
+        return self.reload(agent) * max(1.0, full / max(k, 1))
+
     def evaluate(self, agents: frozenset, force: bool = False) -> _State:
         v = self.view
         prefixes = sum(v.prefix_len.get(a, 0) for a in agents)
@@ -149,7 +164,7 @@ class _Context:
         if not admitted:
             return _State(agents, admitted, 0.0)
         work = self.batch_s(admitted)
-        moves = sum(self.reload(a) for a in agents if a not in self.resident)
+        moves = sum(self.move(a, admitted) for a in agents if a not in self.resident)
         evictions = self._evictions(agents, room)
         gain = sum(self.weight(r) * r.cost for r in admitted)
         return _State(agents, admitted, gain / max(moves + work + evictions, EPS), (gain, moves, work, evictions))
