@@ -11,7 +11,6 @@ Templates: the real Qwen2.5 one (tests/fixtures) and SmolLM2's with the fallback
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -28,7 +28,7 @@ import torch
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
-from bench.common import ROOT  # noqa: E402
+from bench.common import RESULTS, ROOT, machine, print_table, write_results  # noqa: E402
 
 PAGE = 16
 CONTEXTS = (128, 2048, 4096)
@@ -194,8 +194,6 @@ def run(rounds: int, steps: int) -> dict:
 
 
 def main() -> None:
-    from bench.common import RESULTS, machine, print_table, write_results
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
