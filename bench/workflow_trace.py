@@ -49,13 +49,23 @@ def first_divergence(a: list[dict], b: list[dict], sets: bool = False) -> int | 
     return None
 
 
-def churn(trace: list[dict], prefix_len: int) -> dict:
-    """Prefix pages evicted per agent (nodes starting inside its static prefix) and in all."""
+def churn(trace: list[dict], page_size: int) -> dict:
+    """Prefix pages evicted per agent and in all: a leaf's pages that lie wholly inside its
+    agent's static prefix (a session's suffix starts on the prefix's last, partial page: that
+    leaf is the session's, not the prefix's). An agent's prefix is the shortest length the
+    engine learned for it (learned from its requests' common prefix, it shrinks to the static
+    part as requests arrive)."""
+    plen: dict = {}
+    for rec in trace:
+        for a, n in rec["prefix_len"].items():
+            if n > 0:
+                plen[a] = min(plen.get(a, n), n)
     per: Counter = Counter()
     for rec in trace:
         for e in rec["evicted"]:
-            if e["start"] < prefix_len:
-                per[e["agent"]] += e["pages"]
+            inside = min(e["start"] + e["tokens"], plen.get(e["agent"], 0)) - e["start"]
+            if inside >= page_size:
+                per[e["agent"]] += inside // page_size
     return {"decisions": len(trace), "prefix_pages_evicted": sum(per.values()), "per_agent": dict(per)}
 
 
@@ -97,12 +107,11 @@ def main() -> None:
     runs = {p: traced_run(p, model, costs, fmt, dag, tasks, sizes, cfg) for p in (a.a, a.b)}
     i = first_divergence(runs[a.a][1], runs[a.b][1])
     j = first_divergence(runs[a.a][1], runs[a.b][1], sets=True)
-    prefix = max(len(x) for x in dag.prefixes.values())
     out = {"machine": machine(), "dag": a.dag, "policies": [a.a, a.b], "tasks": a.tasks, "prefix_tokens": a.prefix,
            "load": a.load, "room_prefixes": a.room, "cost_model": costs.name, "first_divergence": i,
            "first_admission_divergence": j,
            "runs": {p: {"mean_jct_s": r["mean_jct_s"], "p99_jct_s": r["p99_jct_s"], "hit_rate": r["hit_rate"],
-                        "completed": r["completed"], **churn(t, prefix)} for p, (r, t) in runs.items()}}
+                        "completed": r["completed"], **churn(t, cfg.page_size)} for p, (r, t) in runs.items()}}
     for key, k in (("at_divergence", i), ("at_admission_divergence", j)):
         if k is None:
             continue

@@ -50,3 +50,22 @@ def test_each_decision_records_candidates_terms_admissions_and_evictions(policy)
         assert all(len(r["terms"]) == len(r["order"]) for r in records)
     assert sum(len(r["evicted"]) for r in records) > 0  # (a pool of 1.25 prefixes: prefixes leave)
     assert all(e["agent"] in "ABCD" and e["pages"] > 0 for r in records for e in r["evicted"])
+
+
+def test_churn_counts_the_pages_inside_each_agents_prefix_only():
+    """bench/workflow_trace.py's churn: a session's suffix leaf starts on the prefix's last,
+    partial page (its start is inside the prefix): its pages are the session's, not the prefix's."""
+    from bench.workflow_trace import churn
+
+    records = [
+        {"prefix_len": {"A": 3005, "B": 0}, "evicted": [
+            {"agent": "A", "start": 0, "tokens": 2992, "pages": 187},  # the prefix's whole pages
+            {"agent": "A", "start": 2992, "tokens": 224, "pages": 14},  # a session's suffix
+        ]},
+        {"prefix_len": {"B": 2065, "A": 3300}, "evicted": [  # (A's learned length was long at first)
+            {"agent": "B", "start": 1024, "tokens": 1040, "pages": 65},  # the prefix's tail
+            {"agent": "A", "start": 2992, "tokens": 900, "pages": 57},  # a suffix: A's prefix is 3005
+        ]},
+    ]
+    got = churn(records, 16)
+    assert got == {"decisions": 2, "prefix_pages_evicted": 187 + 65, "per_agent": {"A": 187, "B": 65}}
