@@ -10,6 +10,7 @@ import pytest
 
 from agentrt import Engine, EngineConfig
 from agentrt.errors import ConfigError
+from bench.workflow_trace import churn
 from tests import test_tight_pool as tp
 from tests.conftest import tiny_model
 
@@ -55,8 +56,6 @@ def test_each_decision_records_candidates_terms_admissions_and_evictions(policy)
 def test_churn_counts_the_pages_inside_each_agents_prefix_only():
     """bench/workflow_trace.py's churn: a session's suffix leaf starts on the prefix's last,
     partial page (its start is inside the prefix): its pages are the session's, not the prefix's."""
-    from bench.workflow_trace import churn
-
     records = [
         {"prefix_len": {"A": 3005, "B": 0}, "evicted": [
             {"agent": "A", "start": 0, "tokens": 2992, "pages": 187},  # the prefix's whole pages

@@ -27,8 +27,8 @@ weighted-shortest-processing-time index (Smith's rule with setup times), in seco
   requests' mean cells) is charged n / k times its reload. A move is a setup the visit amortizes;
   charged once, a 2,000-token prefix was moved in for one request of a task near its end (its
   weight is high), the requests that piled up behind it then paid a second move: on the seed's
-  diamond TOPAS evicted 19% more prefix pages than LPM (simulated, 5 task sets) and lost to it in 4 of 5
-  paired real-engine repetitions, by up to 14% mean JCT.
+  diamond TOPAS evicted 19% more prefix pages than LPM (simulated, 5 task sets) and lost to it
+  in 4 of 5 paired real-engine repetitions, by up to 14% mean JCT.
 - **work(A)**: the engine time A takes: the prompt tokens it still has to compute (past what is
   resident and past its agent's prefix -- a tool call's follow-up finds its first call cached)
   at the learned prefill rate, plus the longest generation's decode steps at the learned decode
