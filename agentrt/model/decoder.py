@@ -18,7 +18,7 @@ from agentrt.errors import ModelLoadError
 from agentrt.kernels.backends import KernelBackend, get_backend
 from agentrt.kernels.base import AttentionMeta
 from agentrt.kernels.packing import QuantMatrix, pack
-from agentrt.model import fused
+from agentrt.model import device_quant, fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.dense import Dense
 from agentrt.model.kv import KVStore
@@ -129,6 +129,8 @@ class DecoderModel(nn.Module):
         # what the fused forward (model/fused.py) keeps per model: the layers' native description
         # and the KV store's pointers, each rebuilt there when what it describes changes
         self.fused_cache: dict[str, Any] = {}
+        # a GGUF's quantized matrices kept packed for a GPU (model/device_quant.py), set by load_model
+        self.device_quant = False
 
     @property
     def device(self) -> torch.device:
@@ -167,38 +169,55 @@ class DecoderModel(nn.Module):
             raise ModelLoadError(f"weights are missing tensor {e.args[0]!r}") from e
 
     def _copy_all(self, w: dict) -> None:
-        emb = materialize(w["model.embed_tokens.weight"])
+        emb = w["model.embed_tokens.weight"]
+        if self.device_quant and isinstance(emb, LazyQuant):
+            self._copy_device_embedding(w, emb)
+        else:
+            self._copy_embedding(w, materialize(emb))
+        self.norm.copy_(w["model.norm.weight"])
+        for i, blk in enumerate(self.blocks):
+            self._copy_block(blk, w, f"model.layers.{i}.")
+
+    def _copy_device_embedding(self, w: dict, emb: LazyQuant) -> None:
+        """The embedding packed for a GPU; a tied head reads the same planes."""
+        table = device_quant.from_lazy(emb)
+        self.embed = device_quant.DeviceQEmbedding(table, self.dtype)
+        if self.cfg.tie_word_embeddings or "lm_head.weight" not in w:
+            self.lm_head = device_quant.DeviceQLinear([table])
+        else:
+            self._set_linear(self, "lm_head", [w["lm_head.weight"]])
+
+    def _copy_embedding(self, w: dict, emb) -> None:
         if isinstance(emb, QuantMatrix):
             self.embed = QEmbedding(pack(emb))
         else:
             self.embed.weight.copy_(emb)
-        self.norm.copy_(w["model.norm.weight"])
         tied = self.cfg.tie_word_embeddings or "lm_head.weight" not in w
         if tied and isinstance(emb, QuantMatrix):  # the head reads the same packed table
             self.lm_head = QLinear([self.embed.packed], refine=HEAD_REFINE)
         else:
             self._set_linear(self, "lm_head", [emb if tied else w["lm_head.weight"]], refine=HEAD_REFINE)
-        for i, blk in enumerate(self.blocks):
-            p = f"model.layers.{i}."
-            att = p + "self_attn."
-            blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
-            if self.cfg.sandwich_norms:  # (Gemma's post_attention_layernorm follows the attention)
-                blk.attn_post_norm.copy_(w[p + "post_attention_layernorm.weight"])
-                blk.mlp_norm.copy_(w[p + "pre_feedforward_layernorm.weight"])
-                blk.mlp_post_norm.copy_(w[p + "post_feedforward_layernorm.weight"])
-            else:
-                blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
-            if self.cfg.qk_norm:
-                blk.attn.q_norm.copy_(w[att + "q_norm.weight"])
-                blk.attn.k_norm.copy_(w[att + "k_norm.weight"])
-            bias = torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]) if self.cfg.attention_bias else None
-            self._set_linear(blk.attn, "qkv", [w[att + f"{n}_proj.weight"] for n in "qkv"], bias)
-            self._set_linear(blk.attn, "o", [w[att + "o_proj.weight"]])
-            if isinstance(blk.mlp, MoE):
-                self._copy_moe(blk.mlp, w, p + "mlp.")
-                continue
-            self._set_linear(blk.mlp, "gate_up", [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
-            self._set_linear(blk.mlp, "down", [w[p + "mlp.down_proj.weight"]])
+
+    def _copy_block(self, blk: Block, w: dict, p: str) -> None:
+        att = p + "self_attn."
+        blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
+        if self.cfg.sandwich_norms:  # (Gemma's post_attention_layernorm follows the attention)
+            blk.attn_post_norm.copy_(w[p + "post_attention_layernorm.weight"])
+            blk.mlp_norm.copy_(w[p + "pre_feedforward_layernorm.weight"])
+            blk.mlp_post_norm.copy_(w[p + "post_feedforward_layernorm.weight"])
+        else:
+            blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
+        if self.cfg.qk_norm:
+            blk.attn.q_norm.copy_(w[att + "q_norm.weight"])
+            blk.attn.k_norm.copy_(w[att + "k_norm.weight"])
+        bias = torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]) if self.cfg.attention_bias else None
+        self._set_linear(blk.attn, "qkv", [w[att + f"{n}_proj.weight"] for n in "qkv"], bias)
+        self._set_linear(blk.attn, "o", [w[att + "o_proj.weight"]])
+        if isinstance(blk.mlp, MoE):
+            self._copy_moe(blk.mlp, w, p + "mlp.")
+            return
+        self._set_linear(blk.mlp, "gate_up", [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+        self._set_linear(blk.mlp, "down", [w[p + "mlp.down_proj.weight"]])
 
     def _copy_moe(self, moe: MoE, w: dict, p: str) -> None:
         router = materialize(w[p + "gate.weight"])
@@ -212,11 +231,15 @@ class DecoderModel(nn.Module):
             self._set_linear(expert, "gate_up", [w[e + "gate_proj.weight"], w[e + "up_proj.weight"]])
             self._set_linear(expert, "down", [w[e + "down_proj.weight"]])
 
-    @staticmethod
-    def _set_linear(owner: nn.Module, name: str, parts: list, bias: torch.Tensor | None = None,
+    def _set_linear(self, owner: nn.Module, name: str, parts: list, bias: torch.Tensor | None = None,
                     refine: int = 0) -> None:
         """Dense parts are concatenated into the Dense layer; any quantized part makes the
-        layer a QLinear (and frees the never-written dense one). Lazy parts are read here."""
+        layer a QLinear (and frees the never-written dense one), or for a GPU (`device_quant`)
+        a DeviceQLinear over the parts' packed planes. Lazy parts are read here."""
+        if self.device_quant and any(isinstance(p, LazyQuant) for p in parts):
+            setattr(owner, name, device_quant.DeviceQLinear.fused(
+                [device_quant.device_weight(p, self.dtype) for p in parts], bias))
+            return
         parts = [materialize(p) for p in parts]
         if any(isinstance(p, QuantMatrix) for p in parts):
             setattr(owner, name, linear_from(parts, bias, refine=refine))

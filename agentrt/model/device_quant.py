@@ -19,7 +19,10 @@ from gguf.quants import Q4_K
 from torch import nn
 
 from agentrt.errors import ConfigError
+from agentrt.kernels.packing import QuantMatrix
+from agentrt.model.dense import Dense
 from agentrt.model.loaders import gguf_quant
+from agentrt.model.loaders.lazy import LazyQuant, check_finite
 
 # format -> (bits of q, group, z, scales two-level?, min kind: 0 none, 1 flat, 2 two-level)
 FORMATS = {T.Q8_0: (8, 32, 128, False, 0), T.Q4_0: (4, 32, 8, False, 0), T.Q4_1: (4, 32, 0, False, 1),
@@ -201,6 +204,39 @@ class DeviceQEmbedding(nn.Module):
         return out.reshape(*ids.shape, self.weight.k)
 
 
+def from_lazy(lq: LazyQuant) -> DeviceWeight:
+    """A file's quantized rows as planes; damaged block scales (NaN/Inf) are CorruptModelFile."""
+    w = DeviceWeight.from_blocks(lq.blocks(), lq.tensor.tensor_type, *lq.shape)
+    for name in ("sd", "sc", "md", "mc"):
+        t = getattr(w, name)
+        if t is not None and t.dtype == torch.float16:
+            check_finite(lq.tensor, t.numpy(), "block scales")
+    return w
+
+
+def device_weight(part, dtype: torch.dtype) -> DeviceWeight:
+    """A layer's part for a GPU: a file's quantized rows as planes, a float one dense in `dtype`."""
+    if isinstance(part, LazyQuant):
+        return from_lazy(part)
+    return DeviceWeight.dense((part.dequantize() if isinstance(part, QuantMatrix) else part).to(dtype))
+
+
+def place(model: nn.Module, invariant: bool) -> None:
+    """After the model moved to its device: every DeviceQLinear's tiles follow `invariant`; on
+    CUDA with `invariant`, dense (bf16) linear layers become dense DeviceQLinear layers too, so
+    every GEMM of the step reduces each row the same way whatever the batch (cuBLAS picks its
+    kernel, and so its reduction order, by M)."""
+    cuda = model.device.type == "cuda"
+    owners = [(o, n) for o in model.modules() for n, c in list(o.named_children()) if isinstance(c, Dense)]
+    for owner, name in owners if cuda and invariant else []:
+        layer = getattr(owner, name)
+        dense = DeviceWeight.dense(layer.weight.contiguous())
+        setattr(owner, name, DeviceQLinear([dense], layer.bias))
+    for m in model.modules():
+        if isinstance(m, DeviceQLinear):
+            m.invariant = invariant
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of every distinct tensor the model holds (parameters and buffers: packed planes,
     norms, a dense head), each counted once (a tied head shares its embedding's)."""
@@ -212,4 +248,5 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-__all__ = ["DeviceWeight", "DeviceQLinear", "DeviceQEmbedding", "FORMATS", "supported", "weight_bytes"]
+__all__ = ["DeviceWeight", "DeviceQLinear", "DeviceQEmbedding", "FORMATS", "device_weight", "from_lazy", "place",
+           "supported", "weight_bytes"]

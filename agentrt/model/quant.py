@@ -26,13 +26,19 @@ QUANT_MODES = ("none", "native", "int8", "auto")
 HEAD_REFINE = 8  # the output head's top logits per row recomputed from fp32 activations (QLinear)
 
 
-def resolve_mode(mode: str, *, gguf: bool, cpu_fp32: bool) -> str:
-    """The load mode for `mode` given the source (a GGUF file?) and target (CPU float32?):
-    "auto" keeps a checkpoint's own form; quantized modes need the CPU in float32."""
+def resolve_mode(mode: str, *, gguf: bool, cpu_fp32: bool, cuda: bool = False) -> str:
+    """The load mode for `mode` given the source (a GGUF file?) and target (CPU float32? a
+    CUDA device?): "auto" keeps a checkpoint's own form; "native" runs on the CPU in float32
+    (kernels/packing.py) or on a GPU (model/device_quant.py); "int8" on the CPU only."""
     if mode not in QUANT_MODES:
         raise ConfigError(f"quantize={mode!r} is not supported; choose one of {QUANT_MODES}")
     if mode == "auto":  # (the kernel check last: it may build them)
-        return "native" if gguf and cpu_fp32 and native.available() else "none"
+        return "native" if gguf and (cuda or (cpu_fp32 and native.available())) else "none"
+    if mode == "native" and cuda:
+        return mode
+    if mode == "int8" and cuda:
+        raise ConfigError("quantize='int8' runs on the CPU kernels; on a GPU load a GGUF, whose own "
+                          "quantization stays packed (quantize='native'), or use quantize='none'")
     if mode != "none" and not cpu_fp32:
         raise ConfigError(f"quantize={mode!r} runs on the CPU in float32; use quantize='none'")
     return mode

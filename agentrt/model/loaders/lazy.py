@@ -42,16 +42,29 @@ class LazyQuant:
         index = index.numpy() if isinstance(index, torch.Tensor) else index
         return LazyQuant(self.tensor, np.ascontiguousarray(base[index]), self.source, self.release)
 
-    def load(self) -> QuantMatrix:
-        t = self.tensor
-        raw = t.data.reshape(self.total, -1)
-        if self.index is not None:
-            raw = raw[self.index]  # (reads only these rows of the memory map)
-        qm = gguf_quant.unpack_gguf(raw, t.tensor_type, self.shape[0], self.cols)
-        if self.release is not None and self.shape[0]:  # (the rows just read: copied into qm)
+    def _rows(self) -> np.ndarray:
+        raw = self.tensor.data.reshape(self.total, -1)
+        return raw if self.index is None else raw[self.index]  # (reads only these rows of the map)
+
+    def _release(self) -> None:
+        """Drop the file's pages of the rows just read (copied out by then)."""
+        if self.release is not None and self.shape[0]:
+            t = self.tensor
             row_bytes = t.n_bytes // self.total
             first, last = (0, self.total - 1) if self.index is None else (int(self.index.min()), int(self.index.max()))
             self.release(t.data_offset + first * row_bytes, (last + 1 - first) * row_bytes)
+
+    def blocks(self) -> np.ndarray:
+        """The rows' GGUF block bytes [rows, bytes per row], copied out of the file: what a GPU's
+        planes are built from (model/device_quant.py)."""
+        raw = np.array(self._rows())
+        self._release()
+        return raw
+
+    def load(self) -> QuantMatrix:
+        t = self.tensor
+        qm = gguf_quant.unpack_gguf(self._rows(), t.tensor_type, self.shape[0], self.cols)
+        self._release()
         # the integers cannot be wrong in a way we can see; the blocks' fp16 scales (d, dmin) can
         try:
             check_finite(t, qm.s.numpy(), "block scales")

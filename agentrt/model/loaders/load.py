@@ -16,6 +16,7 @@ from agentrt.model.config import ModelConfig
 from agentrt.model.loaders.files import ModelFiles, resolve_source
 from agentrt.model.loaders.gguf import load_gguf
 from agentrt.model.loaders.hf import load_hf_dir
+from agentrt.model import device_quant
 from agentrt.model.decoder import DecoderModel
 from agentrt.model.fused import PATHS
 from agentrt.model.quant import quantize as apply_quant
@@ -89,9 +90,11 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     .gguf file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
 
     quantize: "none" (fp32/bf16 dense, the accuracy reference), "native" (a GGUF's quantized
-    matrices kept as they are, never dequantized; dense ones stay dense), "int8" (every linear
-    layer quantized per group of 32), "auto" (the default: "native" for a GGUF on CPU float32
-    when the compiled kernels are available, else "none"); see model/quant.py.
+    matrices kept as they are, never dequantized; dense ones stay dense: on the CPU in float32
+    (model/quant.py), on a GPU as packed planes its triton kernels read (model/device_quant.py)),
+    "int8" (CPU only: every linear layer quantized per group of 32), "auto" (the default:
+    "native" for a GGUF on a GPU, or on CPU float32 when the compiled kernels are available,
+    else "none").
     forward: "fused" (compiled CPU kernels where available, else eager) or "eager" (torch
     reference); an engine can override it per step (EngineConfig.forward_path).
     kv_dtype: the KV cache's element type, "float32", "float16" (CPU: the compiled kernels and the
@@ -103,21 +106,27 @@ def load_model(source: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dty
     logits do not depend on what the prefix cache held, how its prefill was chunked, what else
     was batched with it or speculation (greedy output is the same however the work was cut);
     False lets long prefill chunks attend through torch's SDPA (a few % faster at 8k-token
-    contexts, see model/fused.py)."""
+    contexts, see model/fused.py). On a GPU, True runs every GEMM through triton tiles that do
+    not depend on the batch's rows (kernels/triton_quant.py, bf16 weights included) and every
+    query token's attention with a fixed split (kernels/triton_attention.py); False lets cuBLAS
+    and SDPA choose by shape."""
     _check_args(source, kernels, device, quantize, forward, kv_dtype)
     check_bool("load_model batch_invariant", batch_invariant)
     dt = resolve_dtype(dtype)
+    cuda = torch.device(device).type == "cuda"
     mode = resolve_mode(quantize, gguf=not resolve_source(source).is_dir(),
-                        cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu")
+                        cpu_fp32=dt == torch.float32 and torch.device(device).type == "cpu", cuda=cuda)
     files = load_files(source, dt, native=mode == "native")
     tokenizer, config, source = files.tokenizer, files.config, files.source
     model = DecoderModel(files.config, dt, get_backend(kernels, device))
+    model.device_quant = mode == "native" and cuda  # (packed planes for the GPU's kernels)
     model.load_hf_weights(files.weights)
     del files  # (the unpacked matrices; the model holds the packed ones)
     apply_quant(model, "int8" if mode == "int8" else "none")  # (native: loaded quantized)
     model.forward_path, model.batch_invariant = forward, batch_invariant
     model.eval()
     model = model.to(device)
+    device_quant.place(model, batch_invariant)
     model.kv_dtype = resolve_kv_dtype(kv_dtype, model, quantized=mode != "none")
     if model.kv_dtype == torch.int8 and torch.device(device).type != "cpu":
         raise ConfigError("kv_dtype='int8' runs on the CPU kernels only; use 'float16' on a GPU")
