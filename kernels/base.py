@@ -95,6 +95,9 @@ class AttentionMeta:
 
 class KernelBackend(Protocol):
     name: str
+    # > 0: the batch-invariant mode's keys per attention split (kernels/triton_attention.py);
+    # a batch for it is built with every row attended token by token (DecoderModel.short_limit)
+    invariant_chunk: int
 
     def store_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -179,6 +179,7 @@ class TorchBackend:
     compiled CPU kernel when the library is loaded (the same result as torch.argmax)."""
 
     name = "torch"
+    invariant_chunk = 0  # (the torch reference has no split to fix: base.KernelBackend)
     store_kv = staticmethod(store_kv)
     paged_attention = staticmethod(paged_attention)
     argmax = staticmethod(native.argmax)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 @triton.jit
 def _partial(q_ptr, kc_ptr, vc_ptr, part_ptr, table_ptr, seq_ptr, lens_ptr, scale, softcap, window,
-             table_stride, n_kv_heads, GROUP: tl.constexpr, GP: tl.constexpr, HEAD: tl.constexpr,
+             table_stride, n_kv_heads, fixed_chunk, GROUP: tl.constexpr, GP: tl.constexpr, HEAD: tl.constexpr,
              DP: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
              SOFTCAP: tl.constexpr):
     # q: [T, H, HEAD]; caches: [P, PAGE, Hkv, HEAD]; table: [B, table_stride]; seq, lens: [T]
@@ -35,6 +35,8 @@ def _partial(q_ptr, kc_ptr, vc_ptr, part_ptr, table_ptr, seq_ptr, lens_ptr, scal
     if window > 0:
         lo = tl.maximum(kv_len - window, 0)
     chunk = tl.cdiv(tl.cdiv(kv_len - lo, SPLITS), BLOCK) * BLOCK
+    if fixed_chunk > 0:  # (batch-invariant: a token's splits depend on its own keys only)
+        chunk = fixed_chunk + kv_len * 0
     start = lo + s * chunk
     end = tl.minimum(kv_len, start + chunk)
     g = tl.arange(0, GP)
@@ -87,6 +89,36 @@ def _fold(part_ptr, out_ptr, HEAD: tl.constexpr, DP: tl.constexpr, SPLITS: tl.co
     tl.store(out_ptr + th * HEAD + d, o, mask=d < HEAD)
 
 
+@triton.jit
+def _fold_in_order(part_ptr, lens_ptr, out_ptr, window, chunk, H, HEAD: tl.constexpr, DP: tl.constexpr,
+                   SPLITS: tl.constexpr):
+    # the batch-invariant fold: a token's own splits (ceil(keys / chunk)), added one by one in order
+    th = tl.program_id(0)
+    kv_len = tl.load(lens_ptr + th // H)
+    lo = kv_len * 0
+    if window > 0:
+        lo = tl.maximum(kv_len - window, 0)
+    n = tl.cdiv(kv_len - lo, chunk)
+    d = tl.arange(0, DP)
+    top = tl.load(part_ptr + th * SPLITS * (DP + 2) + DP)
+    for s in range(1, n):
+        top = tl.maximum(top, tl.load(part_ptr + (th * SPLITS + s) * (DP + 2) + DP))
+    o = tl.zeros([DP], tl.float32)
+    den = top * 0.0
+    for s in range(0, n):
+        base = (th * SPLITS + s) * (DP + 2)
+        w = tl.exp(tl.load(part_ptr + base + DP) - top)
+        o = o + tl.load(part_ptr + base + d) * w
+        den = den + tl.load(part_ptr + base + DP + 1) * w
+    tl.store(out_ptr + th * HEAD + d, o / den, mask=d < HEAD)
+
+
+def invariant_chunk(max_context: int, block: int = 64) -> int:
+    """Keys per split in the batch-invariant mode: fixed per model (at most 32 splits at its
+    longest context), whole multiples of any BLOCK (<= 64)."""
+    return max(256, triton.next_power_of_2(-(-max_context // 32)), block)
+
+
 def splits_for(n_tokens: int, n_kv_heads: int, max_kv: int, block: int) -> int:
     """Programs per token: enough (token, KV head) x split programs to fill a GPU (~256), and
     no more splits than the longest key run has blocks. A power of two (pass 2's tile)."""
@@ -100,20 +132,25 @@ def block_for(group_p: int, dp: int) -> int:
 
 
 def token_attention(q, k_cache, v_cache, page_table, seq, lens, scale: float, window: int = 0,
-                    softcap: float = 0.0, max_kv: int = 0) -> torch.Tensor:
+                    softcap: float = 0.0, max_kv: int = 0, chunk: int = 0) -> torch.Tensor:
     """q [T, H, D] -> [T, H, D]: token t over the pages page_table[seq[t]] up to lens[t] keys.
-    `max_kv`: the longest lens (a host int, for the split count; 0: unknown, split widely)."""
+    `max_kv`: the longest lens (a host int, for the split count; 0: unknown, split widely).
+    `chunk` > 0 (invariant_chunk): every token's keys split in runs of `chunk`, folded in
+    order, so its output does not depend on the other tokens of the launch (0: splits by load)."""
     t, h, d = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv
     gp, dp = triton.next_power_of_2(group), triton.next_power_of_2(d)
     block = block_for(gp, dp)
-    splits = splits_for(t, hkv, max_kv or 1 << 20, block)
+    splits = splits_for(t, hkv, max_kv or 1 << 20, block) if not chunk else max(1, -(-(max_kv or chunk) // chunk))
     part = torch.empty((t, h, splits, dp + 2), dtype=torch.float32, device=q.device)
     table = page_table.contiguous()
     _partial[(t, hkv, splits)](q.contiguous(), k_cache, v_cache, part, table, seq.contiguous(), lens.contiguous(),
-                               scale, float(softcap), int(window), table.stride(0), hkv, GROUP=group, GP=gp, HEAD=d,
-                               DP=dp, PAGE=page, BLOCK=block, SPLITS=splits, SOFTCAP=bool(softcap))
+                               scale, float(softcap), int(window), table.stride(0), hkv, int(chunk), GROUP=group, GP=gp,
+                               HEAD=d, DP=dp, PAGE=page, BLOCK=block, SPLITS=splits, SOFTCAP=bool(softcap))
     out = torch.empty((t, h, d), dtype=torch.float32, device=q.device)
-    _fold[(t * h,)](part, out, HEAD=d, DP=dp, SPLITS=splits)
+    if chunk:
+        _fold_in_order[(t * h,)](part, lens.contiguous(), out, int(window), int(chunk), h, HEAD=d, DP=dp, SPLITS=splits)
+    else:
+        _fold[(t * h,)](part, out, HEAD=d, DP=dp, SPLITS=splits)
     return out.to(q.dtype)

@@ -112,22 +112,32 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0,
-                    softcap: float = 0.0) -> torch.Tensor:
+                    softcap: float = 0.0, chunk: int = 0) -> torch.Tensor:
     """Every token of the short rows (decode, verification, small chunks) in one launch
     (triton_attention.token_attention: causal per token, window and softcap included); long
-    prefill rows one by one through the reference (SDPA)."""
+    prefill rows one by one through the reference (SDPA). `chunk` > 0: the batch-invariant split
+    (a batch built with every row short, as the invariant mode builds them)."""
     out = reference.paged_attention_rows(q, k_cache, v_cache, meta, scale, meta.long_rows, window, softcap)
     if meta.short_max_kv:
         tok = meta.short_tok
         out[tok] = token_attention(q[tok], k_cache, v_cache, meta.page_table, meta.short_seq, meta.short_lens,
-                                   scale, window, softcap, meta.short_max_kv)
+                                   scale, window, softcap, meta.short_max_kv, chunk)
     return out
 
 
 class TritonBackend:
+    """`invariant_chunk` > 0 (model/device_quant.place, batch-invariant loads): every token's
+    attention splits its keys in runs of that many, whatever else the step holds."""
+
     name = "triton"
     store_kv = staticmethod(store_kv)
-    paged_attention = staticmethod(paged_attention)
     argmax = staticmethod(argmax)
     rms_norm = staticmethod(rms_norm)
     rope = staticmethod(rope)
+
+    def __init__(self) -> None:
+        self.invariant_chunk = 0
+
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMeta, scale: float, window: int = 0,
+                        softcap: float = 0.0) -> torch.Tensor:
+        return paged_attention(q, k_cache, v_cache, meta, scale, window, softcap, self.invariant_chunk)

@@ -116,6 +116,34 @@ def test_token_attention_over_a_mixed_batch_matches_reference(dtype, shape, wind
         assert _err_rule(got, ref, ref32)
 
 
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (11, 0.0), (0, 5.0)])
+def test_fixed_split_attention_is_the_same_for_a_token_alone_and_matches_reference(window, softcap):
+    """The batch-invariant mode: every row token by token (short_limit=None, the long row too),
+    keys split in fixed runs (16 here: several splits a token) folded in order; each token's
+    output equals its own launch alone, bit for bit, and the reference within fp32 rounding."""
+    from agentrt.kernels.triton_attention import token_attention
+
+    page, heads, hkv, d = 4, 6, 2, 16
+    q, kc, vc, _ = _mixed_setup(torch.float32, page, heads, hkv, d, MIXED)
+    g = torch.Generator().manual_seed(2)
+    per = [-(-(c + n) // page) for c, n in MIXED]
+    perm = torch.randperm(sum(per) + 2, generator=g).tolist()
+    chunks, at = [], 0
+    for (c, n), k in zip(MIXED, per):
+        chunks.append(SeqChunk(list(range(n)), c, perm[at:at + k], want_logits=n))
+        at += k
+    meta = build_batch(chunks, page, short_limit=None).meta.to(DEV)
+    assert meta.long_rows == () and meta.short_tok.numel() == meta.num_tokens
+    scale = d ** -0.5
+    got = triton_ops.paged_attention(q, kc, vc, meta, scale, window, softcap, chunk=16)
+    ref = reference.paged_attention(q, kc, vc, build_batch(chunks, page).meta.to(DEV), scale, window, softcap)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    for t in (0, 7, 60, meta.num_tokens - 1):  # (a decode token, chunk tokens, the long row's)
+        one = token_attention(q[t:t + 1], kc, vc, meta.page_table, meta.short_seq[t:t + 1],
+                              meta.short_lens[t:t + 1], scale, window, softcap, int(meta.short_lens[t]), 16)
+        assert torch.equal(one[0], got[t])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(5, 96), (3, 7, 64), (1, 100)])
 def test_rms_norm_matches_reference(dtype, shape):

@@ -105,7 +105,7 @@ class ModelExecutor:
         if logits is not None:
             kind, rows = "graph", tuple(logits.cpu().split([c.want_logits for c in chunks]))
         else:
-            fb = build_batch(chunks, page_size, store.local_of).to(self.device, self.staging)
+            fb = build_batch(chunks, page_size, store.local_of, self.model.short_limit).to(self.device, self.staging)
             logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
             kind, rows = "eager", tuple(logits.cpu().split(list(fb.logits_count)))
         self.steps[kind] += 1

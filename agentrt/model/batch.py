@@ -50,20 +50,24 @@ class ForwardBatch:
         return self.with_tensors((staging or HostStaging(device)).move(self.tensors()))
 
 
-def _short_rows(q_lens: list[int], kv_lens: list[int], cu: list[int]) -> dict:
-    """The token-by-token fields of AttentionMeta (rows of up to SHORT_QUERIES new tokens)."""
-    short = [i for i, q in enumerate(q_lens) if q <= SHORT_QUERIES]
+def _short_rows(q_lens: list[int], kv_lens: list[int], cu: list[int], limit: int | None) -> dict:
+    """The token-by-token fields of AttentionMeta (rows of up to `limit` new tokens; None: all)."""
+    limit = limit if limit is not None else max(q_lens, default=0)
+    short = [i for i, q in enumerate(q_lens) if q <= limit]
     tok = [x for i in short for x in range(cu[i], cu[i + 1])]
     lens = [kv_lens[i] - q_lens[i] + 1 + j for i in short for j in range(q_lens[i])]
     return dict(short_tok=torch.tensor(tok, dtype=torch.long),
                 short_seq=torch.tensor([i for i in short for _ in range(q_lens[i])], dtype=torch.long),
                 short_lens=torch.tensor(lens, dtype=torch.long), short_max_kv=max(lens, default=0),
-                long_rows=tuple(i for i, q in enumerate(q_lens) if q > SHORT_QUERIES))
+                long_rows=tuple(i for i, q in enumerate(q_lens) if q > limit))
 
 
-def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor | None = None) -> ForwardBatch:
+def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor | None = None,
+                short_limit: int | None = SHORT_QUERIES) -> ForwardBatch:
     """`local_of`: the store's logical -> local page map when sliding-window layers keep their
-    own pages (meta.local then holds their page table and slots)."""
+    own pages (meta.local then holds their page table and slots). `short_limit`: rows of up to
+    this many new tokens are attended token by token (None: every row, the GPU's batch-invariant
+    mode: DecoderModel.short_limit)."""
     ids, pos, slots, rows, counts = [], [], [], [], []
     q_lens, kv_lens, cu = [], [], [0]
     for c in chunks:
@@ -87,7 +91,7 @@ def build_batch(chunks: list[SeqChunk], page_size: int, local_of: torch.Tensor |
         prefill_rows=tuple(i for i, q in enumerate(q_lens) if q > 1), page_size=page_size,
         decode_idx=torch.tensor(decode, dtype=torch.long), decode_tok=torch.tensor([cu[r] for r in decode], dtype=torch.long),
         decode_lens=torch.tensor([kv_lens[r] for r in decode], dtype=torch.long),
-        decode_max_kv=max((kv_lens[r] for r in decode), default=0), **_short_rows(q_lens, kv_lens, cu),
+        decode_max_kv=max((kv_lens[r] for r in decode), default=0), **_short_rows(q_lens, kv_lens, cu, short_limit),
     )
     if local_of is not None:  # (a released page maps to row 0: no window reaches it)
         local_slots = local_of[slot_t // page_size] * page_size + slot_t % page_size

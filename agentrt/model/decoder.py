@@ -16,7 +16,7 @@ from torch import nn
 
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.backends import KernelBackend, get_backend
-from agentrt.kernels.base import AttentionMeta
+from agentrt.kernels.base import SHORT_QUERIES, AttentionMeta
 from agentrt.kernels.packing import QuantMatrix, pack
 from agentrt.model import device_quant, fused
 from agentrt.model.config import ModelConfig
@@ -131,6 +131,12 @@ class DecoderModel(nn.Module):
         self.fused_cache: dict[str, Any] = {}
         # a GGUF's quantized matrices kept packed for a GPU (model/device_quant.py), set by load_model
         self.device_quant = False
+
+    @property
+    def short_limit(self) -> int | None:
+        """build_batch's short_limit for this model: every row token by token when its kernels
+        run batch-invariant (a fixed attention split), else SHORT_QUERIES."""
+        return None if self.ops.invariant_chunk else SHORT_QUERIES
 
     @property
     def device(self) -> torch.device:

@@ -222,19 +222,25 @@ def device_weight(part, dtype: torch.dtype) -> DeviceWeight:
 
 
 def place(model: nn.Module, invariant: bool) -> None:
-    """After the model moved to its device: every DeviceQLinear's tiles follow `invariant`; on
-    CUDA with `invariant`, dense (bf16) linear layers become dense DeviceQLinear layers too, so
-    every GEMM of the step reduces each row the same way whatever the batch (cuBLAS picks its
-    kernel, and so its reduction order, by M)."""
-    cuda = model.device.type == "cuda"
+    """After the model moved to its device. On the triton backend (CUDA; triton's interpreter
+    in tests) every packed layer runs the kernel; with `invariant`, dense (bf16) linear layers
+    become dense DeviceQLinear layers too, so every GEMM of the step reduces each row the same
+    way whatever the batch (cuBLAS picks its kernel, and so its reduction order, by M), and the
+    attention takes a fixed split with every row token by token (DecoderModel.short_limit)."""
+    on_triton = model.ops.name == "triton"
     owners = [(o, n) for o in model.modules() for n, c in list(o.named_children()) if isinstance(c, Dense)]
-    for owner, name in owners if cuda and invariant else []:
+    for owner, name in owners if on_triton and invariant else []:
         layer = getattr(owner, name)
-        dense = DeviceWeight.dense(layer.weight.contiguous())
-        setattr(owner, name, DeviceQLinear([dense], layer.bias))
+        setattr(owner, name, DeviceQLinear([DeviceWeight.dense(layer.weight.contiguous())], layer.bias))
     for m in model.modules():
+        if isinstance(m, (DeviceQLinear, DeviceQEmbedding)):
+            m.impl = "triton" if on_triton else "auto"
         if isinstance(m, DeviceQLinear):
             m.invariant = invariant
+    if on_triton:
+        from agentrt.kernels.triton_attention import invariant_chunk
+
+        model.ops.invariant_chunk = invariant_chunk(model.cfg.max_position_embeddings) if invariant else 0
 
 
 def weight_bytes(model: nn.Module) -> int:

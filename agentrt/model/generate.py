@@ -20,7 +20,8 @@ def prompt_logits(model: DecoderModel, prompt: list[int], page_size: int = 16,
     """Logits [len(prompt), V] of a single full-prompt forward."""
     pages = list(range(-(-len(prompt) // page_size)))
     kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype, device=model.device)
-    fb = build_batch([SeqChunk(prompt, 0, pages, want_logits=len(prompt))], page_size).to(model.device)
+    fb = build_batch([SeqChunk(prompt, 0, pages, want_logits=len(prompt))], page_size,
+                     short_limit=model.short_limit).to(model.device)
     return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
 
 
@@ -53,7 +54,8 @@ def generate(model: DecoderModel, prompt: list[int], params: SamplingParams | No
     pos, feed = 0, [list(prompt)] + [[t] for t in out]  # the prompt in one chunk, then one id per step
     while len(out) < p.max_tokens:
         for ids in feed:
-            fb = build_batch([SeqChunk(ids, pos, pages)], page_size).to(model.device, staging)
+            fb = build_batch([SeqChunk(ids, pos, pages)], page_size, short_limit=model.short_limit).to(
+                model.device, staging)
             logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path).cpu()
             pos += len(ids)
         row = logits[0] if constraint is None else constraint.mask_logits(logits[0])
