@@ -7,7 +7,11 @@ Parts, each reported on its own (`ok`, its figures, or the error that stopped it
             context); prefill of 2,048 tokens; per token through Engine.generate over the graph
             step; greedy tokens alone (generate(), eager) = batched = after a radix hit
             (Engine); transformers eager per token on the same weights
-  llama8b   the Llama-3-8B shape, decode step at batch 1 (graph) and eager
+            the same weights in the batch-invariant mode (load_model's default): its logits, steps,
+            prefill, cost over the default, and greedy alone = batched = after a radix hit
+  llama8b   the Llama-3-8B shape, decode step at batch 1 (graph) and eager, weight bytes
+  llama8b_q4k  the 8B shape over packed Q4_K planes (kernels/triton_quant.py): weight bytes on the
+            device, decode steps at batch 1 and 8, a 512-token prefill
   faults    bench/gpu_faults.py: a real out-of-memory in a step (DeviceOutOfMemory, smaller steps,
             the engine goes on), a device-side assert (EngineFailed naming it), a second pool
             under the same executor's CUDA graphs (captured again, the same tokens)
@@ -59,7 +63,8 @@ def part(res: dict, name: str, fn, limit_s: int, out: Path) -> None:
 
 def kernel_tests() -> dict:
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py",
-                        "tests/test_device_placement.py", "tests/test_cuda_graphs.py"], cwd=ROOT, capture_output=True, text=True,
+                        "tests/test_device_placement.py", "tests/test_cuda_graphs.py", "tests/test_triton_quant.py",
+                        "tests/test_gpu_invariance.py"], cwd=ROOT, capture_output=True, text=True,
                        timeout=100)
     lines = (r.stdout + r.stderr).strip().splitlines()
     return {"rc": r.returncode, "summary": lines[-1:], "failures": [x for x in lines if "FAILED" in x][:10],
@@ -195,6 +200,9 @@ def hf_per_token(hf, batch=1, new=32) -> dict:
 
 
 def llama1b(pack: Path) -> dict:
+    """The default mode (cuBLAS, SDPA by shape) and the batch-invariant one (load_model's
+    default: fixed-tile triton GEMMs, a fixed attention split) on the same weights; the issue's
+    `batched_equal_alone` / `radix_hit_equal_alone` are the invariant mode's."""
     from bench.gpu_shapes import agentrt_model, hf_model
 
     hf = hf_model(pack, "llama1b", "cuda", DT)
@@ -204,16 +212,40 @@ def llama1b(pack: Path) -> dict:
     res.update(decode_steps(lm))
     res.update(prefill(lm))
     res.update(engine_generate(lm, res["decode_b1_graph_ms"]))
-    res.update(greedy_identity(lm))
+    res.update({f"default_{k}": v for k, v in greedy_identity(lm).items()})
     res.update(hf_per_token(hf))
+    del lm
+    torch.cuda.empty_cache()
+    inv = agentrt_model(pack, "llama1b", hf, "cuda", DT, invariant=True)
+    res.update({f"invariant_{k}": v for k, v in logits_vs_hf(inv, hf).items()})
+    steps = decode_steps(inv, batches=(1, 32), steps=10)
+    res.update({f"invariant_{k}": v for k, v in steps.items() if k.endswith("graph_ms")})
+    res["invariant_step_cost_over_default"] = {
+        f"b{b}": round(steps[f"decode_b{b}_graph_ms"] / res[f"decode_b{b}_graph_ms"], 3) for b in (1, 32)}
+    res.update({f"invariant_{k}": v for k, v in prefill(inv).items()})
+    res.update(greedy_identity(inv))
     return res
 
 
 def llama8b(pack: Path) -> dict:
+    from agentrt.model.device_quant import weight_bytes
     from bench.gpu_shapes import random_agentrt_model
 
     lm = random_agentrt_model(pack, "llama8b", "cuda", DT)
-    return decode_steps(lm, batches=(1,), steps=10)
+    return {**decode_steps(lm, batches=(1,), steps=10), "weight_bytes_on_device": weight_bytes(lm.model)}
+
+
+def llama8b_q4k(pack: Path) -> dict:
+    """The 8B shape over packed Q4_K planes (a Q6_K head): the GGUF a desktop user runs."""
+    from agentrt.model.device_quant import weight_bytes
+    from bench.gpu_shapes import random_q4k_model
+
+    lm = random_q4k_model(pack, "llama8b", "cuda", DT, invariant=True)
+    res = {"weight_bytes_on_device": weight_bytes(lm.model),
+           "memory_allocated_bytes": torch.cuda.memory_allocated()}
+    res.update(decode_steps(lm, batches=(1, 8), steps=10))
+    res.update(prefill(lm, 512))
+    return res
 
 
 def agents(pack: Path, agents: int, turns: int) -> dict:
@@ -254,7 +286,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pack", default=str(ROOT / ".gpu" / "pack"))
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", str(ROOT / "bench" / "results")), "gpu.json"))
-    ap.add_argument("--parts", default="kernels,llama1b,llama8b,agents,faults")
+    ap.add_argument("--parts", default="kernels,llama1b,llama8b_q4k,llama8b,agents,faults")
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--turns", type=int, default=2)
     args = ap.parse_args()
@@ -270,8 +302,8 @@ def main() -> None:
         res["triton"] = triton.__version__
     except ImportError:
         res["triton"] = None
-    plan = {"kernels": (kernel_tests, 110), "llama1b": (lambda: llama1b(pack), 180),
-            "llama8b": (lambda: llama8b(pack), 90), "agents": (lambda: agents(pack, args.agents, args.turns), 120),
+    plan = {"kernels": (kernel_tests, 110), "llama1b": (lambda: llama1b(pack), 240),
+            "llama8b": (lambda: llama8b(pack), 90), "llama8b_q4k": (lambda: llama8b_q4k(pack), 90), "agents": (lambda: agents(pack, args.agents, args.turns), 120),
             "faults": (lambda: faults(pack), 180)}
     for name in parts:
         part(res, name, plan[name][0], plan[name][1], out)

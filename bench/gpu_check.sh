@@ -3,7 +3,7 @@
 # Made beforehand on a connected machine: `python -m bench.gpu_pack` writes .gpu/ (the wheels the
 # CUDA image lacks, the embedded tokenizer and the SmolLM2 config; ~11 MB), sent with the checkout.
 # The host's own torch (a CUDA build), triton and transformers are used; nothing is built.
-#   bash bench/gpu_check.sh [--parts kernels,llama1b,llama8b,agents,faults]
+#   bash bench/gpu_check.sh [--parts kernels,llama1b,llama8b_q4k,llama8b,agents,faults]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE="${AGENTRT_GPU_SITE:-/tmp/agentrt-site}"

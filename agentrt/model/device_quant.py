@@ -244,14 +244,16 @@ def place(model: nn.Module, invariant: bool) -> None:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every distinct tensor the model holds (parameters and buffers: packed planes,
-    norms, a dense head), each counted once (a tied head shares its embedding's)."""
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
+    """Bytes of the model's weights: parameters (dense layers, norms) and packed planes, each
+    tensor counted once (a tied head shares its embedding's); RoPE tables are not weights."""
+    tensors = [*model.parameters()]
+    for m in model.modules():
+        if isinstance(m, (DeviceWeight, DeviceQLinear)):
+            tensors += list(m.buffers(recurse=False))
+    seen = {}
+    for t in tensors:
+        seen.setdefault(t.data_ptr(), t.numel() * t.element_size())
+    return sum(seen.values())
 
 
 __all__ = ["DeviceWeight", "DeviceQLinear", "DeviceQEmbedding", "FORMATS", "device_weight", "from_lazy", "place",
