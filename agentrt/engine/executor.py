@@ -37,6 +37,9 @@ class StepOutput:
 
 class Executor(Protocol):
     simulated: bool
+    # True: run() leaves the logits rows on the model's device and the core decides there
+    # (engine/device_tail.py); False: rows come back to the host
+    device_tail: bool
     # the Engine's step loop, make_steps(core) (None: its own StepThread, engine/loop.py)
     make_steps: Callable[[object], object] | None
 
@@ -60,8 +63,10 @@ class Executor(Protocol):
 class ModelExecutor:
     """The real executor: the model's forward over a paged KV store, on the model's device. The
     KV pool lives there; each batch is built on the host and moved there in one copy (a pinned
-    buffer: model/staging.py), and the logits rows come back to the host, where sampling, grammars
-    and stops run (one copy of a few rows a step on a GPU; nothing on the CPU). On a GPU, decode
+    buffer: model/staging.py). On the CPU the logits rows are the host's; on a GPU they stay on
+    the device (`device_tail`, the default there): masks, sampling and greedy verification run
+    there and only ids come back (engine/device_tail.py; device_tail=False ships the rows to the
+    host and decides there, as the CPU does). On a GPU, decode
     steps of short rows (decode, verification, fast-forward, tool results) replay CUDA graphs
     (model/graphs.py, one per token bucket) where the model allows them; steps with a long
     prefill row run eagerly."""
@@ -73,9 +78,10 @@ class ModelExecutor:
     def clock() -> Clock | None:
         return None  # (the wall clock)
 
-    def __init__(self, model, path: str | None = None, cuda_graphs: bool = True):
+    def __init__(self, model, path: str | None = None, cuda_graphs: bool = True, device_tail: bool | None = None):
         self.model, self.path = model, path  # path None: the model's own default forward
         self.device = model.device
+        self.device_tail = self.device.type == "cuda" if device_tail is None else device_tail
         self.staging = HostStaging(self.device)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.graphs: StepGraphs | None = None
@@ -103,14 +109,19 @@ class ModelExecutor:
         graphs = self._graphs(store) if is_short(chunks) else None
         logits = self._replay(graphs, chunks) if graphs is not None else None
         if logits is not None:
-            kind, rows = "graph", tuple(logits.cpu().split([c.want_logits for c in chunks]))
+            kind, rows = "graph", tuple(self._rows(logits).split([c.want_logits for c in chunks]))
         else:
             fb = build_batch(chunks, page_size, store.local_of, self.model.short_limit).to(self.device, self.staging)
             logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
-            kind, rows = "eager", tuple(logits.cpu().split(list(fb.logits_count)))
+            kind, rows = "eager", tuple(self._rows(logits).split(list(fb.logits_count)))
         self.steps[kind] += 1
         self.seconds[kind] += time.perf_counter() - t0
         return StepOutput(rows)
+
+    def _rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """The step's logits where the core reads them: on the device with `device_tail` (a
+        graph's rows are its static output: read before the next replay, as the core does)."""
+        return logits if self.device_tail else logits.cpu()
 
     def _replay(self, graphs: StepGraphs, chunks: list[SeqChunk]) -> torch.Tensor | None:
         """The step's logits from its graph; None (and eager from now on) when the first

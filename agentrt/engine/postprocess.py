@@ -10,10 +10,11 @@ import torch
 
 from agentrt.constrain.fast_forward import fast_forward
 from agentrt.constrain.step_masks import mask_row
+from agentrt.engine.device_tail import NaNLogits, StepFetch, choose
 from agentrt.engine.sample_step import finish_reason, sample_rows
 from agentrt.model.batch import SeqChunk
 from agentrt.records.request import Request, State, TokenEvent
-from agentrt.sampling.speculative import verify_draft
+from agentrt.sampling.speculative import accept_greedy, verify_draft
 
 
 class Postprocess:
@@ -22,6 +23,8 @@ class Postprocess:
 
     def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
+        if self.executor.device_tail:
+            return self._postprocess_on_device(plan, chunks, rows)
         plain, plain_rows = [], []
         for (r, _), ch, lg in zip(plan, chunks, rows):
             try:
@@ -40,6 +43,45 @@ class Postprocess:
                 self.fail(r, e)
         if plain:
             self._sample_and_emit(plain, torch.cat(plain_rows))
+
+    def _postprocess_on_device(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
+        """The same decisions with the rows on the model's device (engine/device_tail.py): a
+        greedy draft's argmax and every plain row's token chosen there, fetched with the rows of
+        host-verified drafts (sampled or constrained) in one wait; then accepted and emitted in
+        the host path's order (drafts, then plain rows)."""
+        fetch, drafts, plain, plain_rows = StepFetch(), [], [], []
+        for (r, _), ch, lg in zip(plan, chunks, rows):
+            try:
+                self._account(r, ch)
+                if r.draft:
+                    on_device = r.constraint is None and r.params.greedy
+                    drafts.append((r, ch, on_device, fetch.add(self.executor.argmax(lg) if on_device else lg)))
+                    continue
+                r.forced = 0
+                r.seq.tokens.extend(ch.tokens)
+                if ch.want_logits:
+                    plain.append(r)
+                    plain_rows.append(mask_row(r, lg, self.counters) if r.constraint is not None else lg)
+            except Exception as e:
+                self.fail(r, e)
+        picks = fetch.add(choose(torch.cat(plain_rows), plain, self.executor.argmax)) if plain else None
+        fetch.run()
+        self.counters.host_syncs += fetch.syncs
+        for r, ch, on_device, h in drafts:
+            try:
+                self._accept(r, ch, self._greedy_draft(r, fetch[h].tolist()) if on_device else
+                             verify_draft(r, fetch[h], lambda x: torch.argmax(x, dim=-1)))
+            except Exception as e:
+                self.fail(r, e)
+        if picks is not None:
+            self._emit_sampled(plain, [None if t < 0 else t for t in fetch[picks].tolist()], NaNLogits)
+
+    @staticmethod
+    def _greedy_draft(r: Request, pred: list[int]) -> list[int]:
+        acc = accept_greedy(pred, r.draft)
+        r.spec_proposed += len(r.draft)
+        r.spec_accepted += len(acc) - 1
+        return acc
 
     def _accept(self, r: Request, ch: SeqChunk, accepted: list[int]) -> None:
         """Keep the KV of the tokens fed before the draft and of the accepted draft; roll back
@@ -60,8 +102,15 @@ class Postprocess:
     def _sample_and_emit(self, reqs: list[Request], logits) -> None:
         """Sample every row (engine/sample_step.py), then advance constraints and emit. A
         request's first sampled token ends its prefill (Usage.prefill_s)."""
+        self._emit_sampled(reqs, sample_rows(reqs, logits, self.executor.argmax, self.fail))
+
+    def _emit_sampled(self, reqs: list[Request], toks: list[int | None], missing=None) -> None:
+        """Advance constraints and emit one chosen token per request (None: none was chosen; the
+        request failed already, or fails now with `missing()` when given)."""
         now = self.clock.now()
-        for r, t in zip(reqs, sample_rows(reqs, logits, self.executor.argmax, self.fail)):
+        for r, t in zip(reqs, toks):
+            if t is None and missing is not None and r.state is not State.FINISHED:
+                self.fail(r, missing())
             if t is None or r.state is State.FINISHED:
                 continue
             r.first_token_s = r.first_token_s or now

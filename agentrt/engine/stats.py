@@ -38,6 +38,7 @@ class Counters:
     ttl_pins: int = 0  # sessions pinned while their tools ran
     ttl_hits: int = 0  # ... whose next request came before the pin expired
     ttl_expired: int = 0  # ... whose next request came after
+    host_syncs: int = 0  # waits of the step's host part for the device (engine/device_tail.py)
     mask_seconds: float = 0.0  # grammar masks computed and applied on the step's critical path
     masked_rows: int = 0  # logits rows masked (one per constrained request per step)
     mask_prepare_seconds: float = 0.0  # masks filled beside the forward (constrain/step_masks.py::MaskPrefetch)

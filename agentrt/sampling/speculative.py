@@ -83,7 +83,12 @@ def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, *,
 def verify_greedy(logits: torch.Tensor, draft: list[int], argmax=None) -> list[int]:
     """logits [k+1, V] at the positions of (last token, draft...). Returns the accepted draft
     prefix plus the model's own next token (1 .. k+1 tokens). argmax: [B, V] -> [B]."""
-    pred = (argmax(logits) if argmax else torch.argmax(logits, dim=-1)).tolist()
+    return accept_greedy((argmax(logits) if argmax else torch.argmax(logits, dim=-1)).tolist(), draft)
+
+
+def accept_greedy(pred: list[int], draft: list[int]) -> list[int]:
+    """The greedy rule on the argmax ids pred [k+1] of (last token, draft...): the draft's
+    longest prefix equal to them, then the model's own next token."""
     out = []
     for d, p in zip(draft, pred):
         if d != p:

@@ -71,6 +71,7 @@ class SimTier(HostTier):
 
 class SimExecutor:
     simulated = True
+    device_tail = False  # (rows are the host's)
     make_steps = SimSteps  # the Engine's step loop: a task on the (virtual-time) event loop
 
     @staticmethod
