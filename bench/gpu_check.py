@@ -159,6 +159,63 @@ def engine_generate(lm, graph_step_ms: float, new=128) -> dict:
             "engine_generate_over_graph_step": round(per / graph_step_ms, 3)}
 
 
+def _busy_fraction(prof) -> tuple[float, int]:
+    """(share of the span from the first kernel's start to the last one's end in which some
+    kernel ran, kernels) of a torch profile."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    if not spans:
+        return 0.0, 0
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo = busy + hi - lo, a
+        hi = max(hi, b)
+    busy += hi - lo
+    return busy / (spans[-1][1] - spans[0][0]) if spans[-1][1] > spans[0][0] else 1.0, len(spans)
+
+
+def step_tail(lm, agents: int = 8, new: int = 48) -> dict:
+    """Through the Engine (the device tail, graphs), `agents` concurrent requests: the host's
+    waits for the device per step (StepFetch's explicit waits plus the implicit syncs torch's
+    sync debug mode reports) and the share of the run the GPU sat idle between kernels."""
+    import warnings
+
+    import anyio
+
+    from agentrt import Engine, EngineConfig, SamplingParams
+
+    prompts = [torch.randint(100, 40000, (200 + 13 * i,)).tolist() for i in range(agents)]
+    sp = SamplingParams(max_tokens=new, ignore_eos=True)
+
+    async def go(eng):
+        async with anyio.create_task_group() as tg:
+            for p in prompts:
+                tg.start_soon(eng.complete, p, sp)
+
+    async def run():
+        async with Engine(lm, EngineConfig(response_cache_size=0)) as eng:
+            await eng.complete(prompts[0][:40], SamplingParams(max_tokens=8, ignore_eos=True))  # (warm-up)
+            c = eng.core.counters
+            steps0, syncs0 = c.steps, c.host_syncs
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        await go(eng)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            steps = c.steps - steps0
+            implicit = sum("synchroniz" in str(w.message) for w in caught)
+            return steps, c.host_syncs - syncs0, implicit, prof
+    steps, explicit, implicit, prof = anyio.run(run)
+    busy, kernels = _busy_fraction(prof)
+    return {"tail_steps": steps, "host_syncs_per_step": round((explicit + implicit) / max(steps, 1), 3),
+            "host_waits_explicit": explicit, "implicit_syncs": implicit,
+            "gpu_idle_between_steps_fraction": round(1 - busy, 4), "tail_kernels": kernels}
+
+
 def greedy_identity(lm) -> dict:
     """Greedy ids: alone (the naive oracle, eager) vs batched with others vs after a radix hit."""
     import anyio
@@ -224,6 +281,7 @@ def llama1b(pack: Path) -> dict:
         f"b{b}": round(steps[f"decode_b{b}_graph_ms"] / res[f"decode_b{b}_graph_ms"], 3) for b in (1, 32)}
     res.update({f"invariant_{k}": v for k, v in prefill(inv).items()})
     res.update(greedy_identity(inv))
+    res.update(step_tail(inv))
     return res
 
 
@@ -259,7 +317,7 @@ def agents(pack: Path, agents: int, turns: int) -> dict:
     from bench.peers.hf_peer import TransformersSystem
 
     hf = hf_model(pack, "smol135m", "cuda", DT)
-    lm = agentrt_model(pack, "smol135m", hf, "cuda", DT)
+    lm = agentrt_model(pack, "smol135m", hf, "cuda", DT, invariant=True)  # (load_model's default)
     case = next(c for c in build_cases(ChatFormat(lm.tokenizer), lm.tokenizer, quick=True) if c.key == "agents8")
     scripts = [s[:turns] for s in case.make(0)[:agents]]
     cfg = EngineConfig(response_cache_size=0, kv_cache_tokens=kv_tokens(scripts, None))
@@ -277,6 +335,7 @@ def agents(pack: Path, agents: int, turns: int) -> dict:
         out[f"{name}_wall_s"] = round(r.wall_s, 3)
         out[f"{name}_outputs_as_scripted"] = sum(bool(c.exact) for c in r.records)
     out["agentrt_steps"] = dict(ex.steps)
+    out["agentrt_replayed_fraction"] = round(ex.steps["graph"] / max(1, sum(ex.steps.values())), 3)
     out["agentrt_step_seconds"] = {k: round(v, 3) for k, v in ex.seconds.items()}
     out["agentrt_speedup_over_transformers"] = round(out["transformers_wall_s"] / out["agentrt_wall_s"], 2)
     return out

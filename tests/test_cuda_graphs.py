@@ -27,6 +27,9 @@ def test_buckets_and_the_short_step_rule():
     assert not is_short([SeqChunk([1] * (SHORT_QUERIES + 1), 0, list(range(40)))])  # (a long row: eager)
     assert not is_short([SeqChunk([1] * 60, 5, list(range(40)))] * 9)  # (over the largest bucket)
     assert not is_short([])
+    # the batch-invariant mode attends every row token by token, eager or replayed: any length
+    assert is_short([SeqChunk([1] * 300, 0, list(range(40))), SeqChunk([2], 9, [0])], short_limit=None)
+    assert not is_short([SeqChunk([1] * 600, 0, list(range(40)))], short_limit=None)
 
 
 def gpu_model():

@@ -106,7 +106,7 @@ class ModelExecutor:
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
         t0 = time.perf_counter()
-        graphs = self._graphs(store) if is_short(chunks) else None
+        graphs = self._graphs(store) if is_short(chunks, self.model.short_limit) else None
         logits = self._replay(graphs, chunks) if graphs is not None else None
         if logits is not None:
             kind, rows = "graph", tuple(self._rows(logits).split([c.want_logits for c in chunks]))

@@ -2,9 +2,10 @@
 
 On a GPU a step of a small model costs launches, not FLOPs (an eager step of a 1B model launches
 ~20 kernels a layer). A short step - every row a few new tokens (decode, draft verification,
-fast-forwarded grammar runs, tool results: rows of up to SHORT_QUERIES tokens), attended token by
-token (kernels/triton_attention.py) - is the same computation for every batch of T tokens up to
-its inputs, so it is captured once per bucket of T and replayed.
+fast-forwarded grammar runs, tool results: rows of up to SHORT_QUERIES tokens; rows of any length
+in the batch-invariant mode), attended token by token (kernels/triton_attention.py) - is the same
+computation for every batch of T tokens up to its inputs, so it is captured once per bucket of T
+and replayed.
 
 Static inputs, one flat int64 device buffer per executor (bucket b reads its prefix):
 
@@ -42,10 +43,13 @@ def graphable(model, store: KVStore) -> bool:
             and store.local_of is None and store.k[0].dtype != torch.int8 and not model.cfg.is_moe)
 
 
-def is_short(chunks: list[SeqChunk]) -> bool:
-    """Every row at most SHORT_QUERIES new tokens, at most the largest bucket of tokens."""
+def is_short(chunks: list[SeqChunk], short_limit: int | None = SHORT_QUERIES) -> bool:
+    """Every row at most `short_limit` new tokens (None: any, the batch-invariant mode, whose
+    eager steps attend every row token by token too: DecoderModel.short_limit), at most the
+    largest bucket of tokens."""
+    limit = BUCKETS[-1] if short_limit is None else short_limit
     return (0 < len(chunks) and sum(len(c.tokens) for c in chunks) <= BUCKETS[-1]
-            and all(0 < len(c.tokens) <= SHORT_QUERIES and c.want_logits <= len(c.tokens) for c in chunks))
+            and all(0 < len(c.tokens) <= limit and c.want_logits <= len(c.tokens) for c in chunks))
 
 
 def bucket_of(n: int) -> int:
