@@ -84,8 +84,9 @@ def timed(fn, n: int) -> float:
 
 
 def decode_steps(lm, batches=(1, 8, 32), ctx=1024, steps=20) -> dict:
-    """ms of one decode step through ModelExecutor.run (host build + copy + forward + logits to
-    the host): eager and as a CUDA graph replay; and the bare replay."""
+    """ms of one decode step through ModelExecutor.run (host build + copy + forward; the logits
+    stay on the device, as the engine's device tail reads them), synchronized: eager and as a
+    CUDA graph replay; and the bare replay."""
     from agentrt.engine.executor import ModelExecutor
     from agentrt.model.batch import SeqChunk
 

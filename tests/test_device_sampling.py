@@ -22,20 +22,21 @@ DEV = "cuda" if CUDA else "cpu"
 ARGMAX = lambda x: torch.argmax(x, dim=-1)  # noqa: E731
 
 CASES = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=3),
-         SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.0, top_k=5, top_p=0.7)]
+         SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.0, top_k=5, top_p=0.7),
+         SamplingParams(temperature=1.0, min_p=0.2), SamplingParams(temperature=0.8, top_p=0.9, min_p=0.1)]
 
 
-@pytest.mark.parametrize("p", CASES, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
-def test_floors_keep_exactly_the_host_samplers_support(p):
+@pytest.mark.parametrize("p", CASES, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
+def test_floors_keep_exactly_the_host_samplers_support(p):  # (min-p included)
     x = torch.randn(5, 50, generator=torch.Generator().manual_seed(1))
     v = x.shape[-1]
     f = floors((x / p.temperature).to(DEV), torch.full((5,), p.top_k or v, device=DEV),
-               torch.full((5,), p.top_p, device=DEV)).cpu()
+               torch.full((5,), p.top_p, device=DEV), torch.full((5,), p.min_p, device=DEV)).cpu()
     kept = (x / p.temperature) >= f[:, None]
     assert torch.equal(kept, adjusted_probs(x, p) > 0)
 
 
-@pytest.mark.parametrize("p", CASES[::3], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("p", [CASES[0], CASES[3], CASES[5]], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
 def test_draws_follow_the_host_samplers_distribution(p):
     row = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -3.0])
     n = 2000  # (the interpreter runs ~200 programs a second)

@@ -201,11 +201,24 @@ def test_completions_plain_and_streamed(client):
     assert " 6" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
 
 
+def test_penalties_and_vllms_sampling_extensions_reach_the_engine(client):
+    ask = dict(model="smol", prompt="1, 1, 1, 1, 1, 1,", max_tokens=12, temperature=0)
+    plain = client.completions.create(**ask).choices[0].text
+    penalized = client.completions.create(**ask, frequency_penalty=2.0, presence_penalty=1.0).choices[0].text
+    assert penalized != plain  # (greedy: the penalties alone changed the text)
+    again = client.completions.create(**ask, frequency_penalty=2.0, presence_penalty=1.0).choices[0].text
+    assert again == penalized
+    r = client.completions.create(**{**ask, "temperature": 0.8, "seed": 3},
+                                  extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2})
+    assert r.choices[0].text
+
+
 @pytest.mark.parametrize("kw, param", [
     ({"n": 2}, "n"), ({"temperature": 5.0}, "temperature"), ({"max_tokens": 100000}, "max_tokens"),
     ({"messages": []}, "messages"), ({"tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ({"response_format": {"type": "xml"}}, "response_format.type"), ({"logprobs": True}, "logprobs")])
+    ({"response_format": {"type": "xml"}}, "response_format.type"), ({"logprobs": True}, "logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty")])
 def test_bad_requests_are_openai_400s(client, kw, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**{"model": "smol", "messages": ASK, "max_tokens": 8, **kw})

@@ -14,6 +14,7 @@ from agentrt.engine.device_tail import NaNLogits, StepFetch, choose
 from agentrt.engine.sample_step import finish_reason, sample_rows
 from agentrt.model.batch import SeqChunk
 from agentrt.records.request import Request, State, TokenEvent
+from agentrt.sampling.penalties import penalize
 from agentrt.sampling.speculative import accept_greedy, verify_draft
 
 
@@ -34,11 +35,9 @@ class Postprocess:
                     continue
                 r.forced = 0
                 r.seq.tokens.extend(ch.tokens)
-                if ch.want_logits:
-                    if r.constraint is not None:  # masks its own row: a raising grammar fails r only
-                        lg = mask_row(r, lg, self.counters)
+                if ch.want_logits:  # (shaped first: a raising grammar fails r, never pairs rows wrongly)
+                    plain_rows.append(self._shape_row(r, lg))
                     plain.append(r)
-                    plain_rows.append(lg)
             except Exception as e:
                 self.fail(r, e)
         if plain:
@@ -59,9 +58,9 @@ class Postprocess:
                     continue
                 r.forced = 0
                 r.seq.tokens.extend(ch.tokens)
-                if ch.want_logits:
+                if ch.want_logits:  # (shaped first: a raising grammar fails r, never pairs rows wrongly)
+                    plain_rows.append(self._shape_row(r, lg))
                     plain.append(r)
-                    plain_rows.append(mask_row(r, lg, self.counters) if r.constraint is not None else lg)
             except Exception as e:
                 self.fail(r, e)
         picks = fetch.add(choose(torch.cat(plain_rows), plain, self.executor.argmax)) if plain else None
@@ -75,6 +74,13 @@ class Postprocess:
                 self.fail(r, e)
         if picks is not None:
             self._emit_sampled(plain, [None if t < 0 else t for t in fetch[picks].tolist()], NaNLogits)
+
+    def _shape_row(self, r: Request, lg):
+        """r's row [1, V] before its token is chosen: its penalties, then its constraint's mask
+        (a raising grammar fails r only), in place where they apply."""
+        if r.params.penalized:
+            lg = penalize(lg, r.params, r.output, r.prompt)
+        return mask_row(r, lg, self.counters) if r.constraint is not None else lg
 
     @staticmethod
     def _greedy_draft(r: Request, pred: list[int]) -> list[int]:

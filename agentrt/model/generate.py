@@ -13,6 +13,7 @@ from agentrt.model.kv import KVStore
 from agentrt.model.decoder import DecoderModel
 from agentrt.model.staging import HostStaging
 from agentrt.sampling import SamplingParams, make_generator, sample_row
+from agentrt.sampling.penalties import penalize
 
 
 def prompt_logits(model: DecoderModel, prompt: list[int], page_size: int = 16,
@@ -58,7 +59,8 @@ def generate(model: DecoderModel, prompt: list[int], params: SamplingParams | No
                 model.device, staging)
             logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path).cpu()
             pos += len(ids)
-        row = logits[0] if constraint is None else constraint.mask_logits(logits[0])
+        row = penalize(logits[0], p, out, prompt)
+        row = row if constraint is None else constraint.mask_logits(row)
         new = [sample_row(row, p, gen)]
         if constraint is not None:
             constraint.advance(new[0])

@@ -8,8 +8,9 @@ the draw, token id) (triton's tl.rand), the draw's seed mixing the request's see
 position (`draw_seed`). So a request's tokens depend on its seed alone, never on its batch-mates,
 the batch's order or how many rows the step holds; no generator state lives anywhere.
 
-Top-k and top-p become one floor per row, in units of x / T: the k-th largest value and the
-smallest value top-p keeps (torch.sort on the device, no sync); a token is kept when it reaches
+Top-k, top-p and min-p become one floor per row, in units of x / T: the k-th largest value, the
+smallest value top-p keeps (torch.sort on the device, no sync) and the largest value plus
+log(min_p); a token is kept when it reaches
 the floor, so tokens tied at the floor are all kept (the host sampler breaks such ties by sort
 order). The host sampler (sampler.py, a torch.Generator stream) stays the CPU's: the same seed
 gives other tokens here than there, and the same tokens here whatever the batch.
@@ -57,9 +58,10 @@ def _gumbel_argmax(x_ptr, stride, seed_ptr, inv_t_ptr, floor_ptr, out_ptr, V, BL
     tl.store(out_ptr + row, tl.min(tl.where(best_v == m, best_i, V), axis=0))
 
 
-def floors(xs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """xs [R, V] (logits / T); top_k [R] (V: off), top_p [R] (1.0: off) -> [R] the smallest kept
-    value of each row (top-k first, then top-p over the renormalised rest, as adjusted_probs)."""
+def floors(xs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """xs [R, V] (logits / T); top_k [R] (V: off), top_p [R] (1.0: off), min_p [R] (0: off) ->
+    [R] the smallest kept value of each row (top-k first, then top-p over the renormalised rest,
+    then min-p against the likeliest, as adjusted_probs)."""
     v = xs.shape[-1]
     srt = torch.sort(xs, dim=-1, descending=True).values
     kth = srt.gather(1, (top_k - 1).clamp(0, v - 1)[:, None])
@@ -67,7 +69,10 @@ def floors(xs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     p = torch.softmax(srt_k, dim=-1)
     keep = (p.cumsum(-1) - p) < top_p[:, None]  # (the first token always stays)
     last = (keep.sum(-1, keepdim=True) - 1).clamp(min=0)
-    return torch.maximum(kth, srt.gather(1, last))[:, 0]
+    floor = torch.maximum(kth, srt.gather(1, last))[:, 0]
+    if min_p is not None:  # (p >= min_p * p_max  <=>  x / T >= max + log(min_p); log(0) = -inf)
+        floor = torch.maximum(floor, srt[:, 0] + torch.log(min_p))
+    return floor
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None], argmax) -> torch.Tensor:
@@ -78,15 +83,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int |
     ids = argmax(logits).to(torch.int64)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
-        host = torch.tensor([[1.0 / params[i].temperature, params[i].top_k or v, params[i].top_p] for i in sampled],
-                            dtype=torch.float64)
+        host = torch.tensor([[1.0 / params[i].temperature, params[i].top_k or v, params[i].top_p, params[i].min_p]
+                             for i in sampled], dtype=torch.float64)
         seed_t = torch.tensor([seeds[i] for i in sampled], dtype=torch.int64).to(logits.device, non_blocking=True)
         dev = host.to(logits.device, non_blocking=True)
         idx = torch.tensor(sampled, dtype=torch.int64).to(logits.device, non_blocking=True)
         rows = logits.index_select(0, idx).float()
         inv_t = dev[:, 0].float()
-        if any(params[i].top_k or params[i].top_p < 1.0 for i in sampled):
-            floor = floors(rows * inv_t[:, None], dev[:, 1].long(), dev[:, 2].float())
+        if any(params[i].top_k or params[i].top_p < 1.0 or params[i].min_p for i in sampled):
+            floor = floors(rows * inv_t[:, None], dev[:, 1].long(), dev[:, 2].float(), dev[:, 3].float())
         else:
             floor = torch.full((len(sampled),), float("-inf"), device=logits.device)
         out = torch.empty(len(sampled), dtype=torch.int64, device=logits.device)

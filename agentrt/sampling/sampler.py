@@ -22,6 +22,9 @@ def adjusted_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
+    if p.min_p > 0.0:  # (relative to the likeliest, which every rule above keeps)
+        probs = probs.masked_fill(probs < p.min_p * probs.amax(-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
 

@@ -13,8 +13,9 @@ def choose_draft(r: Request, n_decoders: int, cfg: EngineConfig, ctx_len: int) -
     """Draft tokens for r this step (empty: plain decode). A constrained (grammar) request
     speculates only when greedy: its draft is cut to the prefix the grammar accepts, and each
     position is verified under its own mask (one mask per draft token, a few microseconds).
-    Sampled constrained requests do not speculate."""
-    if not cfg.enable_speculation or (r.constraint is not None and not r.params.greedy):
+    Sampled constrained requests do not speculate, nor do penalized ones (each draft token
+    would change the counts the next position's penalty reads)."""
+    if not cfg.enable_speculation or (r.constraint is not None and not r.params.greedy) or r.params.penalized:
         return []
     if r.ngrams is None:
         r.ngrams = NgramIndex(cfg.spec_min_ngram, cfg.spec_max_ngram)

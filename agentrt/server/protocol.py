@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentrt.errors import AgentrtError
+from agentrt.sampling import SamplingParams
 
 from .chat_parts import Message, NamedChoice, ResponseFormat, ToolCall, ToolDef
 
@@ -67,8 +68,11 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     logprobs: bool | int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    top_k: int = Field(default=0, ge=-1)  # vLLM's extensions: top_k (0 or -1: off), min_p, repetition_penalty
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     return_token_ids: bool = False  # vLLM's extension: the generated ids in each choice
@@ -89,11 +93,15 @@ class SamplingRequest(BaseModel):
             raise ApiError("n must be 1: one choice per request is supported", param="n")
         if self.logprobs:
             raise ApiError("logprobs are not supported", param="logprobs")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ApiError(f"{name} is not supported; leave it at 0", param=name)
         if self.logit_bias:
             raise ApiError("logit_bias is not supported", param="logit_bias")
+
+    def sampling(self, max_tokens: int) -> SamplingParams:
+        """The engine's SamplingParams for this body."""
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=max(self.top_k, 0), min_p=self.min_p, seed=self.seed, ignore_eos=self.ignore_eos,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty)
 
     @property
     def include_usage(self) -> bool:

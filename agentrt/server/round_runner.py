@@ -109,8 +109,7 @@ def _params(req: ChatRequest, prompt: int, limit: int, cap: int) -> SamplingPara
     overflow = context_overflow(prompt, max_tokens, limit)
     if overflow is not None:  # refused, not trimmed: the client sent this history and max_tokens
         raise _too_long(overflow)
-    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                          ignore_eos=req.ignore_eos)
+    return req.sampling(max_tokens)
 
 
 def _schema_error(call: ChatCall, e: SchemaUnsupported) -> ApiError:

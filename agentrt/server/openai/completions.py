@@ -21,7 +21,6 @@ from agentrt.engine.context_length import context_overflow
 from agentrt.engine.validate import check_prompt
 from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import IncrementalDecoder
-from agentrt.sampling import SamplingParams
 
 from ..handling import Exchange, tenant_salt
 from ..protocol import ApiError, SamplingRequest, parse
@@ -66,8 +65,7 @@ class TextRun:
         if (overflow := context_overflow(len(prompt), max_tokens, limit)) is not None:
             raise ApiError(str(overflow), code="context_length_exceeded", param="prompt")
         self.req, self.engine, self.prompt, self.model, self.salt = req, engine, prompt, model, salt
-        self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                                     ignore_eos=req.ignore_eos)
+        self.params = req.sampling(max_tokens)
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         self.text, self.ids, self.finish, self.usage, self.stopped = "", [], None, None, False
 
