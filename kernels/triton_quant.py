@@ -97,17 +97,19 @@ def _dequant(lo_ptr, hi_ptr, sd_ptr, sc_ptr, md_ptr, mc_ptr, n, k, K, mask,
 
 @triton.jit
 def _qmm_kernel(x_ptr, lo_ptr, hi_ptr, sd_ptr, sc_ptr, md_ptr, mc_ptr, bias_ptr, out_ptr,
-                M, N, K, stride_x, stride_o,
+                M, N, K, stride_x, stride_o, k_run,
                 Z: tl.constexpr, QBITS: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, MIN: tl.constexpr,
                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 DOT: tl.constexpr):
-    # out[M, N] = x[M, K] @ W^T (+ bias); grid (cdiv(N, BN), cdiv(M, BM))
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    # out[M, N] = x[M, K] @ W^T (+ bias); grid (cdiv(N, BN), cdiv(M, BM), splits): split s sums
+    # k in [s * k_run, (s + 1) * k_run) into out + s * M * stride_o (the partials, then _fold)
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK).to(tl.int64)
     acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
+    out_ptr += pid_k.to(tl.int64) * M * stride_o
+    for k0 in range(pid_k * k_run, tl.minimum(K, (pid_k + 1) * k_run), BK):
         kk = k0 + rk
         xm = (rm[:, None] < M) & (kk[None, :] < K)
         x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=xm, other=0.0).to(tl.float32)
@@ -127,6 +129,20 @@ def _qmm_kernel(x_ptr, lo_ptr, hi_ptr, sd_ptr, sc_ptr, md_ptr, mc_ptr, bias_ptr,
 
 
 @triton.jit
+def _fold(ws_ptr, bias_ptr, out_ptr, M, N, stride_o, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+          BLOCK: tl.constexpr):
+    # out[m, n] = sum over splits in order of ws[s, m, n] (+ bias); grid (M, cdiv(N, BLOCK))
+    m, nb = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    n = nb * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(SPLITS):
+        acc += tl.load(ws_ptr + (s * M + m) * N + n, mask=n < N, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_o + n, acc.to(out_ptr.dtype.element_ty), mask=n < N)
+
+
+@triton.jit
 def _rows_kernel(ids_ptr, lo_ptr, hi_ptr, sd_ptr, sc_ptr, md_ptr, mc_ptr, out_ptr, K,
                  Z: tl.constexpr, QBITS: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, MIN: tl.constexpr,
                  BK: tl.constexpr):
@@ -138,12 +154,24 @@ def _rows_kernel(ids_ptr, lo_ptr, hi_ptr, sd_ptr, sc_ptr, md_ptr, mc_ptr, out_pt
     tl.store(out_ptr + t.to(tl.int64) * K + k, w.to(out_ptr.dtype.element_ty), mask=k < K)
 
 
-def tiles(p: Planes, m: int, invariant: bool) -> tuple[int, int, int]:
-    """(BM, BN, BK) for `m` rows of x: BN and BK from the layer only; BM 16 for decode rows
-    (tl.dot's least) and, unless `invariant`, 64 for prefill rows."""
+PROGRAMS = 512  # column x split programs a decode GEMM aims for (about 4 per SM of an H100/H200)
+
+
+def tiles(p: Planes, m: int, invariant: bool) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, splits) for `m` rows of x. BN, BK and the K splits come from the layer
+    only: a narrow layer's weights are read by PROGRAMS programs at once, each over a run of K,
+    the partial sums folded in order (a decode row alone keeps the GPU's memory busy). BM is 16
+    for decode rows (tl.dot's least) and, unless `invariant`, 64 for prefill rows, which then
+    need no split."""
     bk = next(b for b in (128, 64, 32, 16) if p.k % b == 0 or b == 16)
     bn = 32 if p.n <= 8192 else 64  # (more column programs for the narrow layers of a decode step)
-    return (16 if invariant or m <= 16 else 64), bn, bk
+    steps = triton.cdiv(p.k, bk)
+    splits = 1
+    while splits * 2 * triton.cdiv(p.n, bn) <= PROGRAMS and steps // (splits * 2) >= 4:
+        splits *= 2
+    if not invariant and m > 16:
+        return 64, bn, bk, 1
+    return 16, bn, bk, splits
 
 
 def _args(p: Planes):
@@ -169,12 +197,18 @@ def matmul(x: torch.Tensor, p: Planes, out: torch.Tensor | None = None, bias: to
         out = torch.empty(m, p.n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, bk = tiles(p, m, invariant)
+    bm, bn, bk, splits = tiles(p, m, invariant)
     dot = (2 if x.is_cuda else 0) if dot is None else dot
-    grid = (triton.cdiv(p.n, bn), triton.cdiv(m, bm))
-    _qmm_kernel[grid](x2, *_args(p), bias if bias is not None else p.lo, out, m, p.n, p.k, x2.stride(0),
-                      out.stride(0), **_consts(p), HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk,
-                      DOT=dot)
+    k_run = triton.cdiv(triton.cdiv(p.k, bk), splits) * bk
+    ws = out if splits == 1 else torch.empty(splits, m, p.n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(p.n, bn), triton.cdiv(m, bm), splits)
+    _qmm_kernel[grid](x2, *_args(p), bias if bias is not None else p.lo, ws, m, p.n, p.k, x2.stride(0),
+                      ws.stride(-2), k_run, **_consts(p), HAS_BIAS=bias is not None and splits == 1, BM=bm, BN=bn,
+                      BK=bk, DOT=dot)
+    if splits > 1:
+        block = min(1024, triton.next_power_of_2(p.n))
+        _fold[(m, triton.cdiv(p.n, block))](ws, bias if bias is not None else ws, out, m, p.n, out.stride(0),
+                                            SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block)
     return out
 
 

@@ -81,6 +81,21 @@ def test_a_rows_result_is_the_same_alone_batched_and_in_a_prefill_chunk():
     assert len({triton_quant.tiles(p, m, invariant=True) for m in (1, 8, 33, 2048)}) == 1
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda q: q.name)
+def test_a_narrow_layer_splits_k_and_folds_the_runs_in_order(qtype):
+    w, ref = _weight(qtype, rows=40, cols=2048, seed=5)
+    p = w.planes()
+    assert triton_quant.tiles(p, 1, invariant=True)[3] == 4  # (40 columns: few programs without a split)
+    x = torch.randn(20, 2048, generator=torch.Generator().manual_seed(6))
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(7))
+    got = triton_quant.matmul(x.to(DEV), p, bias=bias.to(DEV)).cpu()
+    want = x.double() @ ref.double().t() + bias.double()
+    scale = (x.abs().double() @ ref.abs().double().t()).max()
+    assert ((got.double() - want).abs().max() / scale) < (4e-3 if CUDA else 1e-6)
+    alone = torch.cat([triton_quant.matmul(x[i:i + 1].to(DEV), p, bias=bias.to(DEV)) for i in (0, 13, 19)]).cpu()
+    assert torch.equal(alone, got[[0, 13, 19]])
+
+
 def test_dense_weights_run_the_same_kernel_invariantly():
     g = torch.Generator().manual_seed(2)
     wd = torch.randn(50, 96, generator=g)
