@@ -1,8 +1,9 @@
 """Where a GPU step's time goes (run beside bench/gpu_check.py on the same host):
 
   * the host: cProfile of 50 decode steps through ModelExecutor.run (1B shape, batch 1)
-  * the device: torch.profiler kernel tables of a graph replay (1B and 8B, batch 1), an eager
-    decode step and an eager prefill of 2,048 tokens (1B)
+  * the device: torch.profiler kernel tables of a graph replay (1B and 8B bf16, 1B in the
+    batch-invariant mode, 8B over Q4_K planes; batch 1), an eager decode step and an eager
+    prefill of 2,048 tokens (1B)
   * the agents8 cut: steps by kind (graph / eager) with their wall time
 
     python -m bench.gpu_profile --pack .gpu/pack      (writes $OUT/gpu_profile.txt)
@@ -49,7 +50,9 @@ def setup(lm, ctx=1024, batch=1):
 
 
 def host_profile(ex, store, pages, ctx=1024) -> str:
-    step = lambda i: ex.run([], [SeqChunk([200], ctx + i, pages[0])], store, 16)  # noqa: E731
+    def step(i):  # (the logits stay on the device: wait for the step, as the engine's fetch does)
+        ex.run([], [SeqChunk([200], ctx + i, pages[0])], store, 16)
+        torch.cuda.current_stream().synchronize()
     step(0)
     pr = cProfile.Profile()
     t0 = time.perf_counter()
@@ -81,15 +84,23 @@ def one_model(lm, name: str, out: list, prefill: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pack", default=".gpu/pack")
-    ap.add_argument("--shapes", default="llama1b,llama8b")
+    ap.add_argument("--shapes", default="llama1b,llama1b_invariant,llama8b_q4k,llama8b")
     args = ap.parse_args()
-    from bench.gpu_shapes import random_agentrt_model
+    from agentrt.model import device_quant
+    from bench.gpu_shapes import random_agentrt_model, random_q4k_model
+
+    def build(name: str):
+        if name == "llama8b_q4k":
+            return random_q4k_model(Path(args.pack), "llama8b", "cuda", DT, invariant=True)
+        lm = random_agentrt_model(Path(args.pack), name.removesuffix("_invariant"), "cuda", DT)
+        device_quant.place(lm.model, name.endswith("_invariant"))
+        return lm
 
     out: list[str] = []
     dest = Path(os.environ.get("OUT", "/tmp")) / "gpu_profile.txt"
     for shape in args.shapes.split(","):
-        lm = random_agentrt_model(Path(args.pack), shape, "cuda", DT)
-        one_model(lm, shape, out, prefill=shape == "llama1b")
+        lm = build(shape)
+        one_model(lm, shape, out, prefill=shape.startswith("llama1b"))
         dest.write_text("\n\n".join(out))
         del lm
         torch.cuda.empty_cache()
