@@ -13,6 +13,7 @@ import torch
 
 def _weights(model) -> tuple[int, str]:
     """(parameters, formats by parameter count: e.g. "Q4_1 79%, Q8_0 21%")."""
+    from agentrt.model.device_quant import DeviceWeight
     from agentrt.model.quant import QLinear
 
     sizes: Counter[str] = Counter()
@@ -22,6 +23,9 @@ def _weights(model) -> tuple[int, str]:
             for p in mod.parts:
                 sizes[p.fmt] += p.n * p.k
                 seen.add(id(p.q))
+    packed = {id(w): w for w in model.modules() if isinstance(w, DeviceWeight)}  # (a tied head's once)
+    for w in packed.values():
+        sizes[w.fmt.replace("float", "f")] += w.n * w.k
     for p in model.parameters():
         sizes[str(p.dtype).removeprefix("torch.").replace("float", "f")] += p.numel()
     for name, buf in model.named_buffers():
