@@ -234,7 +234,7 @@ def place(model: nn.Module, invariant: bool) -> None:
         setattr(owner, name, DeviceQLinear([DeviceWeight.dense(layer.weight.contiguous())], layer.bias))
     for m in model.modules():
         if isinstance(m, (DeviceQLinear, DeviceQEmbedding)):
-            m.impl = "triton" if on_triton else "auto"
+            m.impl = "triton" if on_triton else "torch"  # (kernels="torch" on a GPU: no triton needed)
         if isinstance(m, DeviceQLinear):
             m.invariant = invariant
     if on_triton:
