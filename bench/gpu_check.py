@@ -363,7 +363,8 @@ def main() -> None:
     except ImportError:
         res["triton"] = None
     plan = {"kernels": (kernel_tests, 110), "llama1b": (lambda: llama1b(pack), 240),
-            "llama8b": (lambda: llama8b(pack), 90), "llama8b_q4k": (lambda: llama8b_q4k(pack), 90), "agents": (lambda: agents(pack, args.agents, args.turns), 120),
+            "llama8b": (lambda: llama8b(pack), 90), "llama8b_q4k": (lambda: llama8b_q4k(pack), 90),
+            "agents": (lambda: agents(pack, args.agents, args.turns), 120),
             "faults": (lambda: faults(pack), 180)}
     for name in parts:
         part(res, name, plan[name][0], plan[name][1], out)

@@ -133,7 +133,8 @@ class DeviceWeight(nn.Module):
             s = self.sd.float().repeat_interleave(256 // g, 1) * s
         w = s.repeat_interleave(g, 1) * (q - self.z).float()
         if self.mc is not None:
-            m = self.mc.float() if self.md is None else -(self.md.float().repeat_interleave(256 // g, 1) * self.mc.float())
+            m = self.mc.float() if self.md is None else \
+                -(self.md.float().repeat_interleave(256 // g, 1) * self.mc.float())
             w = w + m.repeat_interleave(g, 1)
         return w
 

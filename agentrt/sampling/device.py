@@ -58,7 +58,8 @@ def _gumbel_argmax(x_ptr, stride, seed_ptr, inv_t_ptr, floor_ptr, out_ptr, V, BL
     tl.store(out_ptr + row, tl.min(tl.where(best_v == m, best_i, V), axis=0))
 
 
-def floors(xs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
+def floors(xs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor | None = None) -> torch.Tensor:
     """xs [R, V] (logits / T); top_k [R] (V: off), top_p [R] (1.0: off), min_p [R] (0: off) ->
     [R] the smallest kept value of each row (top-k first, then top-p over the renormalised rest,
     then min-p against the likeliest, as adjusted_probs)."""
