@@ -99,6 +99,35 @@ def test_tools_from_every_langchain_form():
         tools_to_openai(get_weather)
 
 
+def test_agentrts_own_tools_bind_as_they_run():
+    """The README's `@tool` function (agentrt.tool), a Toolset, and a Tool beside LangChain's
+    forms: each binds with the schema agentrt derived for it (issue 57: a Tool was refused)."""
+    from agentrt import Toolset, tool
+
+    @tool
+    def weather(city: str, unit: str = "celsius") -> dict:
+        """Current weather in a city.
+
+        Args:
+            city: the city
+            unit: celsius or fahrenheit
+        """
+        return {"city": city}
+
+    [spec] = tools_to_openai([weather])
+    assert spec == weather.openai_schema()
+    assert spec["function"]["parameters"]["properties"]["city"]["description"] == "the city"
+    assert tools_to_openai(Toolset([weather])) == [spec]
+    assert [s["function"]["name"] for s in tools_to_openai([weather, get_weather])] == ["weather", "get_weather"]
+    assert tools_to_openai([weather], strict=True)[0]["function"]["strict"] is True
+
+    async def fn(model, eng):
+        m = model.bind_tools([weather], tool_choice="required", parallel_tool_calls=False)
+        return await m.ainvoke([HumanMessage("weather in Paris?")], max_tokens=48)
+    out = run(fn)
+    assert [c["name"] for c in out.tool_calls + out.invalid_tool_calls] == ["weather"]
+
+
 def test_second_call_prefills_only_the_delta_and_matches_the_oracle():
     lm = tiny_model_with_tokenizer()
 

@@ -30,6 +30,7 @@ import anyio
 
 from agentrt import tracing
 from agentrt.errors import ConfigError, PoolExhausted
+from agentrt.runtime.failed_calls import FailedCalls
 from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
 from agentrt.sampling import SamplingParams
@@ -217,9 +218,10 @@ class Agent:
         await self.conversation.add(messages)
         turn: list[dict] = []
         results: list[ToolResult] = []
-        usage, text = [], ""
+        usage, text, failed = [], "", FailedCalls()
         for rnd in range(self.spec.max_tool_rounds + 1):
             yield RoundStarted(rnd, len(self.tokens))
+            failed.start_round()
             base = next(self._call_ids)
 
             def call_id(index: int, base: int = base) -> str:
@@ -232,10 +234,11 @@ class Agent:
                         trace_context=trace):
                     if isinstance(ev, RoundEnd):
                         end, ended = ev, timeline.now()
-                        self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done, trace)
+                        self._start_calls(tg, [c for c in ev.calls if c.index not in done], call_id, done, trace,
+                                          failed)
                         continue
                     if isinstance(ev, CallComplete) and self._is_pure(ev.name):
-                        self._start_calls(tg, [ev], call_id, done, trace)
+                        self._start_calls(tg, [ev], call_id, done, trace, failed)
                     yield ev
             if timing is not None:
                 timing.round(started, ended, end.usage)
@@ -250,6 +253,7 @@ class Agent:
                 yield TurnResult(text, turn, results, usage, rnd + 1)
                 return
             round_results = self._gather(end, done, call_id)
+            repeated = failed.end_round([(i, done[i]) for i in sorted(done) if done[i] is not None])
             for r in round_results:
                 yield ToolResultEvent(r)
             results += round_results
@@ -258,8 +262,9 @@ class Agent:
             turn += tool_msgs
             await self.conversation.add(tool_msgs)  # big results: cut, and encoded off the event loop
             stopper = next((r.name for r in round_results if r.name in self.spec.stop_at_tools and not r.is_error), None)
-            if stopper is not None:
-                yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper)
+            if stopper is not None or repeated is not None:
+                yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper,
+                                 stopped_by_repeated_failure=None if stopper is not None else repeated)
                 return
         yield TurnResult(text, turn, results, usage, self.spec.max_tool_rounds + 1, stopped_by_round_limit=True)
 
@@ -288,13 +293,19 @@ class Agent:
         for _ in range(len(end.calls) + len(end.invalid) - 1):
             next(self._call_ids)
 
-    def _start_calls(self, tg, calls, call_id: Callable[[int], str], done: dict, trace: Any = None) -> None:
-        """Start `calls` in `tg`; each call's span is a child of `trace` (the turn's)."""
+    def _start_calls(self, tg, calls, call_id: Callable[[int], str], done: dict, trace: Any,
+                     failed: FailedCalls) -> None:
+        """Start `calls` in `tg`; each call's span is a child of `trace` (the turn's). A call
+        identical to one that failed earlier in the turn is not run (`failed`)."""
         ctx = ToolContext(agent=self.spec.name, deps=self.spec.deps)
         for c in calls:
             t = self.tools.get(c.name)
             if t is None:
                 done[c.index] = unknown_tool_result(c.name, call_id(c.index), list(self.tools))
+                continue
+            repeat = failed.check(c.index, c.name, c.arguments, call_id(c.index))
+            if repeat is not None:
+                done[c.index] = repeat
                 continue
             done[c.index] = None  # started
 

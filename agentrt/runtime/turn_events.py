@@ -38,3 +38,5 @@ class TurnResult:
     rounds: int = 0
     stopped_by_round_limit: bool = False
     stopped_by_tool: str | None = None  # a tool in the agent's stop_at_tools ended the turn
+    # a round that only repeated calls which had failed ended the turn (runtime/failed_calls.py)
+    stopped_by_repeated_failure: str | None = None

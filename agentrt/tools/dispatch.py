@@ -24,11 +24,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
+import structlog
 
 from agentrt import tracing
 from agentrt.errors import ConfigError, ToolCallError, ToolDefinitionError
 from agentrt.tools.results import ToolResult, check_max_chars, format_result
 from agentrt.tools.tool import Tool, ToolContext
+
+log = structlog.get_logger("agentrt.tools")
 
 # (tool, or None when the name is unknown; name; arguments as a dict or JSON text; call id)
 Call = tuple[Tool | None, str, Mapping[str, Any] | str, str]
@@ -78,15 +81,19 @@ async def _run_tool_call(tool: Tool, arguments: Mapping[str, Any] | str, call_id
         try:
             value = await _attempt(tool, call_kwargs, limiter)
         except ToolCallError as exc:
+            _log_failure(tool, call_id, attempt, exc)
             return _error(tool.name, call_id, f"tool {tool.name!r} failed: {exc}", attempt, started)
         except _TimedOut:
             failure = f"tool {tool.name!r} timed out after {tool.timeout:g}s"
+            _log_failure(tool, call_id, attempt, None, failure)
         except Exception as exc:  # noqa: BLE001 - any tool failure becomes a result for the model
             failure = f"tool {tool.name!r} raised {type(exc).__name__}: {exc}"
+            _log_failure(tool, call_id, attempt, exc)
         except (KeyboardInterrupt, GeneratorExit, anyio.get_cancelled_exc_class()):
             raise  # the user's Ctrl-C, a closing generator and cancellation stay what they are
         except BaseException as exc:  # noqa: BLE001 - SystemExit (argparse on bad arguments) and kin
             failure = f"tool {tool.name!r} raised {type(exc).__name__}: {exc} (the process goes on)"
+            _log_failure(tool, call_id, attempt, exc)
         else:
             return _success(tool.name, call_id, value, attempt, started, max_chars)
     attempts = tool.retries + 1
@@ -225,6 +232,13 @@ def _success(name: str, call_id: str, value: Any, attempts: int, started: float,
         content, is_error = str(exc), True
     return ToolResult(call_id=call_id, name=name, content=content, is_error=is_error, raw=value,
                       attempts=attempts, duration_s=time.perf_counter() - started)
+
+
+def _log_failure(tool: Tool, call_id: str, attempt: int, exc: BaseException | None, message: str = "") -> None:
+    """Every time a tool raises or times out, for the developer (the model reads the result):
+    the tool, the call, the attempt and the exception with its traceback."""
+    log.warning("tool.failed", tool=tool.name, call_id=call_id, attempt=attempt, of=tool.retries + 1,
+                error=message or f"{type(exc).__name__}: {exc}", exc_info=exc)
 
 
 def _error(name: str, call_id: str, message: str, attempts: int, started: float) -> ToolResult:

@@ -16,6 +16,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from agentrt.errors import ConfigError
 from agentrt.conversation.router import canonical_json
+from agentrt.tools.dispatch import Toolset
+from agentrt.tools.tool import Tool
 
 _ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant",
           "system": "system", "developer": "system", "tool": "tool"}
@@ -75,16 +77,19 @@ def _one(m: BaseMessage) -> dict:
     return d
 
 
-def tools_to_openai(tools: Sequence[Any], strict: bool | None = None) -> list[dict]:
-    """LangChain tools, pydantic models, functions, TypedDicts or OpenAI tool dicts -> OpenAI
-    tool schemas (`{"type": "function", "function": {name, description, parameters}}`); a tool
-    given twice (same name, same accepted arguments) is kept once."""
+def tools_to_openai(tools: Sequence[Any] | Toolset, strict: bool | None = None) -> list[dict]:
+    """agentrt `Tool`s (or a `Toolset`), LangChain tools, pydantic models, functions,
+    TypedDicts or OpenAI tool dicts -> OpenAI tool schemas (`{"type": "function", "function":
+    {name, description, parameters}}`); a tool given twice (same name, same accepted arguments)
+    is kept once."""
+    if isinstance(tools, Toolset):
+        tools = list(tools)
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise ConfigError("bind_tools takes a list of tools")
+        raise ConfigError("bind_tools takes a list of tools (or an agentrt Toolset)")
     out: dict[str, dict] = {}
     for t in tools:
         try:
-            spec = convert_to_openai_tool(t, strict=strict)
+            spec = _agentrt_schema(t, strict) if isinstance(t, Tool) else convert_to_openai_tool(t, strict=strict)
         except Exception as exc:  # LangChain raises ValueError / TypeError / ...
             raise ConfigError(f"cannot use {t!r} as a tool: {exc}") from exc
         spec["function"].setdefault("parameters", {"type": "object", "properties": {}})
@@ -95,6 +100,15 @@ def tools_to_openai(tools: Sequence[Any], strict: bool | None = None) -> list[di
                               "given twice, e.g. a pydantic class and its JSON schema, is bound once)")
         out.setdefault(name, spec)
     return list(out.values())
+
+
+def _agentrt_schema(t: Tool, strict: bool | None) -> dict:
+    """An agentrt Tool's own OpenAI schema (what `@tool` derived from its signature and
+    docstring), with LangChain's `strict` flag where it is given."""
+    spec = t.openai_schema()
+    if strict is not None:
+        spec["function"]["strict"] = strict
+    return spec
 
 
 # JSON-schema keywords that annotate without constraining, and those whose value maps names to schemas
