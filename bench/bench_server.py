@@ -159,7 +159,7 @@ def run_inprocess(lm, n: int, turns: int, engine_cfg) -> list:
 
     async def main():
         async with Engine(lm, engine_cfg) as engine:
-            state = SimpleNamespace(engine=engine, config=ServerConfig(),
+            state = SimpleNamespace(engine=engine, config=ServerConfig(model_name="m"),
                                     router=SessionRouter(engine, SessionPolicy(256, 900.0)))
             await drive(inprocess_sender(state), 2, 1, offset=100)  # warm-up, as for the servers
             out = await drive(inprocess_sender(state), n, turns)

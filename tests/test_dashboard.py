@@ -133,7 +133,7 @@ def test_agentrt_serve_dashboard_mounts_the_page():
     from agentrt.cli import main
     from agentrt.server import ServerConfig, ServerThread
 
-    with ServerThread(tiny_native_with_tokenizer(), ServerConfig(port=0, dashboard=True)) as server:
+    with ServerThread(tiny_native_with_tokenizer(), ServerConfig(port=0, dashboard=True, model_name="m")) as server:
         kind, page = _get(server.base_url + "/dashboard")  # (redirected to /dashboard/)
         assert kind.startswith("text/html") and b"agentrt dashboard" in page
         snap = json.loads(_get(server.base_url + "/dashboard/api/snapshot")[1])

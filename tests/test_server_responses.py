@@ -245,7 +245,7 @@ def test_a_thinking_models_reasoning_is_an_output_item_of_its_own():
     costs = StepCosts("toy", base_s=1e-3, per_seq_s=1e-4, per_token_s=1e-5, per_pair_s=1e-9, per_key_s=1e-8,
                       tier_copy_s_per_page=1e-5)
     engine = Engine(model, ENGINE, executor=SimExecutor(model, costs, Thinking()), tokenizer=tok)
-    with ServerThread(engine, ServerConfig(port=0)) as s:
+    with ServerThread(engine, ServerConfig(port=0, model_name="m")) as s:
         c = openai.OpenAI(base_url=s.url, api_key="none-0000", max_retries=0)
         r = c.responses.create(model="m", input="Hi!", max_output_tokens=40)
         events = list(c.responses.create(model="m", input="Hi!", max_output_tokens=40, stream=True))

@@ -146,3 +146,33 @@ def test_cache_salt_isolates_in_process(anyio_backend):
     assert first.usage.cached_tokens == other.usage.cached_tokens == unsalted.usage.cached_tokens == 0
     assert same.usage.cached_tokens > 0 and in_session.usage.cached_tokens > 0
     assert same.token_ids == first.token_ids == other.token_ids
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/responses", {"input": "hi", "max_output_tokens": 2}),
+    ("/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})])
+def test_a_model_the_server_does_not_serve_is_a_404_naming_the_served_one(server, path, body):
+    """vLLM and Ollama answer 404 for a model they do not serve; so do we, in each protocol's own
+    error shape (issue 57: "gpt-4o" was answered by the tiny model)."""
+    r = _post(server, path, KEY_A, {**body, "model": "gpt-4o"})
+    assert r.status_code == 404, r.text
+    if path == "/messages":
+        err = r.json()["error"]
+        assert r.json()["type"] == "error" and err["type"] == "not_found_error"
+    else:
+        err = r.json()["error"]
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert "'gpt-4o'" in err["message"] and "'tiny'" in err["message"]
+    ok = _post(server, path, KEY_A, {**body, "model": "tiny"})
+    assert ok.status_code == 200, ok.text
+    _quiet(server)
+
+
+def test_any_model_answers_whatever_name_a_client_sends():
+    cfg = ServerConfig(port=0, model_name="tiny", any_model=True)
+    with ServerThread(tiny_native_with_tokenizer(), cfg, ENGINE) as s:
+        r = httpx.post(f"{s.url}/chat/completions", timeout=120, json={
+            "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "tiny"

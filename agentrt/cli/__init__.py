@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", action="append", default=None,
                    help="accepted bearer token (repeatable; default: $AGENTRT_API_KEY; none: no authentication)")
     s.add_argument("--served-model-name", default=None, help="the model id clients see (default: MODEL)")
+    s.add_argument("--any-model", action="store_true",
+                   help="answer requests whatever `model` they name (default: another name is a 404)")
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
     s.add_argument("--max-request-bytes", type=int, default=4 << 20, help="largest request body")
     s.add_argument("--max-concurrency-per-key", type=int, default=64, help="requests in flight per API key")
@@ -106,7 +108,8 @@ def cmd_serve(args) -> None:
                           max_concurrency_per_key=args.max_concurrency_per_key, max_sessions=args.max_sessions,
                           max_stored_responses=args.max_stored_responses, response_ttl_s=args.response_ttl,
                           session_ttl_s=args.session_ttl, replicas=args.replicas,
-                          threads_per_replica=args.threads_per_replica, dashboard=args.dashboard)
+                          threads_per_replica=args.threads_per_replica, dashboard=args.dashboard,
+                          any_model=args.any_model)
     if args.trace:
         from agentrt import tracing
 

@@ -22,7 +22,9 @@ class ServerConfig:
     how long an idle one keeps its KV (seconds). Responses API: the most stored responses (for
     `previous_response_id` and GET), and how long each is kept (seconds). `replicas` > 1 serves
     on that many Ray engine replicas (`threads_per_replica` torch threads each). `dashboard`: the
-    live dashboard page at /dashboard/ (agentrt.dashboard; one in-process engine only)."""
+    live dashboard page at /dashboard/ (agentrt.dashboard; one in-process engine only).
+    `any_model`: answer whatever `model` a request names (clients that send a fixed name); by
+    default a name other than `model_name` is a 404, as vLLM and Ollama answer."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -38,6 +40,7 @@ class ServerConfig:
     replicas: int = 1  # > 1: engine replicas on Ray (integrations/ray), conversations routed session-affine
     threads_per_replica: int = 1
     dashboard: bool = False
+    any_model: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -51,6 +54,17 @@ class ServerConfig:
                               "dashboard shows replicas)")
         for name in ("session_ttl_s", "response_ttl_s"):
             self._set(name, check_float(name, getattr(self, name), min=0.0, min_open=True, allow_inf=True))
+
+    def served_model(self, requested: str | None) -> str:
+        """The model id a response carries for a request naming `requested`; ApiError 404 (in
+        each protocol's own error shape) for a model this server does not serve."""
+        if requested is None or requested == self.model_name or self.any_model:
+            return self.model_name
+        from agentrt.server.protocol import ApiError
+
+        raise ApiError(f"the model {requested!r} does not exist on this server: it serves {self.model_name!r} "
+                       "(GET /v1/models lists it; `agentrt serve --any-model` answers any name)", 404,
+                       param="model", code="model_not_found")
 
     def _set(self, name: str, value) -> None:
         set_frozen(self, name, value)

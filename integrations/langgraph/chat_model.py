@@ -221,7 +221,8 @@ class ChatAgentrt(BaseChatModel):
             json_schema=response_schema(kwargs.get("response_format")), params=params,
             stop=tuple(stop or ()), key=_key(kwargs.get("session"), config), model_name=self.model_name,
             tag=self.name or node_name(config), timeout=self.timeout, retries=self.max_retries,
-            limits=CallLimits(self.stop_on_repeated_call, self.max_parallel_calls))
+            limits=CallLimits(self.stop_on_repeated_call, self.max_parallel_calls),
+            model_named="model_name" in self.model_fields_set)
 
     # ---- binding -------------------------------------------------------------------------
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, strict: bool | None = None,

@@ -40,8 +40,10 @@ class RemoteServer:
     def body(self, spec: CallSpec) -> dict[str, Any]:
         p = spec.params
         body: dict[str, Any] = {
-            "model": spec.model_name, "messages": spec.messages, "max_tokens": p.max_tokens,
+            "messages": spec.messages, "max_tokens": p.max_tokens,
             "temperature": p.temperature, "top_p": p.top_p, "stream": True, "stream_options": {"include_usage": True}}
+        if spec.model_named:  # (else whatever the server serves answers: it 404s a name it does not serve)
+            body["model"] = spec.model_name
         if p.seed is not None:
             body["seed"] = p.seed
         if spec.stop:

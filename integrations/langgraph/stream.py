@@ -57,6 +57,7 @@ class CallSpec:
     trace: Any = None  # the caller's OpenTelemetry context (agentrt.tracing; None: off, or a remote call)
     timeout: float | None = None  # seconds the call may run
     retries: int = 0  # attempts after a transient failure before the first chunk
+    model_named: bool = True  # the caller chose model_name (False: a remote call lets the server's model answer)
 
 
 async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGenerationChunk]:

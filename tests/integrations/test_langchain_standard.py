@@ -98,7 +98,7 @@ def _remote_server(request, embedded_native):
     """A loopback `agentrt serve` on the embedded model for the remote suites."""
     from agentrt.server import ServerConfig, ServerThread
 
-    with ServerThread(embedded_native, ServerConfig(port=0), EngineConfig(kv_cache_tokens=16384)) as server:
+    with ServerThread(embedded_native, ServerConfig(port=0, model_name="smollm2-135m"), EngineConfig(kv_cache_tokens=16384)) as server:
         request.cls.url = server.url
         yield server
 

@@ -70,7 +70,7 @@ def _engine_host(request, scripted_lm):
 def _remote_server(request, scripted_lm):
     from agentrt.server import ServerConfig, ServerThread
 
-    with ServerThread(scripted_lm, ServerConfig(port=0), EngineConfig(kv_cache_tokens=16384)) as server:
+    with ServerThread(scripted_lm, ServerConfig(port=0, model_name="smollm2-135m"), EngineConfig(kv_cache_tokens=16384)) as server:
         request.cls.url = server.url
         yield server
 

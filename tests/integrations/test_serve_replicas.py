@@ -44,13 +44,13 @@ def _conversations(url: str, keys: list[str], turns: int) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def oracle():
-    with ServerThread(tiny_native_with_tokenizer(), ServerConfig(port=0), CONFIG) as s:
+    with ServerThread(tiny_native_with_tokenizer(), ServerConfig(port=0, model_name="m"), CONFIG) as s:
         return _conversations(s.url, ["a", "b", "c"], 3)
 
 
 def test_conversations_stay_on_their_replica_and_survive_its_death(local_ray, oracle):
     spec = ModelSpec(factory=tiny_native_with_tokenizer)
-    with ServerThread(spec, ServerConfig(port=0, replicas=2), CONFIG, start_timeout=300) as s:
+    with ServerThread(spec, ServerConfig(port=0, replicas=2, model_name="m"), CONFIG, start_timeout=300) as s:
         backends = s.state.backends
         got = _conversations(s.url, ["a", "b", "c"], 2)
         homes = {k: backends.home[f"anon:{k}"] for k in "abc"}

@@ -44,7 +44,7 @@ async def create(ex: Exchange) -> Response:
     """parse -> prepare -> run -> render: the body as a ChatRequest, its round on its session."""
     req = api.parse_messages(ex.body)
     key = session_key(ex.caller, ex.request.headers.get("x-session-id") or req.user, None)
-    call = prepare(api.chat_request(req), key, ex.state.config.model_name, tenant_salt(ex.caller, None))
+    call = prepare(api.chat_request(req), key, ex.state.config.served_model(req.model), tenant_salt(ex.caller, None))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     renderer = Events(req, call, mid, ex.state) if req.stream else Body(partial(message, req, call, mid, ex.state))
     return await respond(ex, run(call, ex.state), renderer, stream=req.stream, named=True)

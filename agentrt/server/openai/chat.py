@@ -37,7 +37,7 @@ async def create(ex: Exchange) -> Response:
     its `prompt_cache_key` (else X-Session-Id, else `user`) under the caller's tenant."""
     req = parse(ChatRequest, ex.body)
     key = req.prompt_cache_key or ex.request.headers.get("x-session-id") or req.user
-    call = prepare(req, session_key(ex.caller, key, req.cache_salt), ex.state.config.model_name,
+    call = prepare(req, session_key(ex.caller, key, req.cache_salt), ex.state.config.served_model(req.model),
                    tenant_salt(ex.caller, req.cache_salt))
     renderer = Chunks(call) if req.stream else Body(partial(response, call))
     return await respond(ex, run(call, ex.state), renderer, stream=req.stream)

@@ -42,7 +42,7 @@ class CompletionRequest(SamplingRequest):
 async def create(ex: Exchange) -> Response:
     """parse -> prepare (TextRun) -> run -> render."""
     req = parse(CompletionRequest, ex.body)
-    run = TextRun(req, ex.state, ex.state.config.model_name, tenant_salt(ex.caller, req.cache_salt))
+    run = TextRun(req, ex.state, ex.state.config.served_model(req.model), tenant_salt(ex.caller, req.cache_salt))
     renderer = TextChunks(run) if req.stream else Body(run.final_body)
     return await respond(ex, run.events(), renderer, stream=req.stream)
 

@@ -106,7 +106,7 @@ def prepare(req: ResponsesRequest, state, caller: str, salt: str | None) -> Resp
     rid = f"resp_{uuid.uuid4().hex}"
     if key is None and (req.store or req.prompt_cache_key):  # a chain's first response keys its session
         key = session_key(caller, req.prompt_cache_key or f"resp/{rid}", req.cache_salt)
-    run = ResponseRun(req, prepare_call(creq, key, state.config.model_name, salt), chain, caller, rid)
+    run = ResponseRun(req, prepare_call(creq, key, state.config.served_model(req.model), salt), chain, caller, rid)
     run.call.reasoning = True  # a thinking model's reasoning is an output item of its own
     return run
 
