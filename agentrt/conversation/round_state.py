@@ -39,6 +39,7 @@ class RoundState:
         self.invalid: list[CallInvalid] = []
         self.generated: list[int] = []
         self.usage, self.finish, self.stopped = None, None, False
+        self._held = ""  # text that may be the start of a stop string: emitted once it is not
 
     def feed(self, piece: str, closing: bool = False) -> list:
         out: list = []
@@ -57,13 +58,11 @@ class RoundState:
             self.stopped = True
         for ev in events:
             if isinstance(ev, TextDelta):
-                ev = TextDelta(self._cut_at_stop(ev.text))
-                if ev.text:
-                    self.text.append(ev.text)
-                    out.append(ev)
+                self._emit_text(self._cut_at_stop(ev.text), out)
                 if self.stopped:
                     break
                 continue
+            self._emit_text(self._release(), out)  # (text held before a call was not a stop string)
             if isinstance(ev, CallComplete):
                 self.calls.append(ev)
                 self.mark = (len(self.generated), len(self.raw))
@@ -71,16 +70,30 @@ class RoundState:
                 self.invalid.append(ev)
             out.append(ev)
         self.stopped = self.stopped or self.parser.should_stop
+        if (closing or self.stopped) and not self.guard.repeat:
+            self._emit_text(self._release() if not self.stopped else "", out)
         return out
 
+    def _emit_text(self, text: str, out: list) -> None:
+        if text:
+            self.text.append(text)
+            out.append(TextDelta(text))
+
+    def _release(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
     def _cut_at_stop(self, piece: str) -> str:
-        """piece, cut before the first stop string it completes (then stopped)."""
+        """The text of `piece` that can go out now: cut before the first stop string (then
+        stopped); a tail that may begin a stop string is held until the next piece decides it, so
+        no part of a stop string ever reaches the reply."""
         if not self.stop:
             return piece
-        before = "".join(self.text)
-        joined = before + piece
-        hits = [i for s in self.stop if (i := joined.find(s, max(0, len(before) - len(s) + 1))) >= 0]
-        if not hits:
-            return piece
-        self.stopped = True
-        return joined[len(before):min(hits)] if min(hits) >= len(before) else ""
+        joined = self._release() + piece
+        hits = [i for s in self.stop if (i := joined.find(s)) >= 0]
+        if hits:
+            self.stopped = True
+            return joined[:min(hits)]
+        keep = max((k for s in self.stop for k in range(1, len(s)) if joined.endswith(s[:k])), default=0)
+        self._held = joined[len(joined) - keep:] if keep else ""
+        return joined[:len(joined) - keep]
