@@ -33,4 +33,10 @@ def local_time(city: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run(transport=sys.argv[1] if len(sys.argv) > 1 else "stdio")
+    import argparse
+
+    ap = argparse.ArgumentParser(description="A small MCP server with two tools (weather, local_time).")
+    ap.add_argument("transport", nargs="?", default="stdio", choices=("stdio", "sse", "streamable-http"),
+                    help="how clients reach it (default: stdio, as MCPTools(command=...) starts it)")
+    ap.add_argument("port", nargs="?", type=int, default=8765, help="the HTTP transports' port (default 8765)")
+    server.run(transport=ap.parse_args().transport)

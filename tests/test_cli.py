@@ -44,7 +44,7 @@ def test_a_missing_model_is_a_clear_error():
     out = _agentrt("info", "/no/such/model.gguf")
     assert out.returncode == 2 and "ModelNotFound" in out.stderr and "Traceback" not in out.stderr
     out = _agentrt("bench", "nonexistent")
-    assert out.returncode == 2 and "bench/bench_nonexistent.py" in out.stderr
+    assert out.returncode == 2 and "no benchmark named 'nonexistent'" in out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +99,9 @@ def test_serve_answers_on_loopback_and_stops():
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) is not None
+
+
+def test_a_wrong_bench_name_lists_the_valid_ones():
+    r = _agentrt("bench", "modle")
+    assert r.returncode != 0 and "no benchmark named 'modle'" in r.stderr
+    assert "model" in r.stderr and "server" in r.stderr

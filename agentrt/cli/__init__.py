@@ -132,6 +132,10 @@ def cmd_serve(args) -> None:
 
 def _script(kind: str, name: str) -> Path:
     path = ROOT / kind / name
+    if not path.is_file() and (ROOT / kind).is_dir() and kind == "bench":
+        names = sorted(p.stem.removeprefix("bench_") for p in (ROOT / kind).glob("bench_*.py"))
+        raise AgentrtError(f"no benchmark named {name.removeprefix('bench_').removesuffix('.py')!r}; "
+                           f"`agentrt bench NAME` takes one of: {', '.join(names)}")
     if not path.is_file():
         raise AgentrtError(f"{kind}/{name} is not here: `agentrt {kind.rstrip('s')}` runs from a source checkout "
                            "of agentrt (git clone, then `make test` or `pip install -e .`)")
