@@ -81,6 +81,7 @@ def test_text_tools_and_a_function_call_output_round_trip(client):
                                      max_output_tokens=30, input=[{"type": "function_call_output",
                                                                    "call_id": call.call_id, "output": "18C, sunny"}])
     assert follow.previous_response_id == r.id and follow.output_text
+    assert "tool_response>" not in follow.output_text  # (issue 57: no template markup in an answer)
     # the tool result and the call's re-spelt tags (the canonical re-tokenization of issue 33), not the history
     assert _computed(follow) < 0.25 * follow.usage.input_tokens, follow.usage
 

@@ -58,6 +58,24 @@ def test_a_reply_ends_where_the_model_writes_a_marker_however_it_is_split(family
         assert state.stopped and "".join(state.text) == answer
 
 
+@pytest.mark.parametrize("family", [f for f, (_, want) in FAMILIES.items() if want])
+def test_a_reply_that_begins_with_a_marker_keeps_what_it_wraps(family):
+    """A small model restating a tool result writes the wrapper first: the wrapper goes, the
+    restated text stays (it is all the answer the model gives), the closing marker ends it."""
+    make, want = FAMILIES[family]
+    chat = ChatFormat(make())
+    text = "\n" + want[0] + "\nIn Paris it is 18 C.\n" + want[1] + "\n" + want[0] + "more"
+    rng = random.Random(1)
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), 6))
+        state = RoundState(TextOnly(), chat.template_stops, False, True, chat.template_stops)
+        for a, b in zip([0, *cuts], [*cuts, len(text)]):
+            state.feed(text[a:b])
+            if state.stopped:
+                break
+        assert state.stopped and "".join(state.text).strip() == "In Paris it is 18 C."
+
+
 def test_an_agent_answer_after_a_tool_result_keeps_only_the_text_before_the_marker():
     @tool
     def get_weather(city: str) -> dict:

@@ -239,7 +239,8 @@ class Conversation:
         parser = self._parser(tools, parallel_tool_calls, limits, both)
         dec = IncrementalDecoder(engine.tokenizer, skip_special=True,
                                  keep=keep_token_ids(self.chat.tool_format, engine.tokenizer))
-        state = RoundState(parser, tuple(stop) + self.chat.template_stops, reasoning, limits.stop_on_repeat)
+        marks = self.chat.template_stops
+        state = RoundState(parser, tuple(stop) + marks, reasoning, limits.stop_on_repeat, marks)
         # fast-forward spells forced text canonically in the engine; without it, respell after
         state.constrained = constraint is not None and not engine.config.grammar_fast_forward
         answer = json_schema is not None and not (both and tool_choice not in (None, "auto"))  # (may it answer?)

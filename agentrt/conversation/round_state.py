@@ -26,8 +26,12 @@ class TextOnly:
 class RoundState:
     """Mutable state of one round: parser, stop strings, what was seen."""
 
-    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, stop_on_repeat: bool) -> None:
-        self.parser, self.stop, self.reasoning = parser, stop, reasoning
+    def __init__(self, parser: Any, stop: tuple[str, ...], reasoning: bool, stop_on_repeat: bool,
+                 markers: tuple[str, ...] = ()) -> None:
+        """`markers`: the template's own (conversation/template_stops.py), also in `stop`: one
+        the reply begins with is dropped (a small model restating a tool result writes its
+        wrapper first), anywhere later it ends the reply."""
+        self.parser, self.stop, self.reasoning, self.markers = parser, stop, reasoning, markers
         self.guard = RepeatGuard(stop_on_repeat)
         self.mark = (0, 0)  # (ids, pieces) fed when the last kept call completed
         self.think = ThinkSplitter()
@@ -70,14 +74,22 @@ class RoundState:
                 self.invalid.append(ev)
             out.append(ev)
         self.stopped = self.stopped or self.parser.should_stop
-        if (closing or self.stopped) and not self.guard.repeat:
-            self._emit_text(self._release() if not self.stopped else "", out)
+        if closing and not self.stopped:  # (the reply's last text, held as a possible stop's start)
+            self._emit_text(self._release(), out)
         return out
 
     def _emit_text(self, text: str, out: list) -> None:
         if text:
             self.text.append(text)
             out.append(TextDelta(text))
+
+    def _drop_leading_markers(self, text: str) -> str:
+        while True:
+            head = text.lstrip()
+            m = next((m for m in self.markers if head.startswith(m)), None)
+            if m is None:
+                return text
+            text = head[len(m):].lstrip()
 
     def _release(self) -> str:
         held, self._held = self._held, ""
@@ -90,6 +102,8 @@ class RoundState:
         if not self.stop:
             return piece
         joined = self._release() + piece
+        if self.markers and not "".join(self.text).strip():  # (nothing said yet)
+            joined = self._drop_leading_markers(joined)
         hits = [i for s in self.stop if (i := joined.find(s)) >= 0]
         if hits:
             self.stopped = True

@@ -6,7 +6,9 @@ markup to the user. `template_stops(chat)` renders a probe conversation whose to
 unique marker and reads the template's text around it: every markup-looking piece there
 (`<tag>`, `</tag>`, `[TAG]`) that is plain text to the tokenizer (not a control token, which the
 decoder drops anyway) and is not the family's own call tags becomes a stop string. The reply ends
-where the model starts writing one, and the text before it is kept.
+where the model starts writing one, and the text before it is kept; a reply that begins with one
+(the model restating a tool result in its wrapper) drops it and ends at the next
+(`RoundState.markers`), so the user gets the restated text without the markup.
 """
 
 from __future__ import annotations
