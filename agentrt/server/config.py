@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from agentrt.checks import check_float, check_int, set_frozen
+from agentrt.checks import check_bool, check_float, check_int, set_frozen
 from agentrt.errors import ConfigError
 
 # the limits that count something: ints >= 1
@@ -54,6 +54,7 @@ class ServerConfig:
                               "dashboard shows replicas)")
         for name in ("session_ttl_s", "response_ttl_s"):
             self._set(name, check_float(name, getattr(self, name), min=0.0, min_open=True, allow_inf=True))
+        self._set("any_model", check_bool("any_model", self.any_model))
 
     def served_model(self, requested: str | None) -> str:
         """The model id a response carries for a request naming `requested`; ApiError 404 (in
