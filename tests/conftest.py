@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
+
+# triton's kernels run in its interpreter where there is no CUDA device: set before any
+# @triton.jit decoration (the kernel tests import theirs at collection), on a GPU never
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from agentrt.model.config import ModelConfig
 from agentrt.model.decoder import DecoderModel

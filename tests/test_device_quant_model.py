@@ -5,15 +5,11 @@ the triton kernel under its interpreter (tests/test_triton_quant.py tests the ke
 
 from __future__ import annotations
 
-import os
-
 import gguf
 import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 pytest.importorskip("triton")
 from agentrt.errors import ConfigError  # noqa: E402

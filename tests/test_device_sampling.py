@@ -5,14 +5,10 @@ argmax, and a NaN row is reported, not drawn. On CPU the kernel runs in triton's
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 pytest.importorskip("triton")
 from agentrt.sampling import SamplingParams, adjusted_probs  # noqa: E402

@@ -7,13 +7,8 @@ interpreter here."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 pytest.importorskip("triton")
 from agentrt.config import EngineConfig  # noqa: E402

@@ -6,14 +6,10 @@ because every GEMM's tiles and every token's attention split ignore the rest of 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 pytest.importorskip("triton")
 from agentrt.kernels.triton_ops import TritonBackend  # noqa: E402

@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 triton = pytest.importorskip("triton")
 from agentrt.kernels import reference, triton_ops  # noqa: E402

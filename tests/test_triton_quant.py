@@ -5,46 +5,25 @@ batch and in a prefill chunk (batch invariance). On CPU the kernel runs in trito
 
 from __future__ import annotations
 
-import os
-
-import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorations
 
 triton = pytest.importorskip("triton")
 from agentrt.kernels import triton_quant  # noqa: E402
 from agentrt.model.device_quant import DeviceQEmbedding, DeviceQLinear, DeviceWeight  # noqa: E402
-from agentrt.model.loaders.gguf_quant import BLOCK, unpack_gguf  # noqa: E402
+from tests.test_qformats import _gguf_matrix  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 
 
-def _blocks(qtype, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """A [rows, cols] matrix's GGUF blocks: gguf's own quantizer where it has one, else random
-    K-quant blocks with finite fp16 super-block scales (as tests/test_qformats.py)."""
-    rng = np.random.default_rng(seed)
-    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
-        return gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
-    size, nbytes = BLOCK[qtype]
-    blocks = rng.integers(0, 256, (rows * cols // size, nbytes), dtype=np.uint8)
-    d = rng.uniform(1e-3, 0.05, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if qtype == T.Q6_K:
-        blocks[:, 208:210] = d[:, :2]
-    else:
-        blocks[:, 0:4] = d
-    return blocks.reshape(rows, -1)
-
-
 def _weight(qtype, rows=40, cols=512, seed=0):
-    data = _blocks(qtype, rows, cols, seed)
-    ref = unpack_gguf(data, qtype, rows, cols).dequantize()  # the CPU's dequantization
+    data, qm = _gguf_matrix(qtype, rows, cols, seed)  # (gguf's quantizer, or random K-quant blocks)
+    ref = qm.dequantize()  # the CPU's dequantization of the same blocks
     return DeviceWeight.from_blocks(data, qtype, rows, cols).to(DEV), ref
 
 
@@ -107,7 +86,7 @@ def test_dense_weights_run_the_same_kernel_invariantly():
 
 
 def test_fused_layer_and_embedding_in_the_kernel_match_torch():
-    parts = [DeviceWeight.from_blocks(_blocks(q, r, 256, i), q, r, 256)
+    parts = [DeviceWeight.from_blocks(_gguf_matrix(q, r, 256, i)[0], q, r, 256)
              for i, (q, r) in enumerate([(T.Q4_K, 32), (T.Q4_K, 16), (T.Q6_K, 16)])]
     lin = DeviceQLinear.fused(parts, bias=torch.randn(64)).to(DEV)
     assert len(lin.parts) == 2 and lin.n_out == 64  # (the two Q4_K parts became one matrix)

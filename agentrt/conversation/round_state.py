@@ -44,6 +44,7 @@ class RoundState:
         self.generated: list[int] = []
         self.usage, self.finish, self.stopped = None, None, False
         self._held = ""  # text that may be the start of a stop string: emitted once it is not
+        self._said = False  # some non-whitespace text went out (a marker then ends the reply)
 
     def feed(self, piece: str, closing: bool = False) -> list:
         out: list = []
@@ -81,6 +82,7 @@ class RoundState:
     def _emit_text(self, text: str, out: list) -> None:
         if text:
             self.text.append(text)
+            self._said = self._said or not text.isspace()
             out.append(TextDelta(text))
 
     def _drop_leading_markers(self, text: str) -> str:
@@ -102,7 +104,7 @@ class RoundState:
         if not self.stop:
             return piece
         joined = self._release() + piece
-        if self.markers and not "".join(self.text).strip():  # (nothing said yet)
+        if self.markers and not self._said:
             joined = self._drop_leading_markers(joined)
         hits = [i for s in self.stop if (i := joined.find(s)) >= 0]
         if hits:

@@ -15,7 +15,7 @@ from agentrt.engine.sample_step import finish_reason, sample_rows
 from agentrt.model.batch import SeqChunk
 from agentrt.records.request import Request, State, TokenEvent
 from agentrt.sampling.penalties import penalize
-from agentrt.sampling.speculative import accept_greedy, verify_draft
+from agentrt.sampling.speculative import accept_greedy, counted, verify_draft
 
 
 class Postprocess:
@@ -26,20 +26,8 @@ class Postprocess:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
         if self.executor.device_tail:
             return self._postprocess_on_device(plan, chunks, rows)
-        plain, plain_rows = [], []
-        for (r, _), ch, lg in zip(plan, chunks, rows):
-            try:
-                self._account(r, ch)
-                if r.draft:
-                    self._accept(r, ch, verify_draft(r, lg, self.executor.argmax))
-                    continue
-                r.forced = 0
-                r.seq.tokens.extend(ch.tokens)
-                if ch.want_logits:  # (shaped first: a raising grammar fails r, never pairs rows wrongly)
-                    plain_rows.append(self._shape_row(r, lg))
-                    plain.append(r)
-            except Exception as e:
-                self.fail(r, e)
+        plain, plain_rows = self._split(plan, chunks, rows, lambda r, ch, lg: self._accept(
+            r, ch, verify_draft(r, lg, self.executor.argmax)))
         if plain:
             self._sample_and_emit(plain, torch.cat(plain_rows))
 
@@ -48,13 +36,33 @@ class Postprocess:
         greedy draft's argmax and every plain row's token chosen there, fetched with the rows of
         host-verified drafts (sampled or constrained) in one wait; then accepted and emitted in
         the host path's order (drafts, then plain rows)."""
-        fetch, drafts, plain, plain_rows = StepFetch(), [], [], []
+        fetch, drafts = StepFetch(), []
+
+        def draft(r: Request, ch: SeqChunk, lg) -> None:
+            on_device = r.constraint is None and r.params.greedy
+            drafts.append((r, ch, on_device, fetch.add(self.executor.argmax(lg) if on_device else lg)))
+        plain, plain_rows = self._split(plan, chunks, rows, draft)
+        picks = fetch.add(choose(torch.cat(plain_rows), plain, self.executor.argmax)) if plain else None
+        fetch.run()
+        self.counters.host_syncs += fetch.syncs
+        for r, ch, on_device, h in drafts:
+            try:
+                self._accept(r, ch, counted(r, accept_greedy(fetch[h].tolist(), r.draft)) if on_device else
+                             verify_draft(r, fetch[h], lambda x: torch.argmax(x, dim=-1)))
+            except Exception as e:
+                self.fail(r, e)
+        if picks is not None:
+            self._emit_sampled(plain, [None if t < 0 else t for t in fetch[picks].tolist()], NaNLogits)
+
+    def _split(self, plan, chunks: list[SeqChunk], rows, draft) -> tuple[list[Request], list]:
+        """Account every chunk; a drafting request goes to `draft(r, chunk, rows)`; the others'
+        rows that want a token come back shaped (`_shape_row`), with their requests."""
+        plain, plain_rows = [], []
         for (r, _), ch, lg in zip(plan, chunks, rows):
             try:
                 self._account(r, ch)
                 if r.draft:
-                    on_device = r.constraint is None and r.params.greedy
-                    drafts.append((r, ch, on_device, fetch.add(self.executor.argmax(lg) if on_device else lg)))
+                    draft(r, ch, lg)
                     continue
                 r.forced = 0
                 r.seq.tokens.extend(ch.tokens)
@@ -63,17 +71,7 @@ class Postprocess:
                     plain.append(r)
             except Exception as e:
                 self.fail(r, e)
-        picks = fetch.add(choose(torch.cat(plain_rows), plain, self.executor.argmax)) if plain else None
-        fetch.run()
-        self.counters.host_syncs += fetch.syncs
-        for r, ch, on_device, h in drafts:
-            try:
-                self._accept(r, ch, self._greedy_draft(r, fetch[h].tolist()) if on_device else
-                             verify_draft(r, fetch[h], lambda x: torch.argmax(x, dim=-1)))
-            except Exception as e:
-                self.fail(r, e)
-        if picks is not None:
-            self._emit_sampled(plain, [None if t < 0 else t for t in fetch[picks].tolist()], NaNLogits)
+        return plain, plain_rows
 
     def _shape_row(self, r: Request, lg):
         """r's row [1, V] before its token is chosen: its penalties, then its constraint's mask
@@ -81,13 +79,6 @@ class Postprocess:
         if r.params.penalized:
             lg = penalize(lg, r.params, r.output, r.prompt)
         return mask_row(r, lg, self.counters) if r.constraint is not None else lg
-
-    @staticmethod
-    def _greedy_draft(r: Request, pred: list[int]) -> list[int]:
-        acc = accept_greedy(pred, r.draft)
-        r.spec_proposed += len(r.draft)
-        r.spec_accepted += len(acc) - 1
-        return acc
 
     def _accept(self, r: Request, ch: SeqChunk, accepted: list[int]) -> None:
         """Keep the KV of the tokens fed before the draft and of the accepted draft; roll back

@@ -31,10 +31,6 @@ FORMATS = {T.Q8_0: (8, 32, 128, False, 0), T.Q4_0: (4, 32, 8, False, 0), T.Q4_1:
 PLANES = ("lo", "hi", "sd", "sc", "md", "mc")
 
 
-def supported(qtype) -> bool:
-    return qtype in FORMATS
-
-
 def _f16(b: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(b.copy().view(np.float16))
 
@@ -258,4 +254,4 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 __all__ = ["DeviceWeight", "DeviceQLinear", "DeviceQEmbedding", "FORMATS", "device_weight", "from_lazy", "place",
-           "supported", "weight_bytes"]
+           "weight_bytes"]

@@ -61,10 +61,14 @@ class NgramIndex:
 def verify_draft(r: Request, logits: torch.Tensor, argmax) -> list[int]:
     """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1), counted
     for r's acceptance rate (which caps its next drafts)."""
-    acc = verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator, argmax=argmax)
+    return counted(r, verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator, argmax=argmax))
+
+
+def counted(r: Request, accepted: list[int]) -> list[int]:
+    """`accepted` (from r's draft), counted for r's acceptance rate; returned."""
     r.spec_proposed += len(r.draft)
-    r.spec_accepted += len(acc) - 1
-    return acc
+    r.spec_accepted += len(accepted) - 1
+    return accepted
 
 
 def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, *,
