@@ -35,13 +35,13 @@ LIKELY = 30.0  # the scripted token's logit; every other token's is 0
 class ScriptedModel(DecoderModel):
     """forward() as DecoderModel's (logits [L, V] of the batch's logits rows), from a script."""
 
-    def __init__(self, tokenizer, reply: Callable[[str], str | None]):
+    def __init__(self, tokenizer, reply: Callable[[str], str | None], special: bool = False):
         cfg = ModelConfig(arch="llama", vocab_size=tokenizer.vocab_size, hidden_size=16,
                           intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
                           rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
                           tie_word_embeddings=True, attention_bias=False)
         super().__init__(cfg)
-        self.tokenizer, self.reply = tokenizer, reply
+        self.tokenizer, self.reply, self.special = tokenizer, reply, special
         self.end = tokenizer.eos_token_ids[0]
         self.header = tokenizer.encode(ASSISTANT, special=True)
         self.kv_dtype = torch.float32  # (token ids kept exactly)
@@ -68,7 +68,8 @@ class ScriptedModel(DecoderModel):
         key = self.tokenizer.decode(prompt)
         if key not in self._scripts:
             reply = self.reply(key)
-            self._scripts[key] = None if reply is None else (reply, self.tokenizer.encode(reply))
+            ids = None if reply is None else self.tokenizer.encode(reply, special=self.special)
+            self._scripts[key] = None if reply is None else (reply, ids)
         if self._scripts[key] is None:
             return self.end
         script, ids = self._scripts[key]
@@ -80,10 +81,11 @@ class ScriptedModel(DecoderModel):
         return self.tokenizer.encode(script[len(text):])[0]
 
 
-def scripted(reply: Callable[[str], str | None]) -> LoadedModel:
-    """A LoadedModel (the engine's input) over SmolLM2's tokenizer whose replies `reply` writes."""
+def scripted(reply: Callable[[str], str | None], special: bool = False) -> LoadedModel:
+    """A LoadedModel (the engine's input) over SmolLM2's tokenizer whose replies `reply` writes
+    (special=True: control-token strings in a reply are written as those tokens)."""
     tok = smol_tokenizer()
-    model = ScriptedModel(tok, reply).eval()
+    model = ScriptedModel(tok, reply, special).eval()
     return LoadedModel(model, tok, model.cfg, "scripted")
 
 

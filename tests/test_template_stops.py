@@ -1,7 +1,9 @@
 """The chat template's tool-result markers end an assistant reply (issue 57: answers ended with
 `<tool_response>\\n{"city": "Paris", ...}`): the markers read off each family's template, a reply
 cut before the first one wherever the decoded pieces split it, and an agent's answer after a tool
-result keeping only the text before the marker (scripted replies, the real engine and format)."""
+result keeping only the text before the marker (scripted replies, the real engine and format).
+The role headers too: the control tokens a template writes between messages stop a reply that
+starts a new message, per family, and the agent's answer keeps what came before."""
 
 from __future__ import annotations
 
@@ -31,6 +33,40 @@ FAMILIES = {  # family -> (its tokenizer and template, the markers expected)
     "phi4": (phi4_mini_tokenizer, ()),
     "gemma": (gemma3_tokenizer, ()),
 }
+
+
+ROLE_HEADERS = {  # family -> the control tokens its template writes between two messages
+    "hermes (SmolLM2)": ("<|im_end|>", "<|im_start|>"),
+    "qwen": ("<|im_end|>", "<|im_start|>"),
+    "mistral": ("<|im_end|>",),  # (the variant on SmolLM2's vocabulary: [INST] is plain text there)
+    "llama3": ("<|im_end|>", "<|im_start|>"),  # (likewise: ChatML's tokens in a Llama 3 layout)
+    "phi4": ("<|end|>", "<|assistant|>", "<|user|>"),
+    "gemma": ("<end_of_turn>", "<start_of_turn>"),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_template_gives_its_role_headers_as_stop_ids(family):
+    make, _ = FAMILIES[family]
+    chat = ChatFormat(make())
+    names = {i: s for s, i in chat.tokenizer.special_tokens.items()}
+    assert tuple(names[i] for i in chat.role_stop_ids) == ROLE_HEADERS[family]
+    assert chat.tool_format.open not in {names[i] for i in chat.role_stop_ids}
+
+
+def test_a_reply_that_starts_a_new_message_ends_there():
+    """The model writes the end of its turn late: `<|im_start|>user` (a control token the decoder
+    drops) used to hand `user\nAnd in Tokyo?` on as part of the answer."""
+    def reply(prompt: str) -> str:
+        return "It is sunny in Paris.<|im_start|>user\nAnd in Tokyo?"
+
+    async def main():
+        async with Engine(scripted(reply, special=True), EngineConfig(kv_cache_tokens=8192)) as eng, \
+                Runtime(eng) as rt:
+            ref = await rt.spawn(Agent("w", "Answer briefly.", engine=eng), name="w")
+            return await ref.ask("What is the weather in Paris?")
+    result = anyio.run(main)
+    assert result.text == "It is sunny in Paris."
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

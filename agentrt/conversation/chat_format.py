@@ -53,7 +53,7 @@ from agentrt.errors import ChatTemplateError
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.conversation.conventions import PREPARE, detect_convention, joined
 from agentrt.conversation.messages import as_list, check_tool, normalize
-from agentrt.conversation.template_stops import template_stops
+from agentrt.conversation.template_stops import role_stop_ids, template_stops
 from agentrt.conversation.templates import CHATML_TEMPLATE, compile_template
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 
@@ -84,8 +84,9 @@ class ChatFormat:
                                                  {"role": "assistant", "content": "y"}], {}), None, False)
         self._turn_end_ids = tuple(self._tokenize(self._sentinel_re.split(closed)[-1], {}))
         self.tool_format = tool_format if tool_format is not None else detect_tool_format(self)
-        # the template's tool-result markers: a reply ends where the model starts writing one
+        # the template's tool-result markers and role headers: a reply ends where the model starts one
         self.template_stops = template_stops(self)
+        self.role_stop_ids = role_stop_ids(self)
 
     def with_tool_format(self, tool_format: ToolFormat) -> "ChatFormat":
         """A copy that writes and reads tool calls in `tool_format`."""
@@ -94,6 +95,7 @@ class ChatFormat:
         other = copy.copy(self)
         other.tool_format = tool_format
         other.template_stops = template_stops(other)
+        other.role_stop_ids = role_stop_ids(other)
         return other
 
     # -- public API ---------------------------------------------------------------------------------

@@ -192,6 +192,7 @@ class Conversation:
             if not self._open:
                 self.append([])  # (re)open the assistant turn
             self.fit(params.max_tokens)
+            params = self._with_role_stops(params)
             engine = self.engine
             state, dec, constraint, prompt = self._plan(params, tool_choice, parallel_tool_calls, constrained,
                                                         json_schema, tuple(stop), reasoning, limits, schema_hint)
@@ -246,6 +247,13 @@ class Conversation:
         answer = json_schema is not None and not (both and tool_choice not in (None, "auto"))  # (may it answer?)
         prompt = hinted_prompt(self, json_schema, params.max_tokens, both) if answer and schema_hint else None
         return state, dec, constraint, prompt
+
+    def _with_role_stops(self, params: SamplingParams) -> SamplingParams:
+        """params whose stop ids hold the template's role headers (a new message ends the reply)."""
+        ids = self.chat.role_stop_ids
+        if params.ignore_eos or not ids or set(ids) <= set(params.stop_token_ids):
+            return params
+        return replace(params, stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *ids))))
 
     def _parser(self, tools, parallel: bool, limits: CallLimits, answer: bool = False) -> Any:
         """The round's parser. It enforces limits.max_calls: it stops at the closing brace of the

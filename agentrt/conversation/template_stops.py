@@ -9,6 +9,12 @@ decoder drops anyway) and is not the family's own call tags becomes a stop strin
 where the model starts writing one, and the text before it is kept; a reply that begins with one
 (the model restating a tool result in its wrapper) drops it and ends at the next
 (`RoundState.markers`), so the user gets the restated text without the markup.
+
+`role_stop_ids(chat)` does the same for the role headers: the control tokens the template writes
+between two messages (`<|im_start|>`, `<|start_header_id|>`, `<start_of_turn>`, `<|user|>`,
+`[INST]`, and the end-of-turn tokens before them). A model that starts a new message mid-reply
+(a user turn it imagines) ends its own there; the decoder would drop the token and hand on
+`user\n...` as the answer. The call format's tags and reasoning tags are never among them.
 """
 
 from __future__ import annotations
@@ -46,4 +52,25 @@ def template_stops(chat: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for m in found if m not in calls and m not in specials))
 
 
-__all__ = ["template_stops"]
+def role_stop_ids(chat: Any) -> tuple[int, ...]:
+    """Token ids of the control tokens `chat`'s template writes between two messages (empty when
+    it writes none, or cannot render the probe)."""
+    marks = [f"\ue000agentrt-message-{i}\ue001" for i in range(3)]
+    msgs = [{"role": "user", "content": marks[0]}, {"role": "assistant", "content": marks[1]},
+            {"role": "user", "content": marks[2]}]
+    try:
+        text = chat.render(msgs, add_generation_prompt=False)
+    except ChatTemplateError:
+        return ()
+    at = [text.find(m) for m in marks]
+    if min(at) < 0 or at != sorted(at):
+        return ()
+    between = text[at[0] + len(marks[0]):at[1]] + text[at[1] + len(marks[1]):at[2]]
+    specials = chat.tokenizer.special_tokens
+    found = re.findall("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)), between) \
+        if specials else []
+    calls = {chat.tool_format.open, chat.tool_format.close}
+    return tuple(dict.fromkeys(specials[s] for s in found if s not in calls and "think" not in s))
+
+
+__all__ = ["role_stop_ids", "template_stops"]
