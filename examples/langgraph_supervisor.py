@@ -6,9 +6,10 @@ loop with direct Python calls in its own KV session (one per thread), and the no
 messages it added; the checkpoint stays the source of truth.
 
 Routing. The supervisor makes one call, `route(topic, worker)` (a named tool choice, constrained
-by the grammar): `worker` is an enum of the workers, and `topic` (a few words) lets the model
-copy what the question is about just before it chooses; a conditional edge then sends the
-graph to that worker (LangGraph's "supervisor with a router" pattern). Each worker must call its
+by the grammar): `worker` is an enum of the workers, named with words the questions use
+(`calculator`, `flights`; named `math` and `travel`, the 135M sends the Oslo weather question to
+`travel`), and `topic` (a few words) lets the model copy what the question is about just before
+it chooses; a conditional edge then sends the graph to that worker (LangGraph's "supervisor with a router" pattern). Each worker must call its
 one tool, and its turn ends when the tool has run: the answer is the tool's result (a 135M model
 cannot phrase one reliably). Each question is its own thread: on a long shared history the 135M
 model repeats its earlier choices.
@@ -33,8 +34,8 @@ from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, load_m
 from agentrt.integrations.langgraph import agent_node
 
 WORKERS = {"weather": "Ask the weather agent: weather, temperature, rain or snow in a city.",
-           "math": "Ask the math agent: add, subtract, multiply or divide numbers.",
-           "travel": "Ask the travel agent: flights between cities."}
+           "calculator": "Ask the calculator agent: add, subtract, multiply or divide numbers.",
+           "flights": "Ask the flights agent: flights between cities."}
 QUESTIONS = ["What is the weather in Oslo?", "What is 12 times 7?", "Find me a flight from Paris to Rome.",
              "Is it raining in London?"]
 
@@ -80,7 +81,7 @@ def find_flight(origin: str, destination: str) -> str:
 
 
 @tool
-def route(topic: Annotated[str, Field(max_length=30)], worker: Literal["weather", "math", "travel"]) -> str:
+def route(topic: Annotated[str, Field(max_length=30)], worker: Literal["weather", "calculator", "flights"]) -> str:
     """Send the question to an agent.
 
     Args:
@@ -93,12 +94,12 @@ def route(topic: Annotated[str, Field(max_length=30)], worker: Literal["weather"
 ROUTER = ("You route each question to one agent. Examples:\n"
           "'Is it raining in Rome?' -> route(topic='rain in Rome', worker='weather')\n"
           "'What is the weather in Bern?' -> route(topic='weather in Bern', worker='weather')\n"
-          "'What is 3 times 4?' -> route(topic='3 times 4', worker='math')\n"
-          "'A flight from Lyon to Nice?' -> route(topic='flight Lyon to Nice', worker='travel')")
+          "'What is 3 times 4?' -> route(topic='3 times 4', worker='calculator')\n"
+          "'A flight from Lyon to Nice?' -> route(topic='flight Lyon to Nice', worker='flights')")
 HANDOFF_ROUTER = ("You route each question to one agent. Examples:\n"
                   "'Is it raining in Rome?' -> transfer_to_weather\n"
-                  "'What is 3 times 4?' -> transfer_to_math\n"
-                  "'A flight from Oslo to Nice?' -> transfer_to_travel")
+                  "'What is 3 times 4?' -> transfer_to_calculator\n"
+                  "'A flight from Oslo to Nice?' -> transfer_to_flights")
 
 
 def one_call(tool_name: str | None) -> dict:
@@ -113,8 +114,8 @@ def agents(handoffs: bool) -> dict[str, Agent]:
         Agent("supervisor", ROUTER, [route], **one_call("route")),
         "weather": Agent("weather", "You answer weather questions with get_weather.", [get_weather],
                          **one_call("get_weather")),
-        "math": Agent("math", "You compute with calculate.", [calculate], **one_call("calculate")),
-        "travel": Agent("travel", "You find flights with find_flight.", [find_flight], **one_call("find_flight")),
+        "calculator": Agent("calculator", "You compute with calculate.", [calculate], **one_call("calculate")),
+        "flights": Agent("flights", "You find flights with find_flight.", [find_flight], **one_call("find_flight")),
     }
 
 

@@ -89,8 +89,8 @@ def test_demo_routes_every_question(demo_model):
 # the supervisor example's questions -> (worker, tool, arguments) each must be routed to
 SUPERVISOR_ROUTES = {
     "What is the weather in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
-    "What is 12 times 7?": ("math", "calculate", {"a": 12, "op": "*", "b": 7}),
-    "Find me a flight from Paris to Rome.": ("travel", "find_flight", {"origin": "Paris", "destination": "Rome"}),
+    "What is 12 times 7?": ("calculator", "calculate", {"a": 12, "op": "*", "b": 7}),
+    "Find me a flight from Paris to Rome.": ("flights", "find_flight", {"origin": "Paris", "destination": "Rome"}),
     "Is it raining in London?": ("weather", "get_weather", {"city": "London"})}
 
 @pytest.mark.embedded
