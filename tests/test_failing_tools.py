@@ -66,3 +66,28 @@ def test_a_changed_call_after_a_failure_still_runs():
     assert runs == ["Pari", "Paris"] and result.text == "It is sunny."
     assert result.stopped_by_repeated_failure is None
     assert [e["tool"] for e in logs if e["event"] == "tool.failed"] == ["lookup"]
+
+
+def test_a_call_cut_short_by_max_tokens_says_to_raise_it():
+    """A required call with too small a max_tokens ends inside the call: the error the model and
+    the caller see names max_tokens (the real engine, on scripted replies)."""
+    from agentrt import Engine, EngineConfig, SamplingParams
+    from tests.scripted_model import scripted
+
+    @tool
+    def get_weather(city: str) -> dict:
+        """Current weather in a city."""
+        return {"city": city}
+
+    def reply(prompt: str) -> str:
+        return HERMES.render_calls([("get_weather", {"city": "Paris, the capital of France"})])
+
+    async def main(max_tokens: int):
+        async with Engine(scripted(reply), EngineConfig(kv_cache_tokens=8192)) as eng, Runtime(eng) as rt:
+            ref = await rt.spawn(Agent("w", "Use the tool.", [get_weather], engine=eng, tool_choice="required",
+                                       max_tool_rounds=1, settings=SamplingParams(max_tokens=max_tokens)), name="w")
+            return await ref.ask("Weather in Paris?")
+    cut = anyio.run(main, 8).tool_results[0]
+    assert cut.is_error and "max_tokens ran out (8 tokens); raise max_tokens" in cut.content
+    whole = anyio.run(main, 64).tool_results[0]
+    assert not whole.is_error and whole.raw == {"city": "Paris, the capital of France"}

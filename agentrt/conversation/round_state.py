@@ -4,10 +4,12 @@ into the events the round yields and the text, calls and ids it keeps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from agentrt.conversation.repeats import RepeatGuard
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta
+from agentrt.toolcall.parse_events import InvalidKind
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
 
 
@@ -72,12 +74,20 @@ class RoundState:
                 self.calls.append(ev)
                 self.mark = (len(self.generated), len(self.raw))
             elif isinstance(ev, CallInvalid):
+                ev = self._hinted(ev)
                 self.invalid.append(ev)
             out.append(ev)
         self.stopped = self.stopped or self.parser.should_stop
         if closing and not self.stopped:  # (the reply's last text, held as a possible stop's start)
             self._emit_text(self._release(), out)
         return out
+
+    def _hinted(self, ev: CallInvalid) -> CallInvalid:
+        """A call cut short by max_tokens says so, and what to do."""
+        if ev.kind is not InvalidKind.INCOMPLETE or self.finish != "length":
+            return ev
+        return replace(ev, reason=f"{ev.reason}: max_tokens ran out ({len(self.generated)} tokens); "
+                                  "raise max_tokens to leave room for the call's name and arguments")
 
     def _emit_text(self, text: str, out: list) -> None:
         if text:
