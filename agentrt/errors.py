@@ -8,6 +8,10 @@
     │   ├── CorruptModelFile        bad magic, truncated file, checksum mismatch
     │   └── UnsupportedModel        architecture or tensor type we do not implement
     ├── TokenizerError              tokenizer missing or unusable
+    ├── AdapterError                a LoRA adapter that cannot be loaded or used (also a ConfigError)
+    │   ├── AdapterMismatch         its targets or shapes do not fit the base model
+    │   ├── UnsupportedAdapter      DoRA, a LoRA bias, modules_to_save, a PEFT type other than LoRA
+    │   └── UnknownAdapter          no adapter of that name is loaded
     ├── ChatTemplateError           a conversation that cannot be rendered
     ├── ContextLengthExceeded       prompt (+ max_tokens) longer than the model's context
     ├── ResourceError               engine resources
@@ -68,6 +72,25 @@ class UnsupportedModel(ModelLoadError):
 
 class TokenizerError(AgentrtError):
     """The tokenizer is missing or cannot be built."""
+
+
+class AdapterError(ConfigError):
+    """A LoRA adapter cannot be loaded or used; the message names the file or the adapter and
+    what to do."""
+
+
+class AdapterMismatch(AdapterError):
+    """The adapter was made for another base model: a target module or a matrix shape that the
+    loaded model does not have. Load it on the model it was trained on."""
+
+
+class UnsupportedAdapter(AdapterError):
+    """An adapter kind agentrt does not run: DoRA, LoRA biases, modules_to_save, embedding or
+    lm_head targets, or a PEFT type other than LoRA. Merge it into the weights instead."""
+
+
+class UnknownAdapter(AdapterError, LookupError):
+    """No adapter of that name is loaded (`engine.adapters()` lists those that are)."""
 
 
 class ChatTemplateError(AgentrtError):

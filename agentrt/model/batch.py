@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -17,12 +18,15 @@ class SeqChunk:
     `pages` lists the page ids that hold (or will hold) positions 0 .. start+len-1 in order.
     `want_logits`: how many trailing tokens need logits (1 for prefill end/decode, k+1 when
     verifying k draft tokens, 0 for a prefill chunk that does not end the prompt).
+    `adapter` / `adapter_from`: the LoRA its rows at positions >= adapter_from run.
     """
 
     tokens: list[int]
     start: int
     pages: list[int]
     want_logits: int = 1
+    adapter: Any = None  # the LoraAdapter its rows run (adapters/apply.py), None: the base model
+    adapter_from: int = 0  # the first position the adapter computes (aLoRA; earlier rows: base)
 
 
 @dataclass(frozen=True)

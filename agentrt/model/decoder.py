@@ -47,11 +47,15 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(qn, dtype=dtype)) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(torch.ones(kn, dtype=dtype)) if cfg.qk_norm else None
 
-    def forward(self, x, rot, layer: int, kv: KVStore, meta: AttentionMeta, ops):
-        """rot: (cos, sin) of the global and of the local RoPE table at the batch's positions."""
+    def forward(self, x, rot, layer: int, kv: KVStore, meta: AttentionMeta, ops, lora=None):
+        """rot: (cos, sin) of the global and of the local RoPE table at the batch's positions.
+        lora: the step's LoraStep (adapters/apply.py), or None."""
         t = x.shape[0]
         cos, sin = rot[1] if self.local_rope else rot[0]
-        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
+        qkv = self.qkv(x)
+        if lora is not None:
+            lora.add(layer, "qkv", x, qkv)
+        q, k, v = qkv.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
         if self.norm_all:
             q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
         q, k = q.reshape(t, self.h, self.d), k.reshape(t, self.hkv, self.d)
@@ -62,7 +66,11 @@ class Attention(nn.Module):
         meta = meta.for_layer(kv.is_local(layer))  # (a sliding-window layer's own pages: kv/window.py)
         ops.store_kv(kv.k[layer], kv.v[layer], k, v.view(t, self.hkv, self.d), meta.slot_mapping)
         a = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, self.scale, self.window, self.softcap)
-        return self.o(a.reshape(t, self.h * self.d))
+        a = a.reshape(t, self.h * self.d)
+        out = self.o(a)
+        if lora is not None:
+            lora.add(layer, "o", a, out)
+        return out
 
 
 class MLP(nn.Module):
@@ -78,8 +86,15 @@ class MLP(nn.Module):
     def act(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return (nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)) * up
 
-    def forward(self, x):
-        return self.down(self.act(*self.gate_up(x).split(self.inter, -1)))
+    def forward(self, x, lora=None, layer: int = 0):
+        gu = self.gate_up(x)
+        if lora is None:
+            return self.down(self.act(*gu.split(self.inter, -1)))
+        lora.add(layer, "gate_up", x, gu)
+        act = self.act(*gu.split(self.inter, -1))
+        out = self.down(act)
+        lora.add(layer, "down", act, out)
+        return out
 
 
 class Block(nn.Module):
@@ -95,10 +110,11 @@ class Block(nn.Module):
         self.attn_post_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype)) if sandwich else None
         self.mlp_post_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype)) if sandwich else None
 
-    def forward(self, x, rot, layer, kv, meta, ops):
-        h = self.attn(ops.rms_norm(x, self.attn_norm, self.eps), rot, layer, kv, meta, ops)
+    def forward(self, x, rot, layer, kv, meta, ops, lora=None):
+        h = self.attn(ops.rms_norm(x, self.attn_norm, self.eps), rot, layer, kv, meta, ops, lora)
         x = x + (h if self.attn_post_norm is None else ops.rms_norm(h, self.attn_post_norm, self.eps))
-        h = self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+        h = self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps)) if lora is None or isinstance(self.mlp, MoE) \
+            else self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps), lora, layer)
         return x + (h if self.mlp_post_norm is None else ops.rms_norm(h, self.mlp_post_norm, self.eps))
 
 
@@ -146,20 +162,21 @@ class DecoderModel(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,
                 meta: AttentionMeta, logits_rows: torch.Tensor | None = None,
-                path: str | None = None) -> torch.Tensor:
+                path: str | None = None, lora=None) -> torch.Tensor:
         """`path`: "fused" (compiled CPU kernels, one call per op of a layer) or "eager" (the
-        torch reference); None = the model's default `forward_path`."""
+        torch reference); None = the model's default `forward_path`. `lora`: the step's
+        LoraStep (adapters/apply.py: the rows that run an adapter), or None."""
         if fused.use_fused(self, path or self.forward_path):
-            return fused.forward(self, input_ids, positions, kv, meta, logits_rows)
-        return self.forward_eager(input_ids, positions, kv, meta, logits_rows)
+            return fused.forward(self, input_ids, positions, kv, meta, logits_rows, lora)
+        return self.forward_eager(input_ids, positions, kv, meta, logits_rows, lora)
 
-    def forward_eager(self, input_ids, positions, kv, meta, logits_rows=None) -> torch.Tensor:
+    def forward_eager(self, input_ids, positions, kv, meta, logits_rows=None, lora=None) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, hidden]
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         rot = tuple((r.cos[positions], r.sin[positions]) for r in (self.rope, self.rope_local))  # [T, D]
         for i, block in enumerate(self.blocks):
-            x = block(x, rot, i, kv, meta, self.ops)
+            x = block(x, rot, i, kv, meta, self.ops, lora)
         if logits_rows is not None:
             x = x[logits_rows]
         x = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)

@@ -155,40 +155,44 @@ def check_bounds(model, positions: torch.Tensor, kv, meta: AttentionMeta) -> Non
 
 
 def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: AttentionMeta,
-            logits_rows: torch.Tensor | None) -> torch.Tensor:
+            logits_rows: torch.Tensor | None, lora=None) -> torch.Tensor:
     check_bounds(model, positions, kv, meta)
     x = model.embed(input_ids).float().contiguous()  # [T, hidden], the residual stream
     if model.cfg.embed_scale != 1.0:
         x.mul_(torch.tensor(model.cfg.embed_scale, dtype=x.dtype))
     st = _Step(model, positions, meta, x.shape[0])
-    layers = None if st.long else native_layers(model)
+    layers = None if st.long or lora is not None else native_layers(model)
     if layers is not None:  # every layer in one call (decode / verify steps, quantized weights)
         _all_layers(model, layers, st, x, kv)
-    else:
-        _layer_by_layer(model, st, x, kv)
+    else:  # (rows of LoRA adapters: their deltas added between the layer's native calls)
+        _layer_by_layer(model, st, x, kv, lora)
     if logits_rows is not None:
         x = x[logits_rows].contiguous()
     h = st.rmsnorm(x, model.norm, torch.empty_like(x))  # (rmsnorm needs no buffers())
     return softcap_logits(linear(model.lm_head, h).float(), model.cfg.final_softcap)
 
 
-def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv) -> None:
+def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv, lora=None) -> None:
     st.buffers()
     for i, blk in enumerate(model.blocks):
         h = st.rmsnorm(x, blk.attn_norm, st.hbuf)
         qkv = linear(blk.attn.qkv, h).contiguous()
+        if lora is not None:
+            lora.add(i, "qkv", h, qkv)
         if blk.attn.norm_all:
             norm_projections(blk.attn, qkv, st.cfg.rms_norm_eps)
         a = st.attention(i, kv, blk.attn, qkv)
-        _residual(st, blk.attn.o, a, x, blk.attn_post_norm)
+        _residual(st, blk.attn.o, a, x, blk.attn_post_norm, lora and (lora, i, "o"))
         h = st.rmsnorm(x, blk.mlp_norm, st.hbuf)
         if isinstance(blk.mlp, MoE):
             _moe(model, blk.mlp, st, h, x)
             continue
         gu = linear(blk.mlp.gate_up, h)
+        if lora is not None:
+            lora.add(i, "gate_up", h, gu)
         act = st.lib.agrt_gelu_mul if blk.mlp.gelu else st.lib.agrt_silu_mul  # (GeGLU: Gemma)
         act(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
-        _residual(st, blk.mlp.down, st.act, x, blk.mlp_post_norm)
+        _residual(st, blk.mlp.down, st.act, x, blk.mlp_post_norm, lora and (lora, i, "down"))
 
 
 def softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -196,12 +200,18 @@ def softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def _residual(st: _Step, lin, a: torch.Tensor, x: torch.Tensor, post_norm: torch.Tensor | None) -> None:
-    """x += lin(a), or x += rmsnorm(lin(a)) with Gemma's post-norm."""
+def _residual(st: _Step, lin, a: torch.Tensor, x: torch.Tensor, post_norm: torch.Tensor | None,
+              lora: tuple | None = None) -> None:
+    """x += lin(a), or x += rmsnorm(lin(a)) with Gemma's post-norm; `lora` (step, layer,
+    projection): the adapters' delta of lin joins it, before the norm."""
     if post_norm is None:
         linear(lin, a, x, accumulate=True)
+        if lora:
+            lora[0].add(lora[1], lora[2], a, x)
         return
     y = linear(lin, a.contiguous())
+    if lora:
+        lora[0].add(lora[1], lora[2], a, y)
     x.add_(st.rmsnorm(y, post_norm, torch.empty_like(y)))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from agentrt.adapters.apply import LoraStep
 from agentrt.errors import ConfigError, ContextLengthExceeded
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.kv import KVStore
@@ -17,24 +18,40 @@ from agentrt.sampling.penalties import penalize
 
 
 def prompt_logits(model: DecoderModel, prompt: list[int], page_size: int = 16,
-                  path: str | None = None) -> torch.Tensor:
-    """Logits [len(prompt), V] of a single full-prompt forward."""
+                  path: str | None = None, adapter=None) -> torch.Tensor:
+    """Logits [len(prompt), V] of a single full-prompt forward (under LoRA `adapter`: a
+    LoraAdapter, from its activation point on)."""
     pages = list(range(-(-len(prompt) // page_size)))
     kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype, device=model.device)
-    fb = build_batch([SeqChunk(prompt, 0, pages, want_logits=len(prompt))], page_size,
-                     short_limit=model.short_limit).to(model.device)
-    return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path)
+    chunks = [_chunk(prompt, 0, pages, adapter, prompt, want_logits=len(prompt))]
+    fb = build_batch(chunks, page_size, short_limit=model.short_limit).to(model.device)
+    return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path, **_lora(chunks))
+
+
+def _chunk(ids: list[int], pos: int, pages: list[int], adapter, prompt: list[int], want_logits: int = 1) -> SeqChunk:
+    start = None if adapter is None else adapter.activation_start(prompt)
+    if start is None:  # (the base model; an aLoRA whose invocation is not in the prompt too)
+        return SeqChunk(ids, pos, pages, want_logits)
+    return SeqChunk(ids, pos, pages, want_logits, adapter=adapter, adapter_from=start)
+
+
+def _lora(chunks: list[SeqChunk]) -> dict:
+    """The forward's `lora` argument, only when a row runs an adapter (models without adapter
+    support keep working)."""
+    step = LoraStep.of(chunks)
+    return {} if step is None else {"lora": step}
 
 
 def generate(model: DecoderModel, prompt: list[int], params: SamplingParams | None = None,
              eos_token_ids: tuple[int, ...] = (), page_size: int = 16, constraint=None,
-             path: str | None = None, fast_forward: bool = False) -> list[int]:
+             path: str | None = None, fast_forward: bool = False, adapter=None) -> list[int]:
     """Generate up to params.max_tokens ids after `prompt`; stops after an eos/stop token
     (which is included in the output). `constraint` (a LogitsConstraint) masks each step's
     logits before sampling and sees every sampled token; generation also stops when it
     reports is_terminated(). `path` picks the model's forward ("eager": the torch reference).
     `fast_forward`: after each sampled token (and at the start) the ids the constraint forces
-    (`constraint.fast_forward`, constrain/forcing.py) are appended and fed one per step."""
+    (`constraint.fast_forward`, constrain/forcing.py) are appended and fed one per step.
+    `adapter`: a LoraAdapter the sequence runs (an aLoRA from its invocation in the prompt on)."""
     p = params or SamplingParams()
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt")
@@ -55,9 +72,9 @@ def generate(model: DecoderModel, prompt: list[int], params: SamplingParams | No
     pos, feed = 0, [list(prompt)] + [[t] for t in out]  # the prompt in one chunk, then one id per step
     while len(out) < p.max_tokens:
         for ids in feed:
-            fb = build_batch([SeqChunk(ids, pos, pages)], page_size, short_limit=model.short_limit).to(
-                model.device, staging)
-            logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path).cpu()
+            chunks = [_chunk(ids, pos, pages, adapter, prompt)]
+            fb = build_batch(chunks, page_size, short_limit=model.short_limit).to(model.device, staging)
+            logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path, **_lora(chunks)).cpu()
             pos += len(ids)
         row = penalize(logits[0], p, out, prompt)
         row = row if constraint is None else constraint.mask_logits(row)
