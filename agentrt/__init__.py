@@ -10,6 +10,7 @@ from agentrt import dashboard, errors, tracing
 from agentrt.kv.agent_aware import AgentAwarePolicy
 from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
+from agentrt.engine.adapters import AdapterInfo
 from agentrt.engine.engine import Completion, Engine
 from agentrt.records.request import TokenEvent, Usage
 from agentrt.engine.session import Session
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActorRef",
+    "AdapterInfo",
     "Agent",
     "AgentAwarePolicy",
     "AgentSpec",

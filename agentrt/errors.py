@@ -2,16 +2,16 @@
 
     AgentrtError
     ├── ConfigError                 bad settings or arguments given to a public API
-    │   └── SnapshotMismatch        a session snapshot from another model/dtype, or not one at all
+    │   ├── SnapshotMismatch        a session snapshot from another model/dtype, or not one at all
+    │   └── AdapterError            a LoRA adapter that cannot be loaded or used
+    │       ├── AdapterMismatch     its targets or shapes do not fit the base model
+    │       ├── UnsupportedAdapter  DoRA, a LoRA bias, modules_to_save, a PEFT type other than LoRA
+    │       └── UnknownAdapter      no adapter of that name is loaded
     ├── ModelLoadError              a model could not be loaded
     │   ├── ModelNotFound           no such file / directory / named model
     │   ├── CorruptModelFile        bad magic, truncated file, checksum mismatch
     │   └── UnsupportedModel        architecture or tensor type we do not implement
     ├── TokenizerError              tokenizer missing or unusable
-    ├── AdapterError                a LoRA adapter that cannot be loaded or used (also a ConfigError)
-    │   ├── AdapterMismatch         its targets or shapes do not fit the base model
-    │   ├── UnsupportedAdapter      DoRA, a LoRA bias, modules_to_save, a PEFT type other than LoRA
-    │   └── UnknownAdapter          no adapter of that name is loaded
     ├── ChatTemplateError           a conversation that cannot be rendered
     ├── ContextLengthExceeded       prompt (+ max_tokens) longer than the model's context
     ├── ResourceError               engine resources

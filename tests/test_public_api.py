@@ -12,7 +12,7 @@ import agentrt
 from agentrt import errors
 
 PUBLIC = [
-    "ActorRef", "Agent", "AgentAwarePolicy", "AgentSpec", "CallLimits", "ChatFormat", "Completion", "ContextPolicy", "Conversation",
+    "ActorRef", "AdapterInfo", "Agent", "AgentAwarePolicy", "AgentSpec", "CallLimits", "ChatFormat", "Completion", "ContextPolicy", "Conversation",
     "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineStats", "EvictionPolicy", "LRUPolicy",
     "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
     "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
@@ -66,6 +66,10 @@ ERROR_TREE = {
     "CorruptModelFile": ("ModelLoadError",),
     "UnsupportedModel": ("ModelLoadError",),
     "TokenizerError": ("AgentrtError",),
+    "AdapterError": ("ConfigError",),
+    "AdapterMismatch": ("AdapterError",),
+    "UnsupportedAdapter": ("AdapterError",),
+    "UnknownAdapter": ("AdapterError", "LookupError"),
     "ChatTemplateError": ("AgentrtError",),
     "ContextLengthExceeded": ("AgentrtError", "ValueError"),
     "ResourceError": ("AgentrtError",),

@@ -37,7 +37,7 @@ def _session(core: Any, es: Any, now: float) -> dict:
     total = -(-len(hist) // ps)
     demoted = 0
     if radix is not None and radix.tier is not None and resident < total:
-        demoted = sum(len(n.key) for n in radix.host_path(hist, es.cache_salt)) // ps
+        demoted = sum(len(n.key) for n in radix.host_path(hist, es.space)) // ps
     return {"session": es.sid, "agent": es.tag, "tokens": len(es.seq.tokens), "history_tokens": len(hist),
             "resident_pages": resident, "demoted_pages": min(demoted, max(0, total - resident)),
             "dropped_pages": max(0, total - resident - demoted), "busy": es.busy,

@@ -10,6 +10,7 @@ import time
 import structlog
 import torch
 
+from agentrt.adapters.registry import AdapterRegistry
 from agentrt.config import EngineConfig
 from agentrt.constrain.fast_forward import forced_start
 from agentrt.constrain.step_masks import MaskPrefetch
@@ -27,6 +28,7 @@ from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
+from agentrt.kv.identity import space
 from agentrt.kv.kv_manager import Sequence
 from agentrt.engine.seq_ids import SequencePool
 from agentrt.kv.registry import make_policy
@@ -81,6 +83,7 @@ class EngineCore(Postprocess):
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self.masks = MaskPrefetch(self.counters, cfg.grammar_overlap and not self.executor.simulated)
         self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
+        self.adapters = AdapterRegistry()  # LoRA adapters by name (engine.load_adapter)
         self._rids = itertools.count(1)
 
     @property
@@ -92,8 +95,13 @@ class EngineCore(Postprocess):
         return self.queues.running
 
     # ---- sessions -------------------------------------------------------------------
-    def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None) -> EngineSession:
-        return self.kv.open_session(seq_id, tag, cache_salt)
+    def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None,
+                     adapter: str | None = None) -> EngineSession:
+        if adapter:
+            self.adapters.get(adapter)  # (UnknownAdapter before the session exists)
+        es = self.kv.open_session(seq_id, tag, cache_salt)
+        es.adapter = adapter or None
+        return es
 
     def close_session(self, sess: EngineSession) -> None:
         """Release the session's sequence; its full pages live on in the radix cache."""
@@ -104,7 +112,7 @@ class EngineCore(Postprocess):
         for r in [r for r in itertools.chain(self.waiting, self.running) if r.session is sess]:
             self._finish(r, "cancelled")
         sess.closed = True
-        self.kv.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag)
+        self.kv.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag, sess.seq.adapted)
         self.kvm.release(sess.seq)
         self.kv.forget_session(sess)
         self.pool.release(sess.sid)
@@ -127,14 +135,18 @@ class EngineCore(Postprocess):
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
                     session: EngineSession | None = None, cache_salt: str | None = None,
                     tag: str | None = None, constraint=None, generator=None,
-                    task: str | None = None, workflow: str | None = None) -> Request:
+                    task: str | None = None, workflow: str | None = None, adapter: str | None = None) -> Request:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
-        session requests use the session's sequence. Validation raises before any work."""
+        session requests use the session's sequence. Validation raises before any work.
+        `adapter`: a loaded adapter's name (None: the session's, else the base model)."""
         validate_request(self, prompt, params, seq_id, session, constraint)
         if session is not None and self.sessions.get(session.sid) is not session:
             raise ConfigError("this session belongs to another engine; open a session on this one")
         salt = cache_salt if session is None else session.cache_salt
-        hit = self.responses.lookup(params, prompt, salt, constraint) if self.responses is not None else None
+        lora, adapted = self.adapters.resolve(adapter if adapter is not None or session is None else session.adapter,
+                                              prompt)
+        hit = self.responses.lookup(params, prompt, space(salt, adapted), constraint) \
+            if self.responses is not None else None
         if hit is not None:
             return self._answer_from_cache(prompt, params, hit, emit, seq_id)
         if session is not None:
@@ -147,7 +159,7 @@ class EngineCore(Postprocess):
         req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
                       cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
                       stop_ids=stops, arrival=next(self.ticks), task=task, workflow=workflow,
-                      submitted_s=self.clock.now())
+                      submitted_s=self.clock.now(), adapter=lora, adapted=adapted)
         self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
@@ -254,7 +266,7 @@ class EngineCore(Postprocess):
         drop_links(self.mem, r)
         if self.responses is not None:
             self.responses.record(r, reason)
-        self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
+        self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag, r.seq.adapted)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, next(self.ticks)
             r.session.history = list(r.seq.tokens)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import anyio
 
 from agentrt.config import EngineConfig
+from agentrt.engine.adapters import EngineAdapters, check_adapter_arg
 from agentrt.engine.core import EngineCore
 from agentrt.engine.lifetime import EngineHost
 from agentrt.engine.reads import EngineReads
@@ -41,7 +42,7 @@ class Completion:
     usage: Usage
 
 
-class Engine(EngineReads):
+class Engine(EngineReads, EngineAdapters):
     alive = True  # (in process: never lost as a Ray replica can be; see `closed`)
 
     def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
@@ -137,12 +138,15 @@ class Engine(EngineReads):
 
     # ---- public API -----------------------------------------------------------------
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
-                           timeout: float | None = None) -> Session:
+                           timeout: float | None = None, adapter: str | None = None) -> Session:
         """A long-lived KV session from the session region of the pool (PoolExhausted after
-        `timeout`, default EngineConfig.acquire_timeout)."""
+        `timeout`, default EngineConfig.acquire_timeout); its turns run `adapter` (a loaded
+        adapter's name) unless a call names another."""
         self._check_open()
         check_open_session_args(tag, cache_salt, timeout)
-        return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt), timeout)
+        check_adapter_arg(adapter)
+        return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt, adapter),
+                                            timeout)
 
     async def restore(self, path, *, tag: str | None = None, cache_salt: str | None = None,
                       timeout: float | None = None) -> Session:
@@ -187,26 +191,28 @@ class Engine(EngineReads):
                        session: Session | None = None, cache_salt: str | None = None,
                        tag: str | None = None, constraint=None,
                        timeout: float | None = None, task: str | None = None,
-                       workflow: str | None = None) -> AsyncIterator[TokenEvent]:
+                       workflow: str | None = None, adapter: str | None = None) -> AsyncIterator[TokenEvent]:
         """Stream token events; the last has finish_reason and usage. Leaving the iteration
         early (break, cancel, exception) cancels the request and frees what it holds at the
         engine's next step. Use `contextlib.aclosing` when breaking out of the loop.
         `task`/`workflow` (default: the caller's `agentrt.task_scope`) and `tag` (the stage)
-        are what workflow-aware scheduling (EngineConfig.scheduling_policy) sees."""
+        are what workflow-aware scheduling (EngineConfig.scheduling_policy) sees. `adapter`:
+        a loaded LoRA adapter's name (default: the session's, else the base model)."""
         async with aclosing(self._events(prompt, params, False, session=session, cache_salt=cache_salt, tag=tag,
                                          constraint=constraint, timeout=timeout, task=task,
-                                         workflow=workflow)) as events:
+                                         workflow=workflow, adapter=adapter)) as events:
             async for ev in events:
                 yield ev
 
     async def _events(self, prompt, params, collect: bool, *, session, cache_salt, tag, constraint, timeout,
-                      task, workflow) -> AsyncIterator[TokenEvent]:
+                      task, workflow, adapter=None) -> AsyncIterator[TokenEvent]:
         """generate()'s stream; `collect`: the step thread gathers the tokens and hands over one
         event at the end (complete(): no wake-up of the caller per step)."""
         self._check_open()
         # types, finite ranges, a session of this engine: ConfigError before any work
         prompt, params = check_generate_args(self, prompt, params, session=session, cache_salt=cache_salt,
                                              tag=tag, timeout=timeout, task=task, workflow=workflow)
+        check_adapter_arg(adapter)
         task, workflow = task_of(task, workflow)
         seq_id = None
         if session is None:
@@ -232,7 +238,7 @@ class Engine(EngineReads):
                 box["req"] = self.core.add_request(
                     prompt, params, emit, seq_id=seq_id, session=session and session.engine_session,
                     cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen,
-                    task=task, workflow=workflow)
+                    task=task, workflow=workflow, adapter=adapter)
             except BaseException as e:
                 if seq_id is not None:
                     self.core.pool.release(seq_id)
@@ -265,12 +271,12 @@ class Engine(EngineReads):
     async def complete(self, prompt: list[int], params: SamplingParams | None = None, *,
                        session: Session | None = None, cache_salt: str | None = None, tag: str | None = None,
                        constraint=None, timeout: float | None = None, task: str | None = None,
-                       workflow: str | None = None) -> Completion:
+                       workflow: str | None = None, adapter: str | None = None) -> Completion:
         """generate() to the end, as one Completion. The step thread gathers the tokens and hands
         them over once (no wake-up of the caller per step)."""
         toks: list[int] = []
         args = dict(session=session, cache_salt=cache_salt, tag=tag, constraint=constraint, timeout=timeout,
-                    task=task, workflow=workflow)
+                    task=task, workflow=workflow, adapter=adapter)
         async with aclosing(self._events(prompt, params, True, **args)) as stream:
             async for ev in stream:
                 toks.extend(ev.token_ids)

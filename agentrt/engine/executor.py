@@ -16,6 +16,7 @@ from typing import Protocol
 import structlog
 import torch
 
+from agentrt.adapters.apply import LoraStep
 from agentrt.engine.clock import Clock
 from agentrt.kv.tier import HostTier
 from agentrt.model.batch import SeqChunk, build_batch
@@ -106,13 +107,15 @@ class ModelExecutor:
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
         t0 = time.perf_counter()
-        graphs = self._graphs(store) if is_short(chunks, self.model.short_limit) else None
+        lora = LoraStep.of(chunks)  # (rows of LoRA adapters: eager, not in a graph)
+        graphs = self._graphs(store) if lora is None and is_short(chunks, self.model.short_limit) else None
         logits = self._replay(graphs, chunks) if graphs is not None else None
         if logits is not None:
             kind, rows = "graph", tuple(self._rows(logits).split([c.want_logits for c in chunks]))
         else:
             fb = build_batch(chunks, page_size, store.local_of, self.model.short_limit).to(self.device, self.staging)
-            logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path)
+            extra = {} if lora is None else {"lora": lora}
+            logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path, **extra)
             kind, rows = "eager", tuple(self._rows(logits).split(list(fb.logits_count)))
         self.steps[kind] += 1
         self.seconds[kind] += time.perf_counter() - t0

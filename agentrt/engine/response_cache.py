@@ -37,7 +37,7 @@ class ResponseCache:
         """Keep a finished request's output: one that ended by itself (stop, length) and was
         not constrained (lookup's rule)."""
         if r.constraint is None and reason in ("stop", "length"):
-            self.put(self.key("model", r.params, r.prompt, r.cache_salt), CachedResponse(tuple(r.output), reason))
+            self.put(self.key("model", r.params, r.prompt, r.space), CachedResponse(tuple(r.output), reason))
 
     def get(self, key: Hashable) -> CachedResponse | None:
         hit = self._lru.get(key)

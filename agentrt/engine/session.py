@@ -12,7 +12,7 @@ import anyio
 
 from agentrt.checks import check_int, check_optional_str, check_timeout
 from agentrt.kv import snapshot
-from agentrt.errors import ConfigError
+from agentrt.errors import ConfigError, SnapshotMismatch
 
 
 class Session:
@@ -111,6 +111,12 @@ async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
         return snapshot.read_snapshot(path, snapshot.model_fingerprint(engine.model))
 
     data = await anyio.to_thread.run_sync(read)
+    adapter = data.get("adapter")
+    if adapter is not None and adapter["fingerprint"] not in engine.core.adapters.fingerprints():
+        raise SnapshotMismatch(
+            f"{path}: its KV was computed with the LoRA adapter {adapter['name']!r} (fingerprint "
+            f"{adapter['fingerprint']}), which is not loaded here; load those weights "
+            "(engine.load_adapter) and restore it again")
     tag = data["tag"] if tag is None else tag
     core = engine.core
     return await engine.open_session_with(lambda sid: core.branching.restore(sid, data, tag, cache_salt), timeout)

@@ -21,6 +21,7 @@ import torch
 from agentrt.kv.sessions import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy, SnapshotMismatch
 from agentrt.kv.hierarchy import Hierarchy
+from agentrt.kv.identity import Adapted
 from agentrt.kv.room import KVRoom
 
 
@@ -51,7 +52,7 @@ class Branching:
         except BaseException:
             self.kv.forget_session(child)
             raise
-        child.last_used = es.last_used
+        child.last_used, child.seq.adapted, child.adapter = es.last_used, es.seq.adapted, es.adapter
         self._set_history(child)
         return child
 
@@ -76,6 +77,9 @@ class Branching:
         k = torch.stack([_flat(t).index_select(0, _slots(store, i, pages, n)) for i, t in enumerate(store.k)]).cpu()
         v = torch.stack([_flat(t).index_select(0, _slots(store, i, pages, n)) for i, t in enumerate(store.v)]).cpu()
         data = {"tokens": list(es.seq.tokens), "k": k, "v": v, "tag": es.tag}
+        if not es.seq.adapted.base:  # (KV of a LoRA: restored only where that adapter is loaded)
+            data["adapter"] = {"name": es.adapter or "", "fingerprint": es.seq.adapted.fingerprint,
+                               "start": es.seq.adapted.start}
         local = self.kv.alloc.local
         if local is not None:  # (which tokens' sliding-window KV was released: kv/window.py)
             gone = torch.tensor([not local.present(p) for p in pages], dtype=torch.bool)
@@ -111,6 +115,9 @@ class Branching:
             self.kv.alloc.decref(pages)
             raise
         es.seq.pages, es.seq.tokens = pages, tokens
+        if (adapter := data.get("adapter")) is not None:
+            es.seq.adapted = Adapted(adapter["fingerprint"], adapter["start"])
+            es.adapter = adapter["name"] or None
         self._set_history(es)
         return es
 
@@ -136,7 +143,7 @@ class Branching:
         memory hierarchy restores it to (EngineSession.history), and in the radix tree like every
         finished turn's KV, so memory pressure can rank its pages with the rest (kv/memory.py)."""
         es.history = list(es.seq.tokens)
-        self.kv.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag)
+        self.kv.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag, es.seq.adapted)
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:

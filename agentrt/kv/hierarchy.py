@@ -90,7 +90,7 @@ class Hierarchy:
         if radix is None or radix.tier is None or not radix.tier.used:
             return 0
         for es in due:
-            n = sum(len(x.key) for x in radix.host_path(es.history, es.cache_salt)) // self.kv.cfg.page_size
+            n = sum(len(x.key) for x in radix.host_path(es.history, es.space)) // self.kv.cfg.page_size
             if done and done + n > max_pages:
                 break  # (the next call goes on: one session per call at least, whatever its size)
             es.prefetch_from, es.prefetch_pages = len(es.seq.pages), 0  # (tried in this wait)
@@ -175,8 +175,8 @@ class Hierarchy:
         hist, seq = es.history, es.seq
         if self.kv.radix is None or es.busy or len(hist) <= len(seq.tokens) or hist[:len(seq.tokens)] != seq.tokens:
             return
-        self.promote_prefix(hist, es.cache_salt, pinned, max_pages)
-        m = self.kv.radix.match_prefix(hist, es.cache_salt)
+        self.promote_prefix(hist, es.space, pinned, max_pages)
+        m = self.kv.radix.match_prefix(hist, es.space)
         if m.length <= len(seq.tokens):
             return
         tmp = Sequence(seq.seq_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentrt.kv.identity import BASE, Adapted
 from agentrt.kv.pages import PageAllocator
 from agentrt.model.kv import KVStore
 
@@ -18,6 +19,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is stored
     pages: list[int] = field(default_factory=list)
     slid: int = 0  # pages below this index were looked at by the window release (kv/window.py)
+    adapted: Adapted = BASE  # the adapter that computed its KV, from which position (kv/identity.py)
 
     @property
     def num_cached(self) -> int:

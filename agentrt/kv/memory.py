@@ -192,7 +192,7 @@ class MemoryManager:
         (a partially filled last page, pages of a turn that never entered the tree)."""
         for s in self._order_sessions(self.idle_sessions()):
             if s.seq.tokens:
-                self.radix.insert(s.seq.tokens, s.seq.pages, s.cache_salt, s.tag)
+                self.radix.insert(s.seq.tokens, s.seq.pages, s.space, s.tag)
             self._forget_pages(s, 0)
             self.kvm.release(s.seq)
             self.counters.detached_sessions += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentrt.config import EngineConfig
+from agentrt.kv.identity import BASE, Adapted, space
 from agentrt.kv.sessions import EngineSession
 from agentrt.kv.kv_manager import KVManager, Sequence
 from agentrt.kv.memory import MemoryManager
@@ -60,10 +61,15 @@ class KVRoom:
         """Drop `sess` from the table (its pages are the caller's to release)."""
         del self.sessions[sess.sid]
 
-    def insert_prefix(self, tokens, pages, salt, tag) -> None:
-        """Offer a sequence's KV (its tokens on `pages`) to the radix tree (no-op without one)."""
-        if self.radix is not None and tokens:
-            self.radix.insert(tokens, pages, salt, tag)
+    def insert_prefix(self, tokens, pages, salt, tag, adapted: Adapted = BASE) -> None:
+        """Offer a sequence's KV (its tokens on `pages`, computed as `adapted`) to the radix tree
+        (no-op without one): under its identity's key, and an aLoRA's KV before its start under
+        the base model's too (it is the base model's KV: kv/identity.py)."""
+        if self.radix is None or not tokens:
+            return
+        self.radix.insert(tokens, pages, space(salt, adapted), tag)
+        if adapted.start and not adapted.base:
+            self.radix.insert(tokens[:adapted.start], pages, salt, tag)
 
     def slide(self, running, turn_end=None) -> None:
         """Release the sliding-window layers' pages the running requests moved past (kv/window.py;

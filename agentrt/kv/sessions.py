@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentrt.kv.identity import KVSpace, space
 from agentrt.kv.kv_manager import Sequence
 
 
@@ -32,3 +33,9 @@ class EngineSession:
     # in this wait) and pages it promoted back
     prefetch_from: int = -1
     prefetch_pages: int = 0
+    adapter: str | None = None  # the adapter its turns run unless a call names another (its name)
+
+    @property
+    def space(self) -> str | KVSpace | None:
+        """The key its KV is cached under (kv/identity.py: the salt, and its KV's adapter)."""
+        return space(self.cache_salt, self.seq.adapted)

@@ -97,6 +97,8 @@ def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:
                "tokens": [int(t) for t in data["tokens"]], "k": data["k"], "v": data["v"], "tag": data.get("tag")}
     if data.get("local_absent") is not None:
         payload["local_absent"] = data["local_absent"]
+    if data.get("adapter") is not None:  # (the LoRA that computed its KV: {name, fingerprint, start})
+        payload["adapter"] = dict(data["adapter"])
     buf = io.BytesIO()
     torch.save(payload, buf)
     body = buf.getvalue()
@@ -182,10 +184,12 @@ def _check_payload(path: Path, obj: dict, fingerprint: dict) -> dict:
                         for t in tokens)
     ok = ok and n <= cfg["max_position_embeddings"]
     ok = ok and all(isinstance(x, torch.Tensor) and tuple(x.shape) == shape and x.dtype == dtype for x in (k, v))
-    tag, absent = obj.get("tag"), obj.get("local_absent")
+    tag, absent, adapter = obj.get("tag"), obj.get("local_absent"), obj.get("adapter")
     ok = ok and (absent is None or (isinstance(absent, torch.Tensor) and absent.dtype == torch.bool
                                     and tuple(absent.shape) == (n,)))
+    ok = ok and (adapter is None or (isinstance(adapter, dict) and isinstance(adapter.get("fingerprint"), str)
+                                     and isinstance(adapter.get("start"), int) and isinstance(adapter.get("name"), str)))
     if not ok or not (tag is None or isinstance(tag, str)):
         raise SnapshotMismatch(f"{path} is corrupt: its tokens and KV tensors do not agree with each other or "
                                "with the model; write a new snapshot")
-    return {"tokens": tokens, "k": k, "v": v, "tag": tag, "local_absent": absent}
+    return {"tokens": tokens, "k": k, "v": v, "tag": tag, "local_absent": absent, "adapter": adapter}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agentrt.kv.identity import BASE, Adapted, KVSpace, space
 from agentrt.kv.kv_manager import Sequence
 from agentrt.kv.sessions import EngineSession
 from agentrt.model.batch import SeqChunk
@@ -63,6 +64,8 @@ class Request:
     cache_salt: str | None = None
     tag: str | None = None
     constraint: LogitsConstraint | None = None  # (agentrt/records/constraint.py)
+    adapter: object | None = None  # the LoraAdapter its rows run from adapted.start (None: base)
+    adapted: Adapted = BASE  # its KV's identity (kv/identity.py)
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     state: State = State.WAITING
@@ -95,6 +98,11 @@ class Request:
     finished_s: float = 0.0  # ... when it finished
 
     @property
+    def space(self) -> str | KVSpace | None:
+        """The key its KV is cached and matched under (the salt, and the adapter if any)."""
+        return space(self.cache_salt, self.adapted)
+
+    @property
     def target(self) -> list[int]:
         """Tokens whose KV the next logits depend on: prompt + everything sampled so far."""
         return self.prompt + self.output
@@ -118,8 +126,9 @@ class Request:
         c = self.seq.num_cached
         if self.draft:
             return SeqChunk(self.target_slice(c, n - len(self.draft)) + self.draft, c, self.seq.pages,
-                            1 + len(self.draft))
-        return SeqChunk(self.target_slice(c, n), c, self.seq.pages, int(c + n == self.target_len))
+                            1 + len(self.draft), self.adapter, self.adapted.start)
+        return SeqChunk(self.target_slice(c, n), c, self.seq.pages, int(c + n == self.target_len), self.adapter,
+                        self.adapted.start)
 
     @property
     def remaining(self) -> int:

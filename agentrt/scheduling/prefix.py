@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from agentrt.fingerprint import fnv1a
 from agentrt.prefixes import common_prefix
+from agentrt.kv.identity import shared_until
 from agentrt.kv.kv_manager import KVManager
 from agentrt.kv.radix import RadixCache
 from agentrt.records.request import Request
@@ -24,11 +25,17 @@ def attach_prefix(req: Request, kvm: KVManager, radix: RadixCache | None,
     target, seq = req.target, req.seq
     limit = len(target) - 1
     keep = common_prefix(seq.tokens, target) if session_reuse else 0
+    if (until := shared_until(seq.adapted, req.adapted)) is not None:  # (KV of another adapter)
+        keep = min(keep, until)
     kvm.truncate(seq, kvm.valid_point(seq.pages, min(keep, limit)))
+    seq.adapted = req.adapted
     if radix is not None and promote is not None:
         promote(target[:limit])
     if radix is not None:
-        m = radix.match_prefix(target[:limit], req.cache_salt)
+        m = radix.match_prefix(target[:limit], req.space)
+        if req.adapted.start > m.length:  # (an aLoRA: the base model's KV serves it before its start)
+            b = radix.match_prefix(target[:min(limit, req.adapted.start)], req.cache_salt)
+            m = b if b.length > m.length else m
         n = kvm.valid_point(m.pages, m.length)  # (short of m where a window's pages were released)
         if n > seq.num_cached:
             kvm.release(seq)
@@ -49,7 +56,7 @@ def group_new_requests(reqs: list[Request], k: int) -> None:
         start, tgt = r.seq.num_cached, r.target
         if len(tgt) - start <= k:
             continue
-        candidates = leaders.setdefault((r.cache_salt, start, fnv1a(tgt[start:start + k])), [])
+        candidates = leaders.setdefault((r.space, start, fnv1a(tgt[start:start + k])), [])
         for lead in candidates:
             shared = min(common_prefix(lead.target, tgt), len(tgt) - 1, len(lead.target) - 1)
             if shared - start >= k:

@@ -124,7 +124,7 @@ class Scheduler:
             return
         r.attached = True
         promoted: list[int] = []
-        salt = r.cache_salt
+        salt = r.space
         reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
                                lambda toks: promoted.extend(self.hierarchy.promote_prefix(toks, salt)))
         if r.cached_tokens < 0:  # the request's first admission (not a re-admission)
@@ -187,7 +187,7 @@ class Scheduler:
         if running or r.attached:
             resident = r.seq.num_cached
         else:
-            resident = self.radix.peek(tgt, r.cache_salt) if self.radix is not None else 0
+            resident = self.radix.peek(tgt, r.space) if self.radix is not None else 0
             if r.session is not None:
                 resident = max(resident, common_prefix(r.session.seq.tokens, tgt))
         held = len(r.seq.tokens) if running else len(tgt)

@@ -1,0 +1,79 @@
+"""The engine's loaded adapters by name, and what a request's adapter name means for its rows and
+its KV identity.
+
+Names are how callers choose; fingerprints are what KV is keyed by (kv/identity.py). Loading a
+name again replaces it (its new weights get a new fingerprint, so no KV of the old ones is
+reused); unloading forgets the name. A request holds its LoraAdapter object, so one already
+running finishes on the weights it started with. Changed only in the engine's step thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrt.adapters.lora import LoraAdapter
+from agentrt.adapters.peft_files import read_peft
+from agentrt.errors import AdapterError, UnknownAdapter
+from agentrt.kv.identity import BASE, Adapted
+
+
+class AdapterRegistry:
+    def __init__(self) -> None:
+        self._by_name: dict[str, LoraAdapter] = {}
+
+    def add(self, adapter: LoraAdapter) -> LoraAdapter | None:
+        """Register `adapter` under its name; returns the adapter it replaced, if any."""
+        old = self._by_name.get(adapter.name)
+        self._by_name[adapter.name] = adapter
+        return old
+
+    def remove(self, name: str) -> LoraAdapter:
+        adapter = self.get(name)
+        del self._by_name[name]
+        return adapter
+
+    def get(self, name: str) -> LoraAdapter:
+        adapter = self._by_name.get(name)
+        if adapter is None:
+            loaded = ", ".join(sorted(self._by_name)) or "none"
+            raise UnknownAdapter(f"no adapter named {name!r} is loaded (loaded: {loaded}); "
+                                 "load it with engine.load_adapter(name, path)")
+        return adapter
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def fingerprints(self) -> set[str]:
+        return {a.fingerprint for a in self._by_name.values()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._by_name.values())
+
+    def resolve(self, name: str | None, prompt: list[int]) -> tuple[LoraAdapter | None, Adapted]:
+        """The adapter a request named `name` (None: the base model) runs, and its KV identity:
+        an aLoRA computes from the last occurrence of its invocation tokens in `prompt` on, and
+        is the base model throughout when they are absent (as PEFT does)."""
+        if not name:
+            return None, BASE
+        adapter = self.get(name)
+        start = adapter.activation_start(prompt)
+        return (None, BASE) if start is None else (adapter, Adapted(adapter.fingerprint, start))
+
+
+def read_adapter(name: str, path, model) -> LoraAdapter:
+    """Read the adapter at `path` for `model` (a PEFT directory), on the model's device and in its
+    float dtype. Runs off the step loop (it reads files and hashes weights)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise AdapterError(f"an adapter name must be a non-empty string of at most 200 characters, got {name!r}")
+    if not isinstance(path, (str, Path)):
+        raise AdapterError(f"path must be a PEFT adapter directory (str or Path), got {type(path).__name__}")
+    root = Path(path)
+    if not root.exists():
+        raise AdapterError(f"no adapter at {root}: the path does not exist")
+    if root.is_file():
+        raise AdapterError(f"{root} is a file; pass the PEFT adapter's directory (adapter_config.json + "
+                           "adapter_model.safetensors)")
+    adapter = read_peft(root, model.cfg, name)
+    dtype = model.dtype if model.dtype.is_floating_point else None
+    return adapter.to(model.device, dtype) if dtype is not None else adapter

@@ -1,0 +1,63 @@
+"""The engine's LoRA adapters: load, replace and unload them while it runs (docs/adapters.md).
+
+Reading and hashing an adapter runs in a worker thread; registering it runs in the step
+thread between two steps, so a step never sees half a change. Requests already running keep
+the weights they started with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from agentrt.adapters.registry import read_adapter
+from agentrt.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """A loaded adapter as callers see it."""
+
+    name: str
+    source: str
+    rank: int
+    targets: tuple[str, ...]
+    fingerprint: str  # the content digest its KV is keyed by (kv/identity.py)
+    activated: bool  # an aLoRA: the base model's KV before its invocation tokens
+    invocation_tokens: tuple[int, ...] | None
+    nbytes: int
+
+
+def check_adapter_arg(adapter) -> None:
+    if adapter is not None and (not isinstance(adapter, str) or not adapter):
+        raise ConfigError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {adapter!r}")
+
+
+class EngineAdapters:
+    """Engine methods (a mixin of Engine: self.core, self.model, run_in_step_thread)."""
+
+    async def load_adapter(self, name: str, path: str | Path) -> AdapterInfo:
+        """Load the LoRA adapter at `path` (a PEFT directory) as `name`, replacing one of that
+        name (its KV is not reused: the new weights have a new fingerprint). AdapterMismatch
+        when it does not fit the model, UnsupportedAdapter for DoRA and other kinds."""
+        self._check_open()
+        adapter = await anyio.to_thread.run_sync(read_adapter, name, path, self.model)
+        await self.run_in_step_thread(lambda: self.core.adapters.add(adapter))
+        return _info(adapter)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forget the adapter `name` (UnknownAdapter if none is loaded); its cached KV ages out."""
+        self._check_open()
+        check_adapter_arg(name)
+        await self.run_in_step_thread(lambda: self.core.adapters.remove(name))
+
+    def adapters(self) -> dict[str, AdapterInfo]:
+        """The loaded adapters by name."""
+        reg = self.core.adapters
+        return {n: _info(reg.get(n)) for n in reg.names()}
+
+
+def _info(a) -> AdapterInfo:
+    return AdapterInfo(a.name, a.source, a.rank, a.targets, a.fingerprint, a.activated, a.invocation_tokens,
+                       a.nbytes)
