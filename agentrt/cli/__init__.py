@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", action="append", default=None,
                    help="accepted bearer token (repeatable; default: $AGENTRT_API_KEY; none: no authentication)")
     s.add_argument("--served-model-name", default=None, help="the model id clients see (default: MODEL)")
+    s.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                   help="a LoRA adapter (a PEFT directory) served as model NAME (repeatable)")
     s.add_argument("--any-model", action="store_true",
                    help="answer requests whatever `model` they name (default: another name is a 404)")
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
@@ -98,6 +100,14 @@ def _engine_config(args):
     return EngineConfig(kv_cache_tokens=args.kv_cache_tokens) if args.kv_cache_tokens else None
 
 
+def _adapter_args(values: list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = tuple(tuple(v.split("=", 1)) for v in values)
+    bad = [v for v, p in zip(values, pairs) if len(p) != 2 or not all(p)]
+    if bad:
+        raise SystemExit(f"agentrt serve: --adapter takes NAME=PATH (a PEFT adapter directory), got {bad[0]!r}")
+    return pairs
+
+
 def cmd_serve(args) -> None:
     from agentrt.server import ServerConfig, serve
 
@@ -109,7 +119,7 @@ def cmd_serve(args) -> None:
                           max_stored_responses=args.max_stored_responses, response_ttl_s=args.response_ttl,
                           session_ttl_s=args.session_ttl, replicas=args.replicas,
                           threads_per_replica=args.threads_per_replica, dashboard=args.dashboard,
-                          any_model=args.any_model)
+                          any_model=args.any_model, adapters=_adapter_args(args.adapter))
     if args.trace:
         from agentrt import tracing
 

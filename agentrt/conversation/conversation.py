@@ -82,12 +82,16 @@ class Conversation:
     """Messages + the tokens the session's KV holds + the engine session (None: transient)."""
 
     def __init__(self, engine: Any, *, tools: Sequence[Mapping[str, Any]] | None = None, session: Any = None,
-                 chat: Any = None, policy: ContextPolicy | None = None, cache_salt: str | None = None) -> None:
+                 chat: Any = None, policy: ContextPolicy | None = None, cache_salt: str | None = None,
+                 adapter: str | None = None) -> None:
+        """`adapter`: the LoRA adapter (a name loaded on the engine) its rounds run by default."""
         if policy is not None and not isinstance(policy, ContextPolicy):
             raise ConfigError(f"policy must be a ContextPolicy, got {type(policy).__name__}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or session is not None):
             raise ConfigError("cache_salt is a str, for a transient conversation (a session has its own salt)")
-        self.engine, self.session, self.cache_salt = engine, session, cache_salt
+        if adapter is not None and (not isinstance(adapter, str) or not adapter):
+            raise ConfigError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {adapter!r}")
+        self.engine, self.session, self.cache_salt, self.adapter = engine, session, cache_salt, adapter
         self.policy = policy or ContextPolicy()
         self.originals: list[dict] = []  # messages as given (before tool results were cut)
         self.dropped = 0  # messages dropped to fit the context so far
@@ -176,7 +180,7 @@ class Conversation:
                     content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
                     tag: str | None = None, task: str | None = None, workflow: str | None = None,
                     limits: CallLimits | None = None, schema_hint: bool = True,
-                    trace_context: Any = None) -> AsyncIterator[Any]:
+                    trace_context: Any = None, adapter: str | None = None) -> AsyncIterator[Any]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
         docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
         reasoning=True also streams a leading <think> block as ReasoningDelta events. `tag` (the
@@ -184,7 +188,8 @@ class Conversation:
         (`CallLimits`: a repeated call or too many calls end the round; default CallLimits()).
         schema_hint: a reply held to `json_schema` is told the schema's fields first (schema_hint.py;
         for this round only). trace_context: the OpenTelemetry context the round's `chat` span is a
-        child of (default: the current one; see agentrt.tracing)."""
+        child of (default: the current one; see agentrt.tracing). `adapter`: this round's LoRA
+        adapter (default: the conversation's)."""
         span = tracing.chat(self.engine, params, trace_context)
         with tracing.ending(span):
             if limits is not None and not isinstance(limits, CallLimits):
@@ -197,7 +202,8 @@ class Conversation:
             state, dec, constraint, prompt = self._plan(params, tool_choice, parallel_tool_calls, constrained,
                                                         json_schema, tuple(stop), reasoning, limits, schema_hint)
             request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
-                                         ("cache_salt", self.cache_salt)) if v is not None}
+                                         ("cache_salt", self.cache_salt), ("adapter", adapter or self.adapter))
+                       if v is not None}
             async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session,
                                                 constraint=constraint, **request)) as events:
                 async for ev in events:

@@ -175,7 +175,8 @@ class Agent:
 
     async def _reset(self) -> None:
         await self.passivate()  # (a new conversation: nothing of the old session is reused)
-        self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), policy=self.spec.context_policy)
+        self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), policy=self.spec.context_policy,
+                                         adapter=self.spec.adapter)
         if self.spec.instructions:
             self.conversation.append([{"role": "system", "content": self.spec.instructions}])
 

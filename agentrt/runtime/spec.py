@@ -42,6 +42,7 @@ class AgentSpec:
     stop_at_tools: tuple[str, ...] = ()  # the turn ends once one of these has run (handoffs)
     context_policy: ContextPolicy | None = None  # what a round does before it would not fit
     call_limits: CallLimits | None = None  # a repeated call or too many calls end a round
+    adapter: str | None = None  # a LoRA adapter loaded on its engine (engine.load_adapter): its own weights
 
     def __post_init__(self) -> None:
         # normalised in place, as SamplingParams and EngineConfig do: a frozen value is only ever
@@ -78,6 +79,9 @@ class AgentSpec:
         if self.engine is not None and not callable(getattr(self.engine, "open_session", None)):
             raise ConfigError(f"Agent {name!r}: engine must be an Engine (or None: the Runtime's), "
                               f"got {type(self.engine).__name__}")
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
+            raise ConfigError(f"Agent {name!r}: adapter must be the name of an adapter loaded on the engine "
+                              f"(engine.load_adapter(name, path)) or None, got {self.adapter!r}")
         if self.settings is not None and not isinstance(self.settings, SamplingParams):
             raise ConfigError(f"Agent {name!r}: settings must be a GenerationSettings (SamplingParams) or None, "
                               f"got {type(self.settings).__name__}; e.g. GenerationSettings(max_tokens=256)")

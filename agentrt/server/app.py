@@ -101,6 +101,8 @@ async def _engines(model, config: ServerConfig, engine_config) -> AsyncIterator[
         from agentrt.engine.engine import Engine
 
         async with (model if isinstance(model, Engine) else Engine(model, engine_config)) as engine:
+            for name, path in config.adapters:  # (`agentrt serve --adapter name=path`)
+                await engine.load_adapter(name, path)
             yield [engine]
         return
     from agentrt.integrations.ray import ClusterRuntime, ModelSpec

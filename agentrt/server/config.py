@@ -24,7 +24,9 @@ class ServerConfig:
     on that many Ray engine replicas (`threads_per_replica` torch threads each). `dashboard`: the
     live dashboard page at /dashboard/ (agentrt.dashboard; one in-process engine only).
     `any_model`: answer whatever `model` a request names (clients that send a fixed name); by
-    default a name other than `model_name` is a 404, as vLLM and Ollama answer."""
+    default a name other than `model_name` is a 404, as vLLM and Ollama answer. `adapters`:
+    (name, path) of LoRA adapters loaded at start; a request naming one as its `model` runs it
+    (vLLM's convention), and `/v1/models` lists them after the base model."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -41,6 +43,7 @@ class ServerConfig:
     threads_per_replica: int = 1
     dashboard: bool = False
     any_model: bool = False
+    adapters: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -55,10 +58,15 @@ class ServerConfig:
         for name in ("session_ttl_s", "response_ttl_s"):
             self._set(name, check_float(name, getattr(self, name), min=0.0, min_open=True, allow_inf=True))
         self._set("any_model", check_bool("any_model", self.any_model))
+        self._set("adapters", _adapters(self.adapters, self.model_name))
+        if self.adapters and self.replicas > 1:
+            raise ConfigError("LoRA adapters are served by one in-process engine; drop --replicas or the adapters")
 
     def served_model(self, requested: str | None) -> str:
         """The model id a response carries for a request naming `requested`; ApiError 404 (in
         each protocol's own error shape) for a model this server does not serve."""
+        if requested is not None and requested in dict(self.adapters):
+            return requested
         if requested is None or requested == self.model_name or self.any_model:
             return self.model_name
         from agentrt.server.protocol import ApiError
@@ -66,6 +74,10 @@ class ServerConfig:
         raise ApiError(f"the model {requested!r} does not exist on this server: it serves {self.model_name!r} "
                        "(GET /v1/models lists it; `agentrt serve --any-model` answers any name)", 404,
                        param="model", code="model_not_found")
+
+    def adapter_of(self, model: str | None) -> str | None:
+        """The adapter a request for `model` (served_model's answer) runs; None: the base model."""
+        return model if model is not None and model in dict(self.adapters) else None
 
     def _set(self, name: str, value) -> None:
         set_frozen(self, name, value)
@@ -84,3 +96,13 @@ def _api_keys(keys) -> tuple[str, ...]:
     if not all(isinstance(k, str) and len(k) >= 8 for k in keys):
         raise ConfigError("api_keys must be strings of at least 8 characters")
     return keys
+
+
+def _adapters(value, model_name: str) -> tuple[tuple[str, str], ...]:
+    pairs = tuple(tuple(x) for x in value) if isinstance(value, (list, tuple)) else None
+    if pairs is None or not all(len(x) == 2 and all(isinstance(s, str) and s for s in x) for x in pairs):
+        raise ConfigError(f"adapters must be (name, path) pairs of non-empty strings, got {value!r}")
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names) or model_name in names:
+        raise ConfigError(f"adapter names must be unique and differ from the model's ({model_name!r}), got {names}")
+    return pairs

@@ -84,7 +84,7 @@ async def _round(call: ChatCall, state, engine, router) -> AsyncIterator[Any]:
         params = _params(req, len(conv.tokens), engine.max_context_tokens, state.config.max_tokens_limit)
         rounds = conv.round(params, tool_choice=call.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
                             json_schema=call.json_schema, stop=req.stop, call_id=partial(call_id, prefix),
-                            tag=call.key, reasoning=call.reasoning)
+                            tag=call.key, reasoning=call.reasoning, adapter=state.config.adapter_of(call.model))
         log = timeline.timeline_of(engine)  # (the dashboard's turn timeline: a request is a turn)
         turn = timeline.TurnBuilder(call.key or call.model) if log is not None else None
         try:

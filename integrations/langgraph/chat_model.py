@@ -73,6 +73,9 @@ class ChatAgentrt(BaseChatModel):
     top_p: float = Field(default=1.0, strict=True)
     top_k: int = Field(default=0, strict=True)
     seed: int | None = Field(default=None, strict=True)
+    adapter: str | None = Field(default=None, min_length=1, strict=True,
+                                description="a LoRA adapter loaded on the engine (engine.load_adapter); a remote "
+                                            "server gets it as `model`, as vLLM names adapters")
     constrained: bool = Field(default=True, strict=True, description="tool calls and JSON under a grammar")
     parallel_tool_calls: bool = Field(default=True, strict=True)
     stop: list[str] | None = Field(default=None, description="stop strings of every call (a call's own replace them)")
@@ -222,7 +225,7 @@ class ChatAgentrt(BaseChatModel):
             stop=tuple(stop or ()), key=_key(kwargs.get("session"), config), model_name=self.model_name,
             tag=self.name or node_name(config), timeout=self.timeout, retries=self.max_retries,
             limits=CallLimits(self.stop_on_repeated_call, self.max_parallel_calls),
-            model_named="model_name" in self.model_fields_set)
+            model_named="model_name" in self.model_fields_set, adapter=self.adapter)
 
     # ---- binding -------------------------------------------------------------------------
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, strict: bool | None = None,

@@ -42,7 +42,9 @@ class RemoteServer:
         body: dict[str, Any] = {
             "messages": spec.messages, "max_tokens": p.max_tokens,
             "temperature": p.temperature, "top_p": p.top_p, "stream": True, "stream_options": {"include_usage": True}}
-        if spec.model_named:  # (else whatever the server serves answers: it 404s a name it does not serve)
+        if spec.adapter is not None:  # (vLLM's convention: an adapter is served as a model of its own)
+            body["model"] = spec.adapter
+        elif spec.model_named:  # (else whatever the server serves answers: it 404s a name it does not serve)
             body["model"] = spec.model_name
         if p.seed is not None:
             body["seed"] = p.seed

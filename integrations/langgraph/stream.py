@@ -58,6 +58,7 @@ class CallSpec:
     timeout: float | None = None  # seconds the call may run
     retries: int = 0  # attempts after a transient failure before the first chunk
     model_named: bool = True  # the caller chose model_name (False: a remote call lets the server's model answer)
+    adapter: str | None = None  # the LoRA adapter the call runs (a remote server: its `model`)
 
 
 async def run_call(spec: CallSpec, engine, fmt, router) -> AsyncIterator[ChatGenerationChunk]:
@@ -103,7 +104,7 @@ async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGen
     rounds = conv.round(spec.params, tool_choice=spec.tool_choice, parallel_tool_calls=spec.parallel_tool_calls,
                         constrained=spec.constrained, json_schema=spec.json_schema, stop=spec.stop,
                         call_id=chunker.call_id, tag=spec.tag, task=task, workflow=workflow, limits=spec.limits,
-                        trace_context=spec.trace)
+                        trace_context=spec.trace, adapter=spec.adapter)
     async with aclosing(rounds) as events:
         async for ev in events:
             if isinstance(ev, RoundEnd):

@@ -66,6 +66,8 @@ class TextRun:
             raise ApiError(str(overflow), code="context_length_exceeded", param="prompt")
         self.req, self.engine, self.prompt, self.model, self.salt = req, engine, prompt, model, salt
         self.params = req.sampling(max_tokens)
+        adapter = state.config.adapter_of(model)  # (a LoRA served as a model of its own)
+        self.extra = {} if adapter is None else {"adapter": adapter}
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         self.text, self.ids, self.finish, self.usage, self.stopped = "", [], None, None, False
 
@@ -80,7 +82,7 @@ class TextRun:
     async def pieces(self) -> AsyncIterator[str]:
         """New text as it decodes (cut before a stop string); sets finish and usage at the end."""
         dec = IncrementalDecoder(self.engine.tokenizer)
-        async with aclosing(self.engine.generate(self.prompt, self.params, cache_salt=self.salt)) as events:
+        async with aclosing(self.engine.generate(self.prompt, self.params, cache_salt=self.salt, **self.extra)) as events:
             async for ev in events:
                 piece = "" if self.stopped else "".join(dec.push(t) for t in ev.token_ids)
                 self.ids += [] if self.stopped else list(ev.token_ids)

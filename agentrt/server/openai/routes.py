@@ -13,9 +13,11 @@ def register(app: FastAPI, state) -> None:
     @app.get("/v1/models")
     async def models(request: Request):
         state.caller(request)
-        card = {"id": state.config.model_name, "object": "model", "created": 0, "owned_by": "agentrt",
+        config = state.config
+        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "agentrt",
                 "max_model_len": state.engine.max_context_tokens}
-        return {"object": "list", "data": [card]}
+        adapters = [{**card, "id": name, "parent": config.model_name, "root": path} for name, path in config.adapters]
+        return {"object": "list", "data": [card, *adapters]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
