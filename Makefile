@@ -76,7 +76,7 @@ test-latest:
 # the runnable scripts of bench/, as `python -m <module>` (bench/README.md lists the same commands;
 # tests/test_bench_layout.py checks both against bench/): `make bench` lists them,
 # `make bench RUN=bench.bench_model ARGS=--quick` runs one (one at a time: they time this machine)
-BENCH_SCRIPTS := bench.bench_model bench.bench_sessions bench.bench_decode bench.bench_grammar \
+BENCH_SCRIPTS := bench.bench_model bench.bench_adapters bench.bench_sessions bench.bench_decode bench.bench_grammar \
 	bench.bench_agents bench.bench_langgraph bench.bench_workflows bench.bench_calibrate bench.bench_sim \
 	bench.sim_workflows bench.workflows_seed_regime bench.sim_agents bench.workflow_trace bench.bench_server bench.bench_responses \
 	bench.bench_cluster bench.reliability bench.soak \
