@@ -76,6 +76,14 @@ def check_optional_str(name: str, value: Any) -> str | None:
     return value
 
 
+def check_adapter_name(name: str, value: Any) -> str | None:
+    """None (the base model) or the name of a LoRA adapter loaded on the engine."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be the name of an adapter loaded on the engine "
+                          f"(engine.load_adapter(name, path)) or None, got {_got(value)}")
+    return value
+
+
 def check_timeout(name: str, value: Any) -> float | None:
     """None (the default) or a finite number of seconds >= 0."""
     if value is None:

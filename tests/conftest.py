@@ -57,6 +57,15 @@ def anyio_backend():
     return "asyncio"
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server the test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @functools.lru_cache(maxsize=4)
 def tiny_model(arch: str = "llama", seed: int = 0) -> DecoderModel:
     hf = make_hf_model(arch, seed)

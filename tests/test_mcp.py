@@ -5,7 +5,6 @@ model can read. (Agents on the embedded model calling MCP tools: tests/test_exam
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 from agentrt.errors import ConfigError
 from agentrt.tools import run_tool_call
 from agentrt.tools.mcp import MCPTools
+from tests.conftest import free_port as _free_port
 
 SERVER = '''
 import sys
@@ -51,12 +51,6 @@ def script(tmp_path_factory):
     path = tmp_path_factory.mktemp("mcp") / "server.py"
     path.write_text(SERVER)
     return str(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_stdio_tools_keep_their_schemas_and_calls_reach_the_server(script):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -67,12 +68,6 @@ def test_the_readme_has_python_blocks():
     """The parser finds the README's blocks (a fence it stops matching would skip them all)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len([b for b in BLOCKS if b.doc == "README.md"]) == text.count("```python\n") >= 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _agentrt() -> list[str]:

@@ -28,7 +28,7 @@ class LoraStep:
         segs, row = [], 0
         for c in chunks:
             n = len(c.tokens)
-            adapter = getattr(c, "adapter", None)
+            adapter = c.adapter
             if adapter is not None:
                 first = row + max(0, min(n, c.adapter_from - c.start))  # (aLoRA: base rows before it)
                 if first < row + n:

@@ -14,7 +14,6 @@ from pathlib import Path
 from agentrt.adapters.lora import LoraAdapter
 from agentrt.adapters.peft_files import read_peft
 from agentrt.errors import AdapterError, UnknownAdapter
-from agentrt.kv.identity import BASE, Adapted
 
 
 class AdapterRegistry:
@@ -50,15 +49,13 @@ class AdapterRegistry:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._by_name.values())
 
-    def resolve(self, name: str | None, prompt: list[int]) -> tuple[LoraAdapter | None, Adapted]:
-        """The adapter a request named `name` (None: the base model) runs, and its KV identity:
-        an aLoRA computes from the last occurrence of its invocation tokens in `prompt` on, and
-        is the base model throughout when they are absent (as PEFT does)."""
-        if not name:
-            return None, BASE
-        adapter = self.get(name)
-        start = adapter.activation_start(prompt)
-        return (None, BASE) if start is None else (adapter, Adapted(adapter.fingerprint, start))
+    def resolve(self, name: str | None, prompt: list[int]) -> tuple[LoraAdapter | None, int]:
+        """The adapter a request named `name` (None: the base model) runs, and the first
+        position it computes: an aLoRA from the last occurrence of its invocation tokens in
+        `prompt`, and not at all when they are absent (the base model throughout, as in PEFT)."""
+        adapter = self.get(name) if name else None
+        start = None if adapter is None else adapter.activation_start(prompt)
+        return (None, 0) if start is None else (adapter, start)
 
 
 def read_adapter(name: str, path, model) -> LoraAdapter:

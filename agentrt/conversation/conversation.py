@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 
 from agentrt import tracing
+from agentrt.checks import check_adapter_name
 from agentrt.engine.context_length import context_overflow
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
@@ -89,9 +90,8 @@ class Conversation:
             raise ConfigError(f"policy must be a ContextPolicy, got {type(policy).__name__}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or session is not None):
             raise ConfigError("cache_salt is a str, for a transient conversation (a session has its own salt)")
-        if adapter is not None and (not isinstance(adapter, str) or not adapter):
-            raise ConfigError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {adapter!r}")
-        self.engine, self.session, self.cache_salt, self.adapter = engine, session, cache_salt, adapter
+        self.engine, self.session, self.cache_salt = engine, session, cache_salt
+        self.adapter = check_adapter_name("adapter", adapter)
         self.policy = policy or ContextPolicy()
         self.originals: list[dict] = []  # messages as given (before tool results were cut)
         self.dropped = 0  # messages dropped to fit the context so far

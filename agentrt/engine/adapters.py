@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 
 from agentrt.adapters.registry import read_adapter
-from agentrt.errors import ConfigError
+from agentrt.checks import check_adapter_name
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,6 @@ class AdapterInfo:
     activated: bool  # an aLoRA: the base model's KV before its invocation tokens
     invocation_tokens: tuple[int, ...] | None
     nbytes: int
-
-
-def check_adapter_arg(adapter) -> None:
-    if adapter is not None and (not isinstance(adapter, str) or not adapter):
-        raise ConfigError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {adapter!r}")
 
 
 class EngineAdapters:
@@ -49,7 +44,7 @@ class EngineAdapters:
     async def unload_adapter(self, name: str) -> None:
         """Forget the adapter `name` (UnknownAdapter if none is loaded); its cached KV ages out."""
         self._check_open()
-        check_adapter_arg(name)
+        check_adapter_name("name", name)
         await self.run_in_step_thread(lambda: self.core.adapters.remove(name))
 
     def adapters(self) -> dict[str, AdapterInfo]:

@@ -28,7 +28,7 @@ from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
-from agentrt.kv.identity import space
+from agentrt.kv.identity import BASE, Adapted, space
 from agentrt.kv.kv_manager import Sequence
 from agentrt.engine.seq_ids import SequencePool
 from agentrt.kv.registry import make_policy
@@ -143,8 +143,9 @@ class EngineCore(Postprocess):
         if session is not None and self.sessions.get(session.sid) is not session:
             raise ConfigError("this session belongs to another engine; open a session on this one")
         salt = cache_salt if session is None else session.cache_salt
-        lora, adapted = self.adapters.resolve(adapter if adapter is not None or session is None else session.adapter,
-                                              prompt)
+        lora, start = self.adapters.resolve(adapter if adapter is not None or session is None else session.adapter,
+                                            prompt)
+        adapted = BASE if lora is None else Adapted(lora.fingerprint, start)
         hit = self.responses.lookup(params, prompt, space(salt, adapted), constraint) \
             if self.responses is not None else None
         if hit is not None:

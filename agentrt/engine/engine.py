@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 import anyio
 
 from agentrt.config import EngineConfig
-from agentrt.engine.adapters import EngineAdapters, check_adapter_arg
+from agentrt.checks import check_adapter_name
+from agentrt.engine.adapters import EngineAdapters
 from agentrt.engine.core import EngineCore
 from agentrt.engine.lifetime import EngineHost
 from agentrt.engine.reads import EngineReads
@@ -144,7 +145,7 @@ class Engine(EngineReads, EngineAdapters):
         adapter's name) unless a call names another."""
         self._check_open()
         check_open_session_args(tag, cache_salt, timeout)
-        check_adapter_arg(adapter)
+        check_adapter_name("adapter", adapter)
         return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt, adapter),
                                             timeout)
 
@@ -212,7 +213,7 @@ class Engine(EngineReads, EngineAdapters):
         # types, finite ranges, a session of this engine: ConfigError before any work
         prompt, params = check_generate_args(self, prompt, params, session=session, cache_salt=cache_salt,
                                              tag=tag, timeout=timeout, task=task, workflow=workflow)
-        check_adapter_arg(adapter)
+        check_adapter_name("adapter", adapter)
         task, workflow = task_of(task, workflow)
         seq_id = None
         if session is None:

@@ -88,12 +88,12 @@ class MLP(nn.Module):
 
     def forward(self, x, lora=None, layer: int = 0):
         gu = self.gate_up(x)
-        if lora is None:
-            return self.down(self.act(*gu.split(self.inter, -1)))
-        lora.add(layer, "gate_up", x, gu)
+        if lora is not None:
+            lora.add(layer, "gate_up", x, gu)
         act = self.act(*gu.split(self.inter, -1))
         out = self.down(act)
-        lora.add(layer, "down", act, out)
+        if lora is not None:
+            lora.add(layer, "down", act, out)
         return out
 
 
@@ -113,8 +113,8 @@ class Block(nn.Module):
     def forward(self, x, rot, layer, kv, meta, ops, lora=None):
         h = self.attn(ops.rms_norm(x, self.attn_norm, self.eps), rot, layer, kv, meta, ops, lora)
         x = x + (h if self.attn_post_norm is None else ops.rms_norm(h, self.attn_post_norm, self.eps))
-        h = self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps)) if lora is None or isinstance(self.mlp, MoE) \
-            else self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps), lora, layer)
+        h = ops.rms_norm(x, self.mlp_norm, self.eps)
+        h = self.mlp(h) if lora is None or isinstance(self.mlp, MoE) else self.mlp(h, lora, layer)
         return x + (h if self.mlp_post_norm is None else ops.rms_norm(h, self.mlp_post_norm, self.eps))
 
 

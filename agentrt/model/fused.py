@@ -182,7 +182,7 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv, lora=None) -> None:
         if blk.attn.norm_all:
             norm_projections(blk.attn, qkv, st.cfg.rms_norm_eps)
         a = st.attention(i, kv, blk.attn, qkv)
-        _residual(st, blk.attn.o, a, x, blk.attn_post_norm, lora and (lora, i, "o"))
+        _residual(st, blk.attn.o, a, x, blk.attn_post_norm, lora, i, "o")
         h = st.rmsnorm(x, blk.mlp_norm, st.hbuf)
         if isinstance(blk.mlp, MoE):
             _moe(model, blk.mlp, st, h, x)
@@ -192,7 +192,7 @@ def _layer_by_layer(model, st: _Step, x: torch.Tensor, kv, lora=None) -> None:
             lora.add(i, "gate_up", h, gu)
         act = st.lib.agrt_gelu_mul if blk.mlp.gelu else st.lib.agrt_silu_mul  # (GeGLU: Gemma)
         act(gu.data_ptr(), gu.shape[0], st.act.shape[1], st.act.data_ptr())
-        _residual(st, blk.mlp.down, st.act, x, blk.mlp_post_norm, lora and (lora, i, "down"))
+        _residual(st, blk.mlp.down, st.act, x, blk.mlp_post_norm, lora, i, "down")
 
 
 def softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -201,17 +201,17 @@ def softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 def _residual(st: _Step, lin, a: torch.Tensor, x: torch.Tensor, post_norm: torch.Tensor | None,
-              lora: tuple | None = None) -> None:
-    """x += lin(a), or x += rmsnorm(lin(a)) with Gemma's post-norm; `lora` (step, layer,
-    projection): the adapters' delta of lin joins it, before the norm."""
+              lora=None, layer: int = 0, proj: str = "") -> None:
+    """x += lin(a), or x += rmsnorm(lin(a)) with Gemma's post-norm; `lora` (the step's
+    LoraStep): the adapters' delta of projection `proj` of `layer` joins it, before the norm."""
     if post_norm is None:
         linear(lin, a, x, accumulate=True)
-        if lora:
-            lora[0].add(lora[1], lora[2], a, x)
+        if lora is not None:
+            lora.add(layer, proj, a, x)
         return
     y = linear(lin, a.contiguous())
-    if lora:
-        lora[0].add(lora[1], lora[2], a, y)
+    if lora is not None:
+        lora.add(layer, proj, a, y)
     x.add_(st.rmsnorm(y, post_norm, torch.empty_like(y)))
 
 

@@ -23,16 +23,20 @@ def prompt_logits(model: DecoderModel, prompt: list[int], page_size: int = 16,
     LoraAdapter, from its activation point on)."""
     pages = list(range(-(-len(prompt) // page_size)))
     kv = KVStore.allocate(model.cfg, len(pages), page_size, model.kv_dtype, device=model.device)
-    chunks = [_chunk(prompt, 0, pages, adapter, prompt, want_logits=len(prompt))]
+    chunks = [_chunk(prompt, 0, pages, _active(adapter, prompt), want_logits=len(prompt))]
     fb = build_batch(chunks, page_size, short_limit=model.short_limit).to(model.device)
     return model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path, **_lora(chunks))
 
 
-def _chunk(ids: list[int], pos: int, pages: list[int], adapter, prompt: list[int], want_logits: int = 1) -> SeqChunk:
+def _active(adapter, prompt: list[int]) -> tuple:
+    """(adapter, first position it computes), or (None, 0): the base model, an aLoRA whose
+    invocation is not in the prompt too."""
     start = None if adapter is None else adapter.activation_start(prompt)
-    if start is None:  # (the base model; an aLoRA whose invocation is not in the prompt too)
-        return SeqChunk(ids, pos, pages, want_logits)
-    return SeqChunk(ids, pos, pages, want_logits, adapter=adapter, adapter_from=start)
+    return (None, 0) if start is None else (adapter, start)
+
+
+def _chunk(ids: list[int], pos: int, pages: list[int], active: tuple, want_logits: int = 1) -> SeqChunk:
+    return SeqChunk(ids, pos, pages, want_logits, adapter=active[0], adapter_from=active[1])
 
 
 def _lora(chunks: list[SeqChunk]) -> dict:
@@ -70,9 +74,10 @@ def generate(model: DecoderModel, prompt: list[int], params: SamplingParams | No
     if out and (out[-1] in stops or constraint.is_terminated()):
         return out  # (the grammar forced the whole output)
     pos, feed = 0, [list(prompt)] + [[t] for t in out]  # the prompt in one chunk, then one id per step
+    active = _active(adapter, prompt)
     while len(out) < p.max_tokens:
         for ids in feed:
-            chunks = [_chunk(ids, pos, pages, adapter, prompt)]
+            chunks = [_chunk(ids, pos, pages, active)]
             fb = build_batch(chunks, page_size, short_limit=model.short_limit).to(model.device, staging)
             logits = model(fb.input_ids, fb.positions, kv, fb.meta, fb.logits_rows, path=path, **_lora(chunks)).cpu()
             pos += len(ids)

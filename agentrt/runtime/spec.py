@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from agentrt.checks import check_bool, check_int, check_tool_choice, set_frozen
+from agentrt.checks import check_adapter_name, check_bool, check_int, check_tool_choice, set_frozen
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.overflow import ContextPolicy
@@ -79,9 +79,7 @@ class AgentSpec:
         if self.engine is not None and not callable(getattr(self.engine, "open_session", None)):
             raise ConfigError(f"Agent {name!r}: engine must be an Engine (or None: the Runtime's), "
                               f"got {type(self.engine).__name__}")
-        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
-            raise ConfigError(f"Agent {name!r}: adapter must be the name of an adapter loaded on the engine "
-                              f"(engine.load_adapter(name, path)) or None, got {self.adapter!r}")
+        check_adapter_name(f"Agent {name!r}: adapter", self.adapter)
         if self.settings is not None and not isinstance(self.settings, SamplingParams):
             raise ConfigError(f"Agent {name!r}: settings must be a GenerationSettings (SamplingParams) or None, "
                               f"got {type(self.settings).__name__}; e.g. GenerationSettings(max_tokens=256)")
