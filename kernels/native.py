@@ -29,7 +29,7 @@ import torch  # (imported first: loads torch's libgomp, whose thread pool the li
 from agentrt.errors import ConfigError
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("qgemm.cpp", "amx.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp", "moe.cpp")
+SOURCES = ("qgemm.cpp", "amx.cpp", "qrows.cpp", "ops.cpp", "attention.cpp", "layers.cpp", "moe.cpp", "lora.cpp")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
          "-ffp-contract=off", "-fno-math-errno")
 
@@ -50,7 +50,8 @@ SIGNATURES = {
     "agrt_apply_bitmask": ([_P, _P, _I64], None),
     "agrt_moe": ([_P, _P, _I64, _I64, _P], None),
     "agrt_decoder_layers": ([_P, _I32, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64,
-                             _P, _P, _I64], None),
+                             _P, _P, _I64, _P], None),
+    "agrt_lora": ([_P, _I32, _I32, _P, _I64, _P, _I64], None),
 }
 
 
@@ -73,6 +74,23 @@ class Layer(ctypes.Structure):  # AgrtLayer
                 ("gate_up", Linear), ("down", Linear), ("q_norm", _P), ("k_norm", _P), ("moe", _P),
                 ("window", _I32), ("attn_post_norm", _P), ("mlp_post_norm", _P), ("cos", _P), ("sin", _P),
                 ("gelu", _I32), ("softcap", _F32)]
+
+
+class LoraPart(ctypes.Structure):  # AgrtLoraPart
+    _fields_ = [("a", _P), ("b", _P), ("rank", _I32), ("bf16", _I32), ("n_in", _I64), ("n_out", _I64),
+                ("col", _I64)]
+
+
+class Adapter(ctypes.Structure):  # AgrtAdapter
+    _fields_ = [("parts", _P), ("index", _P), ("nlayers", _I32)]
+
+
+class LoraSeg(ctypes.Structure):  # AgrtLoraSeg
+    _fields_ = [("r0", _I64), ("r1", _I64), ("adapter", _P)]
+
+
+class LoraStep(ctypes.Structure):  # AgrtLoraStep
+    _fields_ = [("segs", _P), ("nseg", _I32)]
 
 
 class Dims(ctypes.Structure):  # AgrtDims

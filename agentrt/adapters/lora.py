@@ -5,8 +5,9 @@ target is one part of such a fused projection: its rows of A ([rank, in]) shrink
 projection's input, its B ([out_part, rank], the scaling folded in) expands into the part's
 columns. `LoraAdapter.layers[layer][projection]` lists those parts.
 
-Identity is content: `fingerprint` is a sha256 over the effective matrices (A, and B with its
-scaling), layer and target by layer and target, and aLoRA's invocation tokens. Two files holding
+Identity is content: `fingerprint` is a sha256 over the effective matrices as kept (A, and B with
+its scaling; fp32, or bf16 when the file holds bf16), layer and target by layer and target, and
+aLoRA's invocation tokens. Two files holding
 the same adapter share KV; a name reused for other weights, or a reload of changed weights, does
 not (kv/identity.py keys every KV structure by it).
 """
@@ -58,6 +59,15 @@ class LoraAdapter:
     fingerprint: str = ""
     nbytes: int = 0
     meta: dict = field(default_factory=dict)
+    native: object = field(default=None, repr=False, compare=False)  # adapters/native.describe's cache
+
+    @property
+    def dtype(self) -> str:
+        """The precision it is kept in ("float32", "bfloat16", ...)."""
+        for projs in self.layers.values():
+            for parts in projs.values():
+                return str(parts[0].a.dtype).removeprefix("torch.")
+        return "float32"
 
     @property
     def activated(self) -> bool:
@@ -78,38 +88,54 @@ class LoraAdapter:
         return None
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "LoraAdapter":
-        layers = {i: {p: tuple(replace(x, a=x.a.to(device, dtype).contiguous(), b=x.b.to(device, dtype).contiguous())
+        """The adapter on `device` in `dtype` (None: its own); B keeps its transposed storage."""
+        layers = {i: {p: tuple(replace(x, a=x.a.to(device, dtype).contiguous(), b=_transposed(x.b.to(device, dtype)))
                                for x in parts) for p, parts in projs.items()} for i, projs in self.layers.items()}
-        return replace(self, layers=layers)
+        return replace(self, layers=layers, native=None)
+
+
+def _transposed(b: torch.Tensor) -> torch.Tensor:
+    """b [out, rank] as a view of contiguous [rank, out] storage (the kernels expand along out)."""
+    return b.t().contiguous().t()
 
 
 def build_adapter(name: str, source: str, cfg, mats: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, float]],
-                  invocation_tokens: tuple[int, ...] | None = None, meta: dict | None = None) -> LoraAdapter:
+                  invocation_tokens: tuple[int, ...] | None = None, meta: dict | None = None,
+                  dtype: torch.dtype | None = None) -> LoraAdapter:
     """An adapter from its matrices: (layer, target) -> (A [r, in], B [out, r], scaling), checked
-    against model config `cfg` (AdapterMismatch names the first that does not fit)."""
+    against model config `cfg` (AdapterMismatch names the first that does not fit), kept in
+    `dtype` (None: its own precision, own_dtype) and fingerprinted as kept."""
     if not mats:
         raise AdapterMismatch(f"{source}: the adapter has no LoRA matrices for any of {sorted(TARGETS)}")
     shapes = target_shapes(cfg)
     if cfg.is_moe and any(t in ("gate_proj", "up_proj", "down_proj") for _, t in mats):
         raise UnsupportedAdapter(f"{source}: LoRA on a mixture-of-experts model's MLP is not supported; "
                                  "target the attention projections (q/k/v/o_proj) only")
-    h = hashlib.sha256()
+    h, nbytes = hashlib.sha256(), 0
     layers: dict[int, dict[str, list[LoraPart]]] = {}
     for (layer, target), (a, b, scale) in sorted(mats.items()):
         _check_fits(source, cfg, layer, target, a, b, shapes)
-        a32, b32 = a.detach().float().contiguous(), (b.detach().float() * scale).contiguous()
-        for part in (a32, b32):
-            h.update(f"{layer}.{target}{tuple(part.shape)}".encode())
-            h.update(part.numpy().tobytes())
+        keep = dtype or own_dtype(a, b)
+        a_, b_ = a.detach().to(keep).contiguous(), _transposed((b.detach().float() * scale).to(keep))
+        for part in (a_, b_):
+            h.update(f"{layer}.{target}{tuple(part.shape)}{keep}".encode())
+            h.update(part.float().numpy().tobytes())
         proj = TARGETS[target][0]
-        layers.setdefault(layer, {}).setdefault(proj, []).append(LoraPart(target, a32, b32, shapes[target][2]))
+        layers.setdefault(layer, {}).setdefault(proj, []).append(LoraPart(target, a_, b_, shapes[target][2]))
+        nbytes += (a_.numel() + b_.numel()) * a_.element_size()
     h.update(repr(invocation_tokens).encode())
     frozen = {i: {p: tuple(sorted(parts, key=lambda x: x.col)) for p, parts in projs.items()}
               for i, projs in layers.items()}
     return LoraAdapter(name, source, rank=max(a.shape[0] for a, _, _ in mats.values()),
                        targets=tuple(sorted({t for _, t in mats}, key=list(TARGETS).index)), layers=frozen,
                        invocation_tokens=invocation_tokens, fingerprint=h.hexdigest()[:32],
-                       nbytes=sum(a.numel() + b.numel() for a, b, _ in mats.values()) * 4, meta=meta or {})
+                       nbytes=nbytes, meta=meta or {})
+
+
+def own_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
+    """The precision an adapter keeps: bf16 when its file holds bf16, else fp32 (fp16 files are
+    widened: the CPU kernel reads fp32 and bf16)."""
+    return torch.bfloat16 if a.dtype == b.dtype == torch.bfloat16 else torch.float32
 
 
 def _check_fits(source: str, cfg, layer: int, target: str, a: torch.Tensor, b: torch.Tensor, shapes) -> None:

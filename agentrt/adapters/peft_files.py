@@ -23,8 +23,9 @@ from agentrt.errors import AdapterError, UnsupportedAdapter
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
-def read_peft(path, cfg, name: str) -> LoraAdapter:
-    """The adapter in directory `path` for a model of config `cfg`, named `name`."""
+def read_peft(path, cfg, name: str, dtype: torch.dtype | None = None) -> LoraAdapter:
+    """The adapter in directory `path` for a model of config `cfg`, named `name`, kept in
+    `dtype` (None: the file's own precision)."""
     root = Path(path)
     config = _config(root)
     tensors = _tensors(root)
@@ -49,7 +50,7 @@ def read_peft(path, cfg, name: str) -> LoraAdapter:
         raise AdapterError(f"{root}: alora_invocation_tokens must be a non-empty list of token ids, got {inv!r}")
     meta = {"format": "peft", "r": config.get("r"), "lora_alpha": config.get("lora_alpha"),
             "use_rslora": bool(config.get("use_rslora")), "base_model": config.get("base_model_name_or_path")}
-    return build_adapter(name, str(root), cfg, mats, None if inv is None else tuple(inv), meta)
+    return build_adapter(name, str(root), cfg, mats, None if inv is None else tuple(inv), meta, dtype)
 
 
 def _config(root: Path) -> dict:

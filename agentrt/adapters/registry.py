@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from agentrt.adapters.lora import LoraAdapter
 from agentrt.adapters.peft_files import read_peft
 from agentrt.errors import AdapterError, UnknownAdapter
@@ -58,19 +60,24 @@ class AdapterRegistry:
         return (None, 0) if start is None else (adapter, start)
 
 
-def read_adapter(name: str, path, model) -> LoraAdapter:
-    """Read the adapter at `path` for `model` (a PEFT directory), on the model's device and in its
-    float dtype. Runs off the step loop (it reads files and hashes weights)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def read_adapter(name: str, path, model, dtype: str | None = None) -> LoraAdapter:
+    """Read the adapter at `path` for `model` (a PEFT directory), on the model's device. Kept in
+    `dtype` ("float32" or "bfloat16"; None: on the CPU its file's own precision, fp32 or bf16,
+    elsewhere the model's). Runs off the step loop (it reads files and hashes weights)."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise AdapterError(f"an adapter name must be a non-empty string of at most 200 characters, got {name!r}")
     if not isinstance(path, (str, Path)):
         raise AdapterError(f"path must be a PEFT adapter directory (str or Path), got {type(path).__name__}")
+    if dtype is not None and dtype not in DTYPES:
+        raise AdapterError(f"dtype must be one of {sorted(DTYPES)} or None (the file's own), got {dtype!r}")
     root = Path(path)
     if not root.exists():
         raise AdapterError(f"no adapter at {root}: the path does not exist")
     if root.is_file():
         raise AdapterError(f"{root} is a file; pass the PEFT adapter's directory (adapter_config.json + "
                            "adapter_model.safetensors)")
-    adapter = read_peft(root, model.cfg, name)
-    dtype = model.dtype if model.dtype.is_floating_point else None
-    return adapter.to(model.device, dtype) if dtype is not None else adapter
+    want = DTYPES[dtype] if dtype else (None if model.device.type == "cpu" else model.dtype)
+    return read_peft(root, model.cfg, name, want).to(model.device, None)  # (fingerprinted as kept)

@@ -27,17 +27,20 @@ class AdapterInfo:
     activated: bool  # an aLoRA: the base model's KV before its invocation tokens
     invocation_tokens: tuple[int, ...] | None
     nbytes: int
+    dtype: str  # the precision it is kept in ("float32", "bfloat16")
 
 
 class EngineAdapters:
     """Engine methods (a mixin of Engine: self.core, self.model, run_in_step_thread)."""
 
-    async def load_adapter(self, name: str, path: str | Path) -> AdapterInfo:
+    async def load_adapter(self, name: str, path: str | Path, dtype: str | None = None) -> AdapterInfo:
         """Load the LoRA adapter at `path` (a PEFT directory) as `name`, replacing one of that
-        name (its KV is not reused: the new weights have a new fingerprint). AdapterMismatch
-        when it does not fit the model, UnsupportedAdapter for DoRA and other kinds."""
+        name (its KV is not reused: the new weights have a new fingerprint). `dtype`: the
+        precision it is kept in, "float32" or "bfloat16" (None: its file's own on the CPU, the
+        model's on a GPU; bf16 halves the bytes a step reads). AdapterMismatch when it does not
+        fit the model, UnsupportedAdapter for DoRA and other kinds."""
         self._check_open()
-        adapter = await anyio.to_thread.run_sync(read_adapter, name, path, self.model)
+        adapter = await anyio.to_thread.run_sync(read_adapter, name, path, self.model, dtype)
         await self.run_in_step_thread(lambda: self.core.adapters.add(adapter))
         return _info(adapter)
 
@@ -55,4 +58,4 @@ class EngineAdapters:
 
 def _info(a) -> AdapterInfo:
     return AdapterInfo(a.name, a.source, a.rank, a.targets, a.fingerprint, a.activated, a.invocation_tokens,
-                       a.nbytes)
+                       a.nbytes, a.dtype)

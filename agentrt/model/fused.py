@@ -161,10 +161,11 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv, meta: A
     if model.cfg.embed_scale != 1.0:
         x.mul_(torch.tensor(model.cfg.embed_scale, dtype=x.dtype))
     st = _Step(model, positions, meta, x.shape[0])
-    layers = None if st.long or lora is not None else native_layers(model)
+    lora_st = None if lora is None else lora.native()  # (rows of LoRA adapters: the compiled kernel)
+    layers = None if st.long or (lora is not None and lora_st is None) else native_layers(model)
     if layers is not None:  # every layer in one call (decode / verify steps, quantized weights)
-        _all_layers(model, layers, st, x, kv)
-    else:  # (rows of LoRA adapters: their deltas added between the layer's native calls)
+        _all_layers(model, layers, st, x, kv, lora_st)
+    else:  # (adapters the kernel cannot run: their deltas added between the layer's native calls)
         _layer_by_layer(model, st, x, kv, lora)
     if logits_rows is not None:
         x = x[logits_rows].contiguous()
@@ -231,7 +232,7 @@ def _moe(model, moe: MoE, st: _Step, h: torch.Tensor, x: torch.Tensor) -> None:
         x.add_(moe.shared_part(h))
 
 
-def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
+def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv, lora_st=None) -> None:
     arr, shared = layers
     n = len(model.blocks)
     cached = model.fused_cache.get("kv")  # per-KV-store arguments, rebuilt when the store changes
@@ -247,7 +248,7 @@ def _all_layers(model, layers, st: _Step, x: torch.Tensor, kv) -> None:
         st.positions.data_ptr(), st.cos.data_ptr(), st.sin.data_ptr(), st.slots.data_ptr(), kp, vp,
         st.table.data_ptr(), st.table.shape[1], st.cu.data_ptr(), st.kv_lens.data_ptr(),
         st.short.data_ptr(), st.short.numel(), _ptr(st.lslots), _ptr(st.ltable),
-        0 if st.ltable is None else st.ltable.shape[1])
+        0 if st.ltable is None else st.ltable.shape[1], None if lora_st is None else ctypes.addressof(lora_st))
 
 
 def native_layers(model):

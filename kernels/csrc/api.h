@@ -28,7 +28,12 @@ void agrt_apply_bitmask(float* x, const int32_t* words, int64_t n);
 void agrt_silu_mul(const float* gu, int64_t T, int64_t I, float* out);
 void agrt_gelu_mul(const float* gu, int64_t T, int64_t I, float* out);
 struct AgrtMoe;
+struct AgrtLoraStep;
 void agrt_moe(const AgrtMoe* moe, const float* h, int64_t T, int64_t hidden, float* x);
+// y[rows of each segment, part columns] += LoRA(x) for projection `proj` (0 qkv, 1 o, 2 gate_up,
+// 3 down) of `layer` (csrc/lora.cpp)
+void agrt_lora(const AgrtLoraStep* st, int32_t layer, int32_t proj, const float* x, int64_t ldx, float* y,
+               int64_t ldy);
 }
 
 // One quantized weight part / linear layer / decoder layer, as laid out by kernels/native.py.
@@ -55,6 +60,19 @@ struct AgrtMoe {
   const float* router; const AgrtLinear* gate_up; const AgrtLinear* down;
   int32_t n_experts, top_k, norm_topk; int64_t inter;
 };
+// LoRA adapters (csrc/lora.cpp; agentrt/adapters/native.py lays them out). One target of one
+// layer: A [rank, n_in], B stored transposed [rank, n_out] (the scaling folded in), fp32 or bf16;
+// it adds into output columns [col, col + n_out) of its fused projection.
+struct AgrtLoraPart {
+  const void* a; const void* b; int32_t rank, bf16; int64_t n_in, n_out, col;
+};
+// An adapter: its parts, (layer, projection) i's being parts[index[i] .. index[i + 1]), i = layer * 4 + proj.
+struct AgrtAdapter {
+  const AgrtLoraPart* parts; const int32_t* index; int32_t nlayers;
+};
+// A step's rows [r0, r1) that run `adapter`, and all of them.
+struct AgrtLoraSeg { int64_t r0, r1; const AgrtAdapter* adapter; };
+struct AgrtLoraStep { const AgrtLoraSeg* segs; int32_t nseg; };
 namespace agrt {
 // y (+)= x @ W^T of a linear layer (each part in turn; layers.cpp)
 void linear(const AgrtLinear& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy, bool accumulate);

@@ -69,6 +69,19 @@ inline uint16_t agrt_float_to_half(float f) {
 // gave 8 lanes on a Xeon and 16 on an AMD Zen, so every rmsnorm differed in its last bits and
 // greedy tokens diverged between the two (docs/determinism.md). The AVX-512 loop (four
 // registers: four independent chains) and the portable loop give the same bits.
+#ifdef __AVX512F__
+// 64 running sums in four registers (sum j: register j / 16, lane j % 16) folded pairwise:
+// + 32 (registers 2, 3 onto 0, 1), + 16, + 8, + 4, + 2, + 1 (the portable loops' order)
+inline float agrt_fold64(const __m512 acc[4]) {
+  const __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+}
+#endif
+
 inline float agrt_sumsq(const float* x, int64_t n) {
   constexpr int kLanes = 64;
   int64_t i = 0;
@@ -80,13 +93,7 @@ inline float agrt_sumsq(const float* x, int64_t n) {
       const __m512 v = _mm512_loadu_ps(x + i + 16 * r);
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, v));
     }
-  // the fold, in registers: + 32 (acc 2, 3 onto 0, 1), + 16, + 8, + 4, + 2, + 1
-  const __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  s = _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+  s = agrt_fold64(acc);
 #else
   float lane[kLanes] = {};
   for (; i + kLanes <= n; i += kLanes)
@@ -119,7 +126,7 @@ enum AgrtSlot {
   kSlotXq, kSlotSx, kSlotSum, kSlotSxSum, kSlotBlockW, kSlotBlockSx, kSlotBlockSs, kSlotBlockZs,
   kSlotPreciseX, kSlotPreciseQ, kSlotPreciseSx, kSlotPreciseSum, kSlotPreciseY,
   kSlotH, kSlotQkv, kSlotQ, kSlotAtt, kSlotGu, kSlotAct, kSlotScores, kSlotTasks, kSlotKvRow,
-  kSlotMoeRoute, kSlotMoeRows, kSlotMoeX, kSlotMoeGu, kSlotMoeAct, kSlotMoeY, kSlotPost, kSlotGroup, kSlotPartials, kSlotPartSeg, kSlotPartState, kSlotCount
+  kSlotMoeRoute, kSlotMoeRows, kSlotMoeX, kSlotMoeGu, kSlotMoeAct, kSlotMoeY, kSlotPost, kSlotGroup, kSlotPartials, kSlotPartSeg, kSlotPartState, kSlotLoraT, kSlotLoraAcc, kSlotCount
 };
 
 inline void* agrt_scratch_bytes(int slot, size_t bytes) {
