@@ -28,29 +28,34 @@ def read_peft(path, cfg, name: str, dtype: torch.dtype | None = None) -> LoraAda
     `dtype` (None: the file's own precision)."""
     root = Path(path)
     config = _config(root)
-    tensors = _tensors(root)
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, t in tensors.items():
-        m = _KEY.search(key)
-        if m is None or m.group(2) not in TARGETS:
-            raise UnsupportedAdapter(f"{root}: tensor {key!r} is not a LoRA matrix of a q/k/v/o/gate/up/down "
-                                     "projection (embedding, lm_head and DoRA weights are not supported)")
-        pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
     mats = {}
-    for (layer, target), ab in pairs.items():
-        if set(ab) != {"A", "B"}:
-            raise AdapterError(f"{root}: layer {layer} {target} has lora_{''.join(ab)} without its pair; "
-                               "the file is incomplete: save the adapter again")
-        rank = ab["A"].shape[0]
+    for (layer, target), (a, b) in peft_matrices(root).items():
+        rank = a.shape[0]
         alpha = _pattern(config.get("alpha_pattern") or {}, layer, target, config.get("lora_alpha", 8))
         scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-        mats[(layer, target)] = (ab["A"], ab["B"], scale)
+        mats[(layer, target)] = (a, b, scale)
     inv = config.get("alora_invocation_tokens")
     if inv is not None and (not isinstance(inv, list) or not inv or not all(isinstance(x, int) for x in inv)):
         raise AdapterError(f"{root}: alora_invocation_tokens must be a non-empty list of token ids, got {inv!r}")
     meta = {"format": "peft", "r": config.get("r"), "lora_alpha": config.get("lora_alpha"),
             "use_rslora": bool(config.get("use_rslora")), "base_model": config.get("base_model_name_or_path")}
     return build_adapter(name, str(root), cfg, mats, None if inv is None else tuple(inv), meta, dtype)
+
+
+def peft_matrices(root: Path) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """(layer, target) -> (lora_A, lora_B) of the PEFT directory `root`, as saved."""
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, t in _tensors(root).items():
+        m = _KEY.search(key)
+        if m is None or m.group(2) not in TARGETS:
+            raise UnsupportedAdapter(f"{root}: tensor {key!r} is not a LoRA matrix of a q/k/v/o/gate/up/down "
+                                     "projection (embedding, lm_head and DoRA weights are not supported)")
+        pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
+    for (layer, target), ab in pairs.items():
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(f"{root}: layer {layer} {target} has lora_{''.join(ab)} without its pair; "
+                               "the file is incomplete: save the adapter again")
+    return {k: (ab["A"], ab["B"]) for k, ab in pairs.items()}
 
 
 def _config(root: Path) -> dict:

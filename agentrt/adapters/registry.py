@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from agentrt.adapters.gguf_files import is_gguf, read_gguf_lora
 from agentrt.adapters.lora import LoraAdapter
 from agentrt.adapters.peft_files import read_peft
 from agentrt.errors import AdapterError, UnknownAdapter
@@ -64,20 +65,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def read_adapter(name: str, path, model, dtype: str | None = None) -> LoraAdapter:
-    """Read the adapter at `path` for `model` (a PEFT directory), on the model's device. Kept in
+    """Read the adapter at `path` for `model` (a PEFT directory or a llama.cpp GGUF LoRA file), on
+    the model's device. Kept in
     `dtype` ("float32" or "bfloat16"; None: on the CPU its file's own precision, fp32 or bf16,
     elsewhere the model's). Runs off the step loop (it reads files and hashes weights)."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise AdapterError(f"an adapter name must be a non-empty string of at most 200 characters, got {name!r}")
     if not isinstance(path, (str, Path)):
-        raise AdapterError(f"path must be a PEFT adapter directory (str or Path), got {type(path).__name__}")
+        raise AdapterError(f"path must be a PEFT adapter directory or a llama.cpp LoRA .gguf file (str or Path), "
+                           f"got {type(path).__name__}")
     if dtype is not None and dtype not in DTYPES:
         raise AdapterError(f"dtype must be one of {sorted(DTYPES)} or None (the file's own), got {dtype!r}")
     root = Path(path)
     if not root.exists():
         raise AdapterError(f"no adapter at {root}: the path does not exist")
-    if root.is_file():
-        raise AdapterError(f"{root} is a file; pass the PEFT adapter's directory (adapter_config.json + "
-                           "adapter_model.safetensors)")
+    if root.is_file() and not is_gguf(root):
+        raise AdapterError(f"{root} is a file but not a GGUF one; pass a PEFT adapter's directory "
+                           "(adapter_config.json + adapter_model.safetensors) or a llama.cpp LoRA .gguf file")
     want = DTYPES[dtype] if dtype else (None if model.device.type == "cpu" else model.dtype)
-    return read_peft(root, model.cfg, name, want).to(model.device, None)  # (fingerprinted as kept)
+    read = read_gguf_lora if root.is_file() else read_peft
+    return read(root, model.cfg, name, want).to(model.device, None)  # (fingerprinted as kept)

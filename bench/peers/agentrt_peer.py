@@ -105,13 +105,13 @@ def engine_counters(eng: Engine) -> dict:
     return out
 
 
-async def forced_call(eng: Engine, c: ModelCall, session=None) -> CallRecord:
-    """Submit one scripted call and force-decode its output; its record."""
+async def forced_call(eng: Engine, c: ModelCall, session=None, adapter: str | None = None) -> CallRecord:
+    """Submit one scripted call and force-decode its output (under LoRA `adapter`); its record."""
     t0 = anyio.current_time()  # (the event loop's clock: virtual in a simulated run)
     first, toks, usage = None, [], None
     params = SamplingParams(max_tokens=len(c.output))
     stream = eng.generate(c.prompt, params, session=session, tag=f"agent{c.agent}",
-                          constraint=ForcedTokens(c.output))
+                          constraint=ForcedTokens(c.output), **({"adapter": adapter} if adapter else {}))
     async with aclosing(stream) as events:
         async for ev in events:
             if ev.token_ids and first is None:

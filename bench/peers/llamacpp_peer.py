@@ -40,12 +40,13 @@ def llama_cpp_missing() -> str | None:
     return None
 
 
-def open_llama(path: str, n_ctx: int = 8192, n_threads: int = 2):
-    """A `Llama` on the GGUF at `path` (settings of the benchmark's brief)."""
+def open_llama(path: str, n_ctx: int = 8192, n_threads: int = 2, lora_path: str | None = None):
+    """A `Llama` on the GGUF at `path` (settings of the benchmark's brief), with the GGUF LoRA
+    file `lora_path` applied (llama.cpp's `--lora`)."""
     from llama_cpp import Llama
 
     return Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                 n_batch=512, verbose=False, logits_all=False)
+                 n_batch=512, verbose=False, logits_all=False, lora_path=lora_path)
 
 
 def reusable_prefix(llm, prompt: list[int]) -> int:
@@ -75,8 +76,10 @@ def llama_forced(llm, prompt: list[int], output: list[int], t_submit: float) -> 
 class LlamaCppSystem:
     """llama-cpp-python with one shared `Llama` or one per agent."""
 
-    def __init__(self, name: str, path: str, per_agent: bool, n_threads: int = 2) -> None:
+    def __init__(self, name: str, path: str, per_agent: bool, n_threads: int = 2,
+                 loras: list[str] | None = None) -> None:
         self.name, self.path, self.per_agent, self.n_threads = name, path, per_agent, n_threads
+        self.loras = loras  # per agent: agent i's instance runs GGUF LoRA file loras[i]
         self._llms: list = []
 
     @classmethod
@@ -88,13 +91,20 @@ class LlamaCppSystem:
         return cls._make("llamacpp_per_agent", path, True, n_threads)
 
     @classmethod
-    def _make(cls, name, path, per_agent, n_threads):
+    def per_adapter_system(cls, path: str, loras: list[str], n_threads: int = 2) -> "LlamaCppSystem | NotRun":
+        """One `Llama` per agent, agent i's with LoRA file loras[i] (llama.cpp's server does not
+        batch requests of different adapters together; one instance each is its best case)."""
+        return cls._make("llamacpp_per_adapter", path, True, n_threads, loras)
+
+    @classmethod
+    def _make(cls, name, path, per_agent, n_threads, loras=None):
         reason = llama_cpp_missing()
-        return NotRun(name, reason) if reason else cls(name, path, per_agent, n_threads)
+        return NotRun(name, reason) if reason else cls(name, path, per_agent, n_threads, loras)
 
     def _llm(self, i: int):
         while len(self._llms) <= i:
-            self._llms.append(open_llama(self.path, n_threads=self.n_threads))
+            lora = None if self.loras is None else self.loras[len(self._llms)]
+            self._llms.append(open_llama(self.path, n_threads=self.n_threads, lora_path=lora))
         return self._llms[i]
 
     async def warmup(self) -> None:

@@ -50,7 +50,7 @@ _ROPE_FREQS = "rope_freqs.weight"  # RoPE scaling factors, not a weight (rope.py
 # Phi-3's long-RoPE factors (not weights either), and its fused tensors' HF names
 _LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 _PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_PERMUTED_ARCHS = ("llama", "mistral", "mixtral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
+PERMUTED_ARCHS = ("llama", "mistral", "mixtral")  # Q/K rows permuted for llama.cpp's interleaved RoPE
 # mixture-of-experts: the router, and each of gate/up/down as one [experts, out, in] tensor
 _MOE_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
               "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
@@ -235,7 +235,7 @@ def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
             weights[name] = value.reshape(1, -1)
         else:
             weights[name] = value
-    if config.arch in _PERMUTED_ARCHS:
+    if config.arch in PERMUTED_ARCHS:
         for name in list(weights):
             if ".q_proj." in name:
                 weights[name] = unpermute_rope_rows(weights[name], config.num_heads)
