@@ -25,6 +25,7 @@ MARKUP = re.compile(r"<\|im_(start|end)\|>|<\|(start|end)_header_id\|>|<\|eot_id
 # what each example's answers must hold on the embedded model (model quality)
 RIGHT = {
     "demo": ["Paris", "Rome", "Italian"],
+    "agents_with_adapters": ["9/9 adapter answers in their agent's format"],
     "multi_agent_tools": ["6/6 questions took the expected route, tool and arguments"],
     "langchain_agent": ["3/3 answers state the sum"],
     "langgraph_react": ["answer 'In Tokyo it is 24 °C", "answer 'In Oslo it is -3 °C", "answer 'It is 14:05 in Paris"],
