@@ -30,6 +30,7 @@ class LoraStep:
 
     segments: tuple[tuple[int, int, LoraAdapter], ...]
     _native: list = field(default_factory=list, repr=False, compare=False)  # [AgrtLoraStep | None], built once
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)  # device -> triton job tables
 
     @staticmethod
     def of(chunks) -> "LoraStep | None":
@@ -59,8 +60,51 @@ class LoraStep:
         if st is not None and x.stride(1) == 1 and y.stride(1) == 1:
             native.load().agrt_lora(ctypes.addressof(st), layer, PROJECTIONS.index(proj), x.data_ptr(), x.stride(0),
                                     y.data_ptr(), y.stride(0))
-            return
-        self.add_torch(layer, proj, x, y)
+        elif x.is_cuda and not self.add_triton(layer, proj, x, y):
+            self.add_torch(layer, proj, x, y)
+        elif not x.is_cuda:
+            self.add_torch(layer, proj, x, y)
+
+    def add_triton(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """`add` by the triton kernel (kernels/triton_lora.py; the GPU path, and on the CPU in
+        triton's interpreter); False (nothing done) where it cannot run: no triton, adapters in
+        mixed dtypes, or rows that are not unit-stride."""
+        tables = self._tables.get(x.device)
+        if tables is None:
+            tables = self._tables[x.device] = self._build_tables(x.device)
+        if not tables or x.stride(1) != 1 or y.stride(1) != 1:
+            return False
+        entry = tables.get((layer, proj))
+        if entry is None:  # (a layer past every adapter's last: nothing to add)
+            return True
+        jobs, max_rows, max_out, max_rank = entry
+        from agentrt.kernels import triton_lora
+
+        triton_lora.sgmv(x, y, jobs, max_rows, max_out, max_rank, tables["dtype"])
+        return True
+
+    def _build_tables(self, device) -> dict:
+        """Every (layer, projection)'s job table, copied to `device` in one transfer ({} when the
+        kernel cannot run the step)."""
+        try:
+            from agentrt.kernels import triton_lora
+        except ImportError:
+            return {}
+        dtype = triton_lora.weight_dtype(self.segments)
+        if dtype is None:
+            return {}
+        layers = 1 + max((max(ad.layers, default=-1) for _, _, ad in self.segments), default=-1)
+        keys = [(i, p) for i in range(layers) for p in PROJECTIONS]
+        rows = {k: triton_lora.job_rows(self.segments, *k) for k in keys}
+        flat = torch.tensor([r for k in keys for r in rows[k]] or [[0] * triton_lora.FIELDS], dtype=torch.int64)
+        flat = flat.to(device)
+        out, at = {"dtype": dtype}, 0
+        for k in keys:
+            n = len(rows[k])
+            out[k] = (flat[at:at + n], max((r[1] for r in rows[k]), default=0),
+                      max((r[6] for r in rows[k]), default=0), max((r[4] for r in rows[k]), default=1))
+            at += n
+        return out
 
     def add_torch(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """`add` in torch's matmuls, segment by segment (the fallback, and the kernel's test)."""
