@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="accepted bearer token (repeatable; default: $AGENTRT_API_KEY; none: no authentication)")
     s.add_argument("--served-model-name", default=None, help="the model id clients see (default: MODEL)")
     s.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
-                   help="a LoRA adapter (a PEFT directory) served as model NAME (repeatable)")
+                   help="a LoRA adapter (a PEFT directory or a llama.cpp .gguf LoRA file) served as model NAME (repeatable)")
     s.add_argument("--any-model", action="store_true",
                    help="answer requests whatever `model` they name (default: another name is a 404)")
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
@@ -104,7 +104,7 @@ def _adapter_args(values: list[str]) -> tuple[tuple[str, str], ...]:
     pairs = tuple(tuple(v.split("=", 1)) for v in values)
     bad = [v for v, p in zip(values, pairs) if len(p) != 2 or not all(p)]
     if bad:
-        raise SystemExit(f"agentrt serve: --adapter takes NAME=PATH (a PEFT adapter directory), got {bad[0]!r}")
+        raise SystemExit(f"agentrt serve: --adapter takes NAME=PATH (a PEFT adapter directory or a .gguf LoRA file), got {bad[0]!r}")
     return pairs
 
 

@@ -111,6 +111,8 @@ async def _engines(model, config: ServerConfig, engine_config) -> AsyncIterator[
         raise ConfigError("serving on replicas takes a ModelSpec (each replica loads the model itself)")
     async with ClusterRuntime(model, replicas=config.replicas, engine_config=engine_config,
                               threads_per_replica=config.threads_per_replica) as cluster:
+        for name, path in config.adapters:  # (on every replica: a conversation may move)
+            await cluster.load_adapter(name, path)
         yield cluster.replicas
 
 

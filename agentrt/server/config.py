@@ -59,8 +59,6 @@ class ServerConfig:
             self._set(name, check_float(name, getattr(self, name), min=0.0, min_open=True, allow_inf=True))
         self._set("any_model", check_bool("any_model", self.any_model))
         self._set("adapters", _adapters(self.adapters, self.model_name))
-        if self.adapters and self.replicas > 1:
-            raise ConfigError("LoRA adapters are served by one in-process engine; drop --replicas or the adapters")
 
     def served_model(self, requested: str | None) -> str:
         """The model id a response carries for a request naming `requested`; ApiError 404 (in

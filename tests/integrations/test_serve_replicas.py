@@ -76,3 +76,31 @@ def test_conversations_stay_on_their_replica_and_survive_its_death(local_ray, or
         follow = client.responses.create(model="m", input="What do you like?", previous_response_id=chain.id,
                                          max_output_tokens=8, temperature=0)
         assert follow.usage.input_tokens_details.cached_tokens > 0  # the chain's session, on its replica
+
+
+def test_adapters_are_served_by_every_replica(local_ray, tmp_path):
+    """`agentrt serve --replicas 2 --adapter a=PATH`: every replica loads it; requests naming it
+    answer as a one-engine server does, whichever replica their key lands on."""
+    pytest.importorskip("peft")
+    from tests.conftest import make_hf_model
+    from tests.test_adapters import make_adapter
+    from tests.test_adapters_api import SHAPE
+
+    make_adapter(make_hf_model("llama", seed=5, **SHAPE), tmp_path / "a", seed=90)
+    config = dict(port=0, model_name="m", adapters=(("a", str(tmp_path / "a")),))
+
+    def answers(url: str) -> dict:
+        client = openai.OpenAI(base_url=url, api_key="none-0000", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["m", "a"]
+        return {(model, k): client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=8, temperature=0,
+            extra_body={"prompt_cache_key": k, "return_token_ids": True}).choices[0].token_ids
+            for model in ("a", "m") for k in ("x", "y", "z")}
+
+    with ServerThread(tiny_native_with_tokenizer(), ServerConfig(**config), CONFIG) as one:
+        want = answers(one.url)
+    spec = ModelSpec(factory=tiny_native_with_tokenizer)
+    with ServerThread(spec, ServerConfig(**config, replicas=2), CONFIG, start_timeout=300) as s:
+        got = answers(s.url)
+        assert sorted(set(s.state.backends.home.values())) == [0, 1]  # (both replicas answered)
+    assert got == want and want[("a", "x")] != want[("m", "x")]
