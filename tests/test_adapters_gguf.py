@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrt.adapters import gguf_files
 from agentrt.adapters.gguf_files import permute_rope_rows, read_gguf_lora, write_gguf_lora
 from agentrt.adapters.registry import read_adapter
 from agentrt.errors import AdapterError, AdapterMismatch, UnsupportedAdapter
 from agentrt.model.generate import prompt_logits
-from agentrt.model.loaders.gguf import unpermute_rope_rows
+from agentrt.model.loaders import gguf as base_loader
 from tests.conftest import tiny_native
 from tests.test_adapters import ids, make_adapter
 from tests.test_adapters_engine import INVOCATION, NATIVE
@@ -39,7 +40,9 @@ def test_the_permutation_is_llama_cpps_and_undone_on_reading():
     w = torch.arange(2 * 8 * 3).reshape(16, 3)  # 2 heads of 8 rows
     p = permute_rope_rows(w, 2)
     assert p[:, 0].tolist()[:8] == [0, 12, 3, 15, 6, 18, 9, 21]  # (row 0, 4, 1, 5, ...: halves interleaved)
-    assert torch.equal(unpermute_rope_rows(p, 2), w)
+    assert torch.equal(base_loader.unpermute_rope_rows(p, 2), w)  # (the base model's loader undoes it)
+    assert torch.equal(gguf_files.unpermute_rope_rows(p, 2), w)
+    assert gguf_files.PERMUTED_ARCHS == base_loader.PERMUTED_ARCHS
 
 
 @pytest.mark.parametrize("outtype", ["f32", "bf16", "f16"])

@@ -22,7 +22,10 @@ import torch
 from agentrt.adapters.lora import LoraAdapter, build_adapter
 from agentrt.adapters.peft_files import peft_matrices
 from agentrt.errors import AdapterError, AdapterMismatch, UnsupportedAdapter
-from agentrt.model.loaders.gguf import PERMUTED_ARCHS, open_gguf, read_metadata, unpermute_rope_rows
+
+# llama.cpp's converter permutes attn_q/attn_k rows for these (model/loaders/gguf.py's
+# PERMUTED_ARCHS: the base model's loader undoes the same; a test keeps the two equal)
+PERMUTED_ARCHS = ("llama", "mistral", "mixtral")
 
 # GGUF tensor name -> PEFT target (model/loaders/gguf.py's block names)
 GGUF_TARGETS = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
@@ -40,8 +43,11 @@ def read_gguf_lora(path, cfg, name: str, dtype: torch.dtype | None = None) -> Lo
     """The llama.cpp LoRA file `path` for a model of config `cfg`, named `name` (kept in `dtype`;
     None: bf16 when the file holds BF16, else fp32)."""
     path = Path(path)
-    reader = open_gguf(path)
-    meta = read_metadata(reader)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise AdapterError(f"{path}: unreadable GGUF ({exc}); the file is truncated or damaged") from exc
+    meta = {k: f.contents() for k, f in reader.fields.items()}
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
         raise AdapterError(f"{path} is a GGUF file but not a LoRA adapter (general.type "
                            f"{meta.get('general.type')!r}, adapter.type {meta.get('adapter.type')!r}); "
@@ -131,6 +137,12 @@ def write_gguf_lora(peft_dir, cfg, out, outtype: str = "f32") -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(out)
+
+
+def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of permute_rope_rows (per head: the interleaved rows back into two halves)."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
 
 
 def permute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
