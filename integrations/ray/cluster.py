@@ -110,6 +110,14 @@ class ClusterRuntime(Runtime):
             if self._portal is not None:
                 await self._portal.__aexit__(None, None, None)
 
+    async def load_adapter(self, name: str, path: Any, dtype: str | None = None) -> list[Any]:
+        """Load a LoRA adapter on every live replica (agents may land or move anywhere); each
+        replica's AdapterInfo."""
+        return list(await asyncio.gather(*(r.load_adapter(name, path, dtype) for r in self.replicas if r.alive)))
+
+    async def unload_adapter(self, name: str) -> None:
+        await asyncio.gather(*(r.unload_adapter(name) for r in self.replicas if r.alive))
+
     # ---- placement -----------------------------------------------------------------------
     async def spawn(self, behavior: Any, *, name: str | None = None, replica: int | None = None, **kw: Any):
         """Start an agent on `replica` (default: the placement policy's choice)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentrt.conversation.engine_text import CHAT_FORMAT, GRAMMARS
@@ -66,6 +67,7 @@ class RemoteEngine:
         self.tokenizer = chat.tokenizer
         self.max_context_tokens = info["max_context_tokens"]
         self.alive = True
+        self._adapters: dict[str, Any] = {}  # name -> AdapterInfo of what this replica loaded
         # the chat format from the replica, grammars built there (conversation/engine_text.py reads these)
         self.shared = {CHAT_FORMAT: chat, GRAMMARS: RemoteGrammars()}
 
@@ -88,8 +90,22 @@ class RemoteEngine:
         return err
 
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
-                           timeout: float | None = None) -> "RemoteSession":
-        return RemoteSession(self, await self.call("open_session", tag, timeout, cache_salt), tag, cache_salt)
+                           timeout: float | None = None, adapter: str | None = None) -> "RemoteSession":
+        return RemoteSession(self, await self.call("open_session", tag, timeout, cache_salt, adapter), tag, cache_salt)
+
+    async def load_adapter(self, name: str, path: str | Path, dtype: str | None = None) -> Any:
+        """Engine.load_adapter on the replica (`path` as the replica's machine sees it)."""
+        info = await self.call("load_adapter", name, str(path), dtype)
+        self._adapters[name] = info
+        return info
+
+    async def unload_adapter(self, name: str) -> None:
+        await self.call("unload_adapter", name)
+        self._adapters.pop(name, None)
+
+    def adapters(self) -> dict[str, Any]:
+        """The adapters loaded on the replica through this handle, by name."""
+        return dict(self._adapters)
 
     async def restore_bytes(self, data: bytes, tag: str | None = None) -> "RemoteSession":
         return RemoteSession(self, await self.call("restore", data, tag), tag)

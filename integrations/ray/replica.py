@@ -121,8 +121,15 @@ class EngineReplica:
         self.engine.stop(request_id)
 
     async def open_session(self, tag: str | None = None, timeout: float | None = None,
-                           cache_salt: str | None = None) -> int:
-        return self._keep(await self.engine.open_session(tag=tag, cache_salt=cache_salt, timeout=timeout))
+                           cache_salt: str | None = None, adapter: str | None = None) -> int:
+        return self._keep(await self.engine.open_session(tag=tag, cache_salt=cache_salt, timeout=timeout,
+                                                         adapter=adapter))
+
+    async def load_adapter(self, name: str, path: str, dtype: str | None = None) -> Any:
+        return await self.engine.load_adapter(name, path, dtype)
+
+    async def unload_adapter(self, name: str) -> None:
+        await self.engine.unload_adapter(name)
 
     async def close_session(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)
