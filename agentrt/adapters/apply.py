@@ -14,7 +14,6 @@ segment runs torch's matmuls.
 from __future__ import annotations
 
 import ctypes
-
 from dataclasses import dataclass, field
 
 import torch
@@ -60,10 +59,10 @@ class LoraStep:
         if st is not None and x.stride(1) == 1 and y.stride(1) == 1:
             native.load().agrt_lora(ctypes.addressof(st), layer, PROJECTIONS.index(proj), x.data_ptr(), x.stride(0),
                                     y.data_ptr(), y.stride(0))
-        elif x.is_cuda and not self.add_triton(layer, proj, x, y):
-            self.add_torch(layer, proj, x, y)
-        elif not x.is_cuda:
-            self.add_torch(layer, proj, x, y)
+            return
+        if x.is_cuda and self.add_triton(layer, proj, x, y):
+            return
+        self.add_torch(layer, proj, x, y)
 
     def add_triton(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> bool:
         """`add` by the triton kernel (kernels/triton_lora.py; the GPU path, and on the CPU in
