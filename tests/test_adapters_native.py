@@ -17,6 +17,7 @@ from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
 from tests.conftest import tiny_native
+from tests.test_cross_cpu import dot_in_order
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels are not built")
 
@@ -152,22 +153,6 @@ def test_an_adapter_keeps_its_own_precision_and_a_chosen_one_is_its_identity(tmp
         read_adapter("f", f32_dir, model, dtype="float16")
 
 
-def _dot_in_order(a: np.ndarray, x: np.ndarray) -> np.float32:
-    """The kernel's dot: 64 running sums over the whole 64s, folded pairwise, then the rest."""
-    n = len(x) // 64 * 64
-    lane = np.zeros(64, np.float32)
-    for i in range(0, n, 64):
-        lane = lane + a[i:i + 64] * x[i:i + 64]
-    w = 32
-    while w:
-        lane[:w] = lane[:w] + lane[w:2 * w]
-        w //= 2
-    s = lane[0]
-    for i in range(n, len(x)):
-        s = np.float32(s + a[i] * x[i])
-    return s
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_sums_in_its_written_order(dtype):
     """Its order is written out, not the compiler's vector width: the same bits on every CPU kind."""
@@ -179,7 +164,7 @@ def test_the_kernel_sums_in_its_written_order(dtype):
     (p,) = ad.layers[2]["down"]
     a, bt = p.a.float().numpy(), p.b.t().float().numpy()
     for r in range(2):
-        t = [_dot_in_order(a[k], x[r].numpy()) for k in range(a.shape[0])]
+        t = [dot_in_order(a[k], x[r].numpy()) for k in range(a.shape[0])]
         acc = np.zeros(bt.shape[1], np.float32)
         for k, tk in enumerate(t):
             acc = acc + np.float32(tk) * bt[k]

@@ -48,20 +48,25 @@ needs_vnni = pytest.mark.skipif(not (native.available() and native.load().agrt_h
                                        "the torch fallback round otherwise)")
 
 
-def _sumsq_in_order(x: np.ndarray) -> np.float32:
-    """agrt_sumsq's order: 64 running sums over the whole 64s, folded pairwise, then the rest."""
+def dot_in_order(a: np.ndarray, x: np.ndarray) -> np.float32:
+    """common.h's agrt_dot order: 64 running sums over the whole 64s, folded pairwise, then the rest."""
     n = len(x) // 64 * 64
     lane = np.zeros(64, np.float32)
     for i in range(0, n, 64):
-        lane = lane + x[i:i + 64] * x[i:i + 64]
+        lane = lane + a[i:i + 64] * x[i:i + 64]
     w = 32
     while w:
         lane[:w] = lane[:w] + lane[w:2 * w]
         w //= 2
     s = lane[0]
-    for v in x[n:]:
-        s = np.float32(s + v * v)
+    for i in range(n, len(x)):
+        s = np.float32(s + a[i] * x[i])
     return s
+
+
+def _sumsq_in_order(x: np.ndarray) -> np.float32:
+    """agrt_sumsq's order (agrt_dot(x, x))."""
+    return dot_in_order(x, x)
 
 
 @pytest.mark.skipif(not native.available(), reason="compiled CPU kernels not built")

@@ -12,7 +12,6 @@ reading undoes it, writing does it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from agentrt.adapters.lora import LoraAdapter, build_adapter
-from agentrt.adapters.peft_files import peft_matrices
+from agentrt.adapters.peft_files import peft_config, peft_matrices
 from agentrt.errors import AdapterError, AdapterMismatch, UnsupportedAdapter
 
 # llama.cpp's converter permutes attn_q/attn_k rows for these (model/loaders/gguf.py's
@@ -110,7 +109,7 @@ def write_gguf_lora(peft_dir, cfg, out, outtype: str = "f32") -> Path:
     if outtype not in types:
         raise AdapterError(f"outtype must be one of {sorted(types)}, got {outtype!r}")
     root = Path(peft_dir)
-    config = json.loads((root / "adapter_config.json").read_text())
+    config = peft_config(root)
     if config.get("use_rslora") or config.get("alpha_pattern") or config.get("rank_pattern"):
         raise UnsupportedAdapter(f"{root}: rsLoRA, alpha_pattern and rank_pattern have no GGUF LoRA form "
                                  "(llama.cpp scales every target by one alpha / rank)")

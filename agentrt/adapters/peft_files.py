@@ -27,7 +27,7 @@ def read_peft(path, cfg, name: str, dtype: torch.dtype | None = None) -> LoraAda
     """The adapter in directory `path` for a model of config `cfg`, named `name`, kept in
     `dtype` (None: the file's own precision)."""
     root = Path(path)
-    config = _config(root)
+    config = peft_config(root)
     mats = {}
     for (layer, target), (a, b) in peft_matrices(root).items():
         rank = a.shape[0]
@@ -58,7 +58,8 @@ def peft_matrices(root: Path) -> dict[tuple[int, str], tuple[torch.Tensor, torch
     return {k: (ab["A"], ab["B"]) for k, ab in pairs.items()}
 
 
-def _config(root: Path) -> dict:
+def peft_config(root: Path) -> dict:
+    """The directory's adapter_config.json, checked: a LoRA PEFT can run (typed errors otherwise)."""
     file = root / "adapter_config.json"
     if not file.is_file():
         raise AdapterError(f"{root} is not a PEFT adapter directory (no adapter_config.json); pass the folder "

@@ -82,29 +82,46 @@ inline float agrt_fold64(const __m512 acc[4]) {
 }
 #endif
 
-inline float agrt_sumsq(const float* x, int64_t n) {
+// One weight: float, or bf16 (the top half of a float: widened exactly).
+inline float agrt_load_w(const float* p, int64_t i) { return p[i]; }
+inline float agrt_load_w(const uint16_t* p, int64_t i) {
+  const uint32_t bits = (uint32_t)p[i] << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+#ifdef __AVX512F__
+inline __m512 agrt_load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 agrt_load16(const uint16_t* p) {  // 16 bf16 values, widened exactly
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+#endif
+
+// a . x over n values in that order (a: float or bf16); agrt_sumsq is agrt_dot(x, x, n).
+template <typename W>
+inline float agrt_dot(const W* a, const float* x, int64_t n) {
   constexpr int kLanes = 64;
   int64_t i = 0;
   float s;
 #ifdef __AVX512F__
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (; i + kLanes <= n; i += kLanes)
-    for (int r = 0; r < 4; ++r) {
-      const __m512 v = _mm512_loadu_ps(x + i + 16 * r);
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, v));
-    }
+    for (int r = 0; r < 4; ++r)
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(agrt_load16(a + i + 16 * r), _mm512_loadu_ps(x + i + 16 * r)));
   s = agrt_fold64(acc);
 #else
   float lane[kLanes] = {};
   for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lane[j] += x[i + j] * x[i + j];
+    for (int j = 0; j < kLanes; ++j) lane[j] += agrt_load_w(a, i + j) * x[i + j];
   for (int w = kLanes / 2; w >= 1; w /= 2)
     for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
   s = lane[0];
 #endif
-  for (; i < n; ++i) s += x[i] * x[i];
+  for (; i < n; ++i) s += agrt_load_w(a, i) * x[i];
   return s;
 }
+
+inline float agrt_sumsq(const float* x, int64_t n) { return agrt_dot(x, x, n); }
 
 // An int8 KV store's rows: a head's D values as int8, then one float scale (amax / 127) per
 // group of kKvGroup values (kernels/reference.quantize_kv).
