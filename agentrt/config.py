@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import dataclasses
 from dataclasses import dataclass
 
@@ -84,6 +85,13 @@ class EngineConfig:
     # bare call object / ```json fence at the start of a message (None: the format's default)
     tool_format: str = "auto"
     bare_tool_calls: bool | None = None
+    # durable state (agentrt/state, kv/disk.py): `state_dir` keeps the state store (SQLite,
+    # state.db) and the disk KV tier's records, so a restarted engine gets its sessions' KV back;
+    # `state_url` (postgresql://...) keeps the store in PostgreSQL instead, shared by replicas
+    # (KV records still under state_dir, when given); the disk tier holds at most disk_budget_bytes
+    state_dir: str | None = None
+    state_url: str | None = None
+    disk_budget_bytes: int = 16 << 30
 
     def __post_init__(self) -> None:
         put = functools.partial(set_frozen, self)
@@ -100,6 +108,13 @@ class EngineConfig:
             put(name, check_bool(f"EngineConfig.{name}", getattr(self, name)))
         if self.bare_tool_calls is not None:
             check_bool("EngineConfig.bare_tool_calls (None: the format's default)", self.bare_tool_calls)
+        for name in ("state_dir", "state_url"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)) or value == "":
+                raise ConfigError(f"EngineConfig.{name} must be a path (state_dir) or URL (state_url) string, or "
+                                  f"None, got {value!r}")
+            if value is not None:
+                put(name, os.fspath(value))
         check_choice("EngineConfig.forward_path", self.forward_path, ("auto", "fused", "eager"))
         check_choice("EngineConfig.tool_format", self.tool_format,
                      ("auto", "hermes", "qwen", "llama3", "mistral", "phi4", "gemma"))
@@ -127,7 +142,8 @@ class EngineConfig:
     def stateless(self) -> "EngineConfig":
         """The same engine with session reuse and the radix cache off (a benchmark baseline)."""
         return self.replace(enable_radix_cache=False, enable_session_reuse=False,
-                            enable_prefix_grouping=False, response_cache_size=0, kv_tier_bytes=0)
+                            enable_prefix_grouping=False, response_cache_size=0, kv_tier_bytes=0, state_dir=None,
+                            state_url=None)
 
 
 # int fields and their minimum
@@ -135,7 +151,7 @@ _INTS = {"kv_cache_tokens": 1, "window_kv_tokens": 0, "page_size": 1, "max_trans
          "chunk_min": 1, "chunk_max": 1, "latency_sensitive_max_tokens": 0, "fair_chunk_cap": 1,
          "prefix_group_k": 1, "response_cache_size": 0, "spec_max_draft": 0, "spec_token_budget": 0,
          "spec_min_ngram": 1, "spec_max_ngram": 1, "kv_tier_bytes": 0, "topas_exhaustive_agents": 1,
-         "decision_trace": 0}
+         "decision_trace": 0, "disk_budget_bytes": 0}
 # float fields: (min, max, min excluded)
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}

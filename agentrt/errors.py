@@ -17,7 +17,8 @@
     ├── ResourceError               engine resources
     │   ├── PoolExhausted           no sequence slot free before the timeout
     │   ├── OutOfKVMemory           a request can never fit in the KV pool
-    │   └── DeviceOutOfMemory       the device ran out of memory in a step (retry; steps shrink)
+    │   ├── DeviceOutOfMemory       the device ran out of memory in a step (retry; steps shrink)
+    │   └── StateStoreError         the durable state store cannot be opened or written
     ├── EngineClosed                the engine was shut down
     │   └── EngineFailed            the engine's step thread stopped on an internal error
     ├── SessionBusy                 a session with a turn running cannot be forked/rolled back/saved
@@ -117,6 +118,12 @@ class DeviceOutOfMemory(ResourceError):
     """The device (a GPU) ran out of memory during a step: that step's requests fail with this,
     the engine halves its step size and goes on. Retry the request; if it recurs, lower
     `EngineConfig.kv_cache_tokens` or `n_batch`."""
+
+
+class StateStoreError(ResourceError):
+    """The durable state store (`EngineConfig.state_dir` / `state_url`, agentrt/state) cannot be
+    opened or written: a directory that cannot be created, a database that refuses the
+    connection, psycopg missing for a postgresql:// URL. The message says which and what to do."""
 
 
 class EngineClosed(AgentrtError, RuntimeError):

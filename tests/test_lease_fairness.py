@@ -25,11 +25,13 @@ class _Session:
 
 
 class _Engine:
+    state_store = None  # (no durable state: agentrt/runtime/persist.py)
+
     def __init__(self, ids: int, acquire_timeout: float = 5.0):
         self.free = ids
         self.config = SimpleNamespace(max_session_seqs=ids, acquire_timeout=acquire_timeout)
 
-    async def open_session(self, tag=None, timeout=None):
+    async def open_session(self, tag=None, timeout=None, key=None):
         if not self.free:
             raise PoolExhausted("no session sequence slot free")
         self.free -= 1

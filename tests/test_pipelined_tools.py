@@ -20,6 +20,8 @@ from tests.conftest import smol_tokenizer
 
 
 class ScriptedEngine:
+    state_store = None  # (no durable state: agentrt/runtime/persist.py)
+
     """The engine interface an Agent uses, answering each round with the next scripted text."""
 
     def __init__(self, replies: list[str], tokenizer=None) -> None:
@@ -32,7 +34,7 @@ class ScriptedEngine:
         self.started = True
         self.config = EngineConfig()  # (what the session leases and the rounds read)
 
-    async def open_session(self, tag=None, cache_salt=None, timeout=None):
+    async def open_session(self, tag=None, cache_salt=None, timeout=None, key=None):
         return _Session()
 
     def stop(self, request_id: int) -> None:

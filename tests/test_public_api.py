@@ -76,6 +76,7 @@ ERROR_TREE = {
     "PoolExhausted": ("ResourceError", "TimeoutError"),
     "OutOfKVMemory": ("ResourceError",),
     "DeviceOutOfMemory": ("ResourceError",),
+    "StateStoreError": ("ResourceError",),
     "EngineClosed": ("AgentrtError", "RuntimeError"),
     "EngineFailed": ("EngineClosed",),
     "SessionBusy": ("AgentrtError", "RuntimeError"),

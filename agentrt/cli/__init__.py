@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-stored-responses", type=int, default=4096,
                    help="Responses API: stored responses kept (oldest dropped beyond)")
     s.add_argument("--response-ttl", type=float, default=3600.0, help="Responses API: seconds a stored response is kept")
+    s.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="keep state across restarts: stored responses, sessions and their KV (SQLite and KV "
+                        "records in DIR); a restarted server continues every previous_response_id chain")
+    s.add_argument("--state-url", default=None, metavar="URL",
+                   help="keep the state store in PostgreSQL (postgresql://...; pip install -e .[postgres]), "
+                        "shared by several servers; KV records stay in --state-dir when given")
+    s.add_argument("--disk-kv-bytes", type=int, default=None, help="bytes of KV records kept in --state-dir")
     s.add_argument("--replicas", type=int, default=1,
                    help="engine replicas on Ray (pip install -e .[ray]); conversations stay on one replica")
     s.add_argument("--threads-per-replica", type=int, default=1, help="torch threads of each replica")
@@ -97,7 +104,13 @@ def _load(args):
 def _engine_config(args):
     from agentrt.config import EngineConfig
 
-    return EngineConfig(kv_cache_tokens=args.kv_cache_tokens) if args.kv_cache_tokens else None
+    kw = {"kv_cache_tokens": args.kv_cache_tokens} if args.kv_cache_tokens else {}
+    for name in ("state_dir", "state_url"):
+        if getattr(args, name, None):
+            kw[name] = getattr(args, name)
+    if getattr(args, "disk_kv_bytes", None) is not None:
+        kw["disk_budget_bytes"] = args.disk_kv_bytes
+    return EngineConfig(**kw) if kw else None
 
 
 def _adapter_args(values: list[str]) -> tuple[tuple[str, str], ...]:

@@ -128,7 +128,7 @@ class SessionRouter:
             if len(self.sessions) >= self.policy.max_sessions and not await self._release_lru():
                 return None
             try:
-                return await self.engine.open_session(tag=tag or key, cache_salt=cache_salt, timeout=0.0)
+                return await self.engine.open_session(tag=tag or key, cache_salt=cache_salt, timeout=0.0, key=key)
             except PoolExhausted:
                 if not await self._release_lru():
                     return None

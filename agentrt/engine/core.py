@@ -15,6 +15,7 @@ from agentrt.config import EngineConfig
 from agentrt.constrain.fast_forward import forced_start
 from agentrt.constrain.step_masks import MaskPrefetch
 from agentrt.engine.clock import Clock, WallClock
+from agentrt.engine.durable import open_durable, turn_ended
 from agentrt.engine.event_log import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.faults import out_of_memory
@@ -84,6 +85,8 @@ class EngineCore(Postprocess):
         self.masks = MaskPrefetch(self.counters, cfg.grammar_overlap and not self.executor.simulated)
         self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
         self.adapters = AdapterRegistry()  # LoRA adapters by name (engine.load_adapter)
+        # durable state (engine/durable.py): the state store and the disk KV tier (None: off)
+        self.state, self.disk = open_durable(cfg, model, kv, self.executor.simulated)
         self._rids = itertools.count(1)
 
     @property
@@ -96,11 +99,11 @@ class EngineCore(Postprocess):
 
     # ---- sessions -------------------------------------------------------------------
     def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None,
-                     adapter: str | None = None) -> EngineSession:
+                     adapter: str | None = None, key: str | None = None) -> EngineSession:
         if adapter:
             self.adapters.get(adapter)  # (UnknownAdapter before the session exists)
         es = self.kv.open_session(seq_id, tag, cache_salt)
-        es.adapter = adapter or None
+        es.adapter, es.key = adapter or None, key
         return es
 
     def close_session(self, sess: EngineSession) -> None:
@@ -126,6 +129,8 @@ class EngineCore(Postprocess):
         """Work for an idle step loop: prefetch (engine/prefetch.py). Returns the seconds until a
         session waiting on tools is due for its return prefetch (None: none is): the loop
         wakes then, in case its result has not arrived."""
+        if self.disk is not None:
+            self.disk.reap(self.alloc)
         if not self.cfg.enable_prefetch:
             return None
         with self.events.around():
@@ -135,10 +140,12 @@ class EngineCore(Postprocess):
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
                     session: EngineSession | None = None, cache_salt: str | None = None,
                     tag: str | None = None, constraint=None, generator=None,
-                    task: str | None = None, workflow: str | None = None, adapter: str | None = None) -> Request:
+                    task: str | None = None, workflow: str | None = None, adapter: str | None = None,
+                    restored=None) -> Request:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
         session requests use the session's sequence. Validation raises before any work.
-        `adapter`: a loaded adapter's name (None: the session's, else the base model)."""
+        `adapter`: a loaded adapter's name (None: the session's, else the base model).
+        `restored`: its prefix's KV read from the disk tier (engine/durable.py::restore_for)."""
         validate_request(self, prompt, params, seq_id, session, constraint)
         if session is not None and self.sessions.get(session.sid) is not session:
             raise ConfigError("this session belongs to another engine; open a session on this one")
@@ -160,7 +167,7 @@ class EngineCore(Postprocess):
         req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
                       cache_salt=cache_salt, tag=tag, constraint=constraint, generator=generator,
                       stop_ids=stops, arrival=next(self.ticks), task=task, workflow=workflow,
-                      submitted_s=self.clock.now(), adapter=lora, adapted=adapted)
+                      submitted_s=self.clock.now(), adapter=lora, adapted=adapted, restored=restored)
         self.tasks.observe(task, workflow, tag, req.submitted_s, prompt, cache_salt)
         self.counters.prompt_submitted += len(prompt)
         self.waiting.append(req)
@@ -215,6 +222,8 @@ class EngineCore(Postprocess):
             return self._step()
 
     def _step(self) -> int:
+        if self.disk is not None:
+            self.disk.reap(self.alloc)  # (pages the disk tier's finished writes kept)
         plan = self.scheduler.schedule()
         for r, err in plan.failed:
             self._finish(r, "error", error=err)
@@ -268,6 +277,8 @@ class EngineCore(Postprocess):
         if self.responses is not None:
             self.responses.record(r, reason)
         self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag, r.seq.adapted)
+        if reason != "error":
+            turn_ended(self, r)  # (its KV to the disk tier, off the loop; engine/durable.py)
         if r.session is not None:
             r.session.busy, r.session.last_used = False, next(self.ticks)
             r.session.history = list(r.seq.tokens)
@@ -276,6 +287,13 @@ class EngineCore(Postprocess):
             self.kvm.release(r.seq)
             self.pool.release(r.seq.seq_id)
         r.emit(TokenEvent(r.rid, last, finish_reason=reason, usage=r.usage(), error=error))
+
+    def close_durable(self) -> None:
+        """Finish the disk tier's queued writes and close the state store (at shutdown)."""
+        if self.disk is not None:
+            self.disk.close(self.alloc)
+        if self.state is not None:
+            self.state.close()
 
     def fail_all(self, error_of) -> None:
         """End every live request with finish_reason "error" and error_of(request) as its error."""
@@ -292,7 +310,8 @@ class EngineCore(Postprocess):
         free xor in use; each request in exactly the queue its state names; the task tracker
         within its bound."""
         live = list(itertools.chain(self.waiting, self.running))
-        self.kv.check_invariants([r.seq.pages for r in live if r.session is None])
+        held = self.disk.held_pages() if self.disk is not None else []  # (pages of writes in flight)
+        self.kv.check_invariants([r.seq.pages for r in live if r.session is None] + held)
         self.kv.check_windows(self.running)
         self.pool.check_invariants({r.seq.seq_id for r in live if r.session is None} | set(self.sessions))
         if len({id(r) for r in live}) != len(live):

@@ -23,6 +23,7 @@ from agentrt.config import EngineConfig
 from agentrt.checks import check_adapter_name
 from agentrt.engine.adapters import EngineAdapters
 from agentrt.engine.core import EngineCore
+from agentrt.engine.durable import restore_for
 from agentrt.engine.lifetime import EngineHost
 from agentrt.engine.reads import EngineReads
 from agentrt.engine.loop import StepThread
@@ -114,6 +115,11 @@ class Engine(EngineReads, EngineAdapters):
         return self._steps.closed
 
     @property
+    def state_store(self):
+        """The durable state store (agentrt/state; None without EngineConfig.state_dir/state_url)."""
+        return self.core.state
+
+    @property
     def portal(self):
         """The blocking portal onto the engine's event loop (None before `async with`): how
         callers on other threads run coroutines there."""
@@ -139,14 +145,20 @@ class Engine(EngineReads, EngineAdapters):
 
     # ---- public API -----------------------------------------------------------------
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
-                           timeout: float | None = None, adapter: str | None = None) -> Session:
+                           timeout: float | None = None, adapter: str | None = None,
+                           key: str | None = None) -> Session:
         """A long-lived KV session from the session region of the pool (PoolExhausted after
         `timeout`, default EngineConfig.acquire_timeout); its turns run `adapter` (a loaded
-        adapter's name) unless a call names another."""
+        adapter's name) unless a call names another. `key`: a stable conversation key; with a
+        state dir (EngineConfig.state_dir) the state store's registry lists the session's KV
+        under it. Whatever the key, a session whose prompt's prefix the disk tier holds gets
+        that KV back instead of computing it (kv/disk.py)."""
         self._check_open()
         check_open_session_args(tag, cache_salt, timeout)
         check_adapter_name("adapter", adapter)
-        return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt, adapter),
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ConfigError(f"key must be a non-empty str or None, got {key!r}")
+        return await self.open_session_with(lambda sid: self.core.open_session(sid, tag, cache_salt, adapter, key),
                                             timeout)
 
     async def restore(self, path, *, tag: str | None = None, cache_salt: str | None = None,
@@ -219,6 +231,13 @@ class Engine(EngineReads, EngineAdapters):
         if session is None:
             t = self.config.acquire_timeout if timeout is None else timeout
             seq_id = await self.core.pool.acquire_async("transient", t)
+        es = session.engine_session if session is not None else None
+        try:  # (the disk tier's KV for its prompt, read off the loop before it is queued)
+            restored = await restore_for(self.core, prompt, es, cache_salt, adapter)
+        except BaseException:
+            if seq_id is not None:
+                self.core.pool.release(seq_id)
+            raise
         send, recv = anyio.create_memory_object_stream[TokenEvent](math.inf)
         box: dict = {}
         post = self._steps.post
@@ -239,7 +258,7 @@ class Engine(EngineReads, EngineAdapters):
                 box["req"] = self.core.add_request(
                     prompt, params, emit, seq_id=seq_id, session=session and session.engine_session,
                     cache_salt=cache_salt, tag=tag, constraint=constraint, generator=gen,
-                    task=task, workflow=workflow, adapter=adapter)
+                    task=task, workflow=workflow, adapter=adapter, restored=restored)
             except BaseException as e:
                 if seq_id is not None:
                     self.core.pool.release(seq_id)

@@ -182,6 +182,7 @@ class StepThread:
             for r in list(self.core.waiting) + list(self.core.running):
                 self.core.cancel(r.rid, "cancelled")
             self.core.masks.close()
+            self.core.close_durable()
         self._flush()
 
     def _flush(self) -> None:

@@ -35,6 +35,7 @@ class Counters:
     return_prefetched_pages: int = 0  # prefetched_pages that were return prefetches (sessions due) ...
     return_prefetch_used_pages: int = 0  # ... and of those, used
     prompt_promoted: int = 0  # prompt tokens served by pages promoted at their admission
+    prompt_restored: int = 0  # prompt tokens served by KV read back from the disk tier (kv/disk.py)
     ttl_pins: int = 0  # sessions pinned while their tools ran
     ttl_hits: int = 0  # ... whose next request came before the pin expired
     ttl_expired: int = 0  # ... whose next request came after
@@ -89,6 +90,7 @@ class EngineStats:
     return_prefetched_pages: int  # of prefetched_pages, return prefetches of sessions whose tools were due
     return_prefetch_used_pages: int  # ... and of those, used
     prompt_promoted: int
+    prompt_restored: int  # prompt tokens served by KV read back from the disk tier
     ttl_pins: int
     ttl_hits: int
     ttl_expired: int
@@ -134,7 +136,7 @@ class EngineStats:
             return_prefetched_pages=c.return_prefetched_pages,
             return_prefetch_used_pages=c.return_prefetch_used_pages,
             prefetch_saved_s=c.prefetch_saved_s + (radix.prefetch_used_pages * tier.copy_s_per_page if tier else 0.0),
-            prompt_promoted=c.prompt_promoted, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
+            prompt_promoted=c.prompt_promoted, prompt_restored=c.prompt_restored, ttl_pins=c.ttl_pins, ttl_hits=c.ttl_hits,
             ttl_expired=c.ttl_expired, tool_ttls=dict(retention.chosen), grammar_mask_s=c.mask_seconds,
             grammar_prepare_s=c.mask_prepare_seconds,
             grammar_mask_us_per_row=1e6 * c.mask_seconds / c.masked_rows if c.masked_rows else 0.0,

@@ -22,6 +22,7 @@ from agentrt.kv.sessions import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy, SnapshotMismatch
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.identity import Adapted
+from agentrt.kv.kv_io import gather_kv, scatter_kv
 from agentrt.kv.room import KVRoom
 
 
@@ -74,8 +75,7 @@ class Branching:
         n = len(es.seq.tokens)
         store = self.kv.kvm.store
         pages = es.seq.pages[:self.kv.kvm.pages_for(n)]
-        k = torch.stack([_flat(t).index_select(0, _slots(store, i, pages, n)) for i, t in enumerate(store.k)]).cpu()
-        v = torch.stack([_flat(t).index_select(0, _slots(store, i, pages, n)) for i, t in enumerate(store.v)]).cpu()
+        k, v = gather_kv(store, pages, 0, n)
         data = {"tokens": list(es.seq.tokens), "k": k, "v": v, "tag": es.tag}
         if not es.seq.adapted.base:  # (KV of a LoRA: restored only where that adapter is loaded)
             data["adapter"] = {"name": es.adapter or "", "fingerprint": es.seq.adapted.fingerprint,
@@ -105,10 +105,7 @@ class Branching:
                 "wait for running turns to finish, close idle sessions, or raise EngineConfig.kv_cache_tokens")
         pages = self.kv.alloc.alloc(need)
         try:
-            store = self.kv.kvm.store
-            for i, (dst, src) in enumerate(zip(store.k + store.v, list(data["k"]) + list(data["v"]))):
-                slots = _slots(store, i % len(store.k), pages, n)
-                _flat(dst).index_copy_(0, slots, src.to(dst.device, dst.dtype))
+            scatter_kv(self.kv.kvm.store, pages, data["k"], data["v"])
             self._release_absent(pages, data.get("local_absent"))
             es = self.kv.open_session(sid, tag, cache_salt)
         except BaseException:
@@ -144,16 +141,3 @@ class Branching:
         finished turn's KV, so memory pressure can rank its pages with the rest (kv/memory.py)."""
         es.history = list(es.seq.tokens)
         self.kv.insert_prefix(es.seq.tokens, es.seq.pages, es.cache_salt, es.tag, es.seq.adapted)
-
-
-def _flat(cache: torch.Tensor) -> torch.Tensor:
-    """[pages, page_size, Hkv, D] -> a [pages * page_size, Hkv, D] view (one row per slot)."""
-    return cache.view(-1, *cache.shape[2:])
-
-
-def _slots(store, layer: int, pages: list[int], n: int) -> torch.Tensor:
-    """Slot (row of _flat) of `layer` for each of the first n token positions on `pages`."""
-    ps, device = store.page_size, store.k[layer].device
-    pos = torch.arange(n, device=device)
-    table = store.rows(layer, torch.tensor(pages, dtype=torch.long, device=device))
-    return table[pos // ps] * ps + pos % ps

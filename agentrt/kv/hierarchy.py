@@ -20,6 +20,9 @@ slack, and bringing back a session tail given up under pressure.
   predicted to be needed later than them -- never at the expense of a running request, so a
   wrong prediction costs copies, not correctness. Promoted nodes are marked until a match
   reaches them (radix.prefetch_used_pages).
+* **Disk restore** (`Hierarchy.adopt`): a request whose prefix's KV was read from the disk
+  tier before it was queued (kv/disk.py) gets it copied into fresh pages at its admission: its
+  session's table points at them, and the tree holds their full pages like a computed prefix's.
 * **Tail restore** (`Hierarchy.restore_tail`): a cut session points its page table at its history again
   (tree pages, promoted from the tier where needed), e.g. before a snapshot.
 All of it runs in the engine's step thread, over the KV room's state (kv/room.py).
@@ -27,7 +30,9 @@ All of it runs in the engine's step thread, over the KV room's state (kv/room.py
 
 from __future__ import annotations
 
+from agentrt.kv.kv_io import scatter_kv
 from agentrt.kv.kv_manager import Sequence
+from agentrt.prefixes import common_prefix
 from agentrt.kv.room import KVRoom
 
 
@@ -57,6 +62,30 @@ class Hierarchy:
         if n_pages * radix.tier.copy_s_per_page >= self.kv.costs.recompute_s(end - start):
             return 0, 0
         return start, self._promote_path(path, n_pages, allow=None, pinned=pinned) or start
+
+    def adopt(self, r) -> int:
+        """Copy the KV `r` brought from the disk tier (r.restored) into fresh pages, when it
+        covers more than the pool holds of r's prompt and memory allows; returns tokens adopted."""
+        hit, r.restored, kv = r.restored, None, self.kv
+        n = min(len(hit.tokens), len(r.target) - 1)
+        if n <= 0 or hit.tokens[:n] != r.target[:n]:
+            return 0
+        held = common_prefix(r.seq.tokens, r.target) if r.seq.adapted == r.adapted else 0
+        if kv.radix is not None:
+            held = max(held, kv.radix.peek(r.target[:n], r.space))
+        need = kv.kvm.pages_for(n)
+        if n < held + kv.cfg.page_size or not kv.mem.reclaim(need):
+            return 0
+        pages, tokens = kv.alloc.alloc(need), list(r.target[:n])
+        scatter_kv(kv.kvm.store, pages, hit.k[:, :n], hit.v[:, :n])
+        kv.insert_prefix(tokens, pages, r.cache_salt, r.tag, r.adapted)
+        if r.session is not None:  # (the session's table: every page, the partial last one too)
+            kv.kvm.release(r.seq)
+            r.seq.tokens, r.seq.pages, r.seq.adapted = tokens, pages, r.adapted
+        else:
+            kv.alloc.decref(pages)  # (the tree holds the full pages)
+        kv.counters.prompt_restored += n
+        return n
 
     def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False, mark: bool = False) -> int:
         """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.

@@ -34,6 +34,7 @@ class EngineSession:
     prefetch_from: int = -1
     prefetch_pages: int = 0
     adapter: str | None = None  # the adapter its turns run unless a call names another (its name)
+    key: str | None = None  # a stable conversation key: the state store's registry lists its KV under it
 
     @property
     def space(self) -> str | KVSpace | None:

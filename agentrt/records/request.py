@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,9 @@ from agentrt.kv.sessions import EngineSession
 from agentrt.model.batch import SeqChunk
 from agentrt.records.constraint import LogitsConstraint
 from agentrt.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from agentrt.kv.disk import DiskHit
 
 
 class State(enum.Enum):
@@ -93,6 +97,7 @@ class Request:
     admitted_s: float = 0.0  # ... at its (latest) admission
     promoted: int = 0  # prompt tokens promoted from the KV tier at its first admission
     promote_s: float = 0.0  # ... their copy time, estimated from the tier's cost per page
+    restored: "DiskHit | None" = None  # its prefix's KV read from the disk tier, adopted at admission
     overtook: int = 0  # earlier arrivals still waiting when it was (last) admitted
     first_token_s: float = 0.0  # ... when its first token was sampled (0: none yet)
     finished_s: float = 0.0  # ... when it finished

@@ -30,6 +30,7 @@ import anyio
 
 from agentrt import tracing
 from agentrt.errors import ConfigError, PoolExhausted
+from agentrt.runtime import persist
 from agentrt.runtime.failed_calls import FailedCalls
 from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
@@ -146,7 +147,7 @@ class Agent:
         self._limiter = ctx.runtime.tool_limiter
         self._leases = ctx.runtime.sessions
         if self.conversation is None or ctx.reset_state:
-            await self._reset()
+            await self._reset(resume=not ctx.reset_state)
         await self._leases.acquire(self)  # a session now (passivating an idle agent if ids ran out)
         self._leases.release(self)
 
@@ -173,11 +174,23 @@ class Agent:
     def _keeps_session(self, ctx) -> bool:
         return ctx.runtime.actors[ctx.name].supervision.session == "keep"
 
-    async def _reset(self) -> None:
+    @property
+    def state_key(self) -> str:
+        """The key its conversation and session are kept under in the engine's state store."""
+        return persist.agent_key(self.spec.name)
+
+    async def _reset(self, resume: bool = False) -> None:
+        """A new conversation; with `resume`, the one the engine's state store kept under the
+        agent's name, if any (runtime/persist.py), else it is forgotten there too."""
         await self.passivate()  # (a new conversation: nothing of the old session is reused)
         self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), policy=self.spec.context_policy,
                                          adapter=self.spec.adapter)
-        if self.spec.instructions:
+        saved = await persist.load(self.engine, self.spec.name) if resume else None
+        if not resume:
+            await persist.forget(self.engine, self.spec.name)
+        if saved:
+            self.conversation.append(persist.resumed(saved, self.spec.instructions))
+        elif self.spec.instructions:
             self.conversation.append([{"role": "system", "content": self.spec.instructions}])
 
     @property
@@ -207,6 +220,7 @@ class Agent:
                 async for ev in self._turn(messages, span.context, timing):
                     yield ev
                 span.add(ev)  # the TurnResult
+                await persist.save(self.engine, self.spec.name, self.conversation.messages)
         finally:
             self._leases.release(self)
             if timing is not None:

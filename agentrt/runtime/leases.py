@@ -27,6 +27,7 @@ import anyio
 from agentrt.engine import event_log
 from agentrt.engine.session import Session
 from agentrt.errors import ConfigError, PoolExhausted
+from agentrt.runtime.persist import agent_key
 
 _POLL_S = 0.25  # a session closed outside the runtime (not an agent's) frees an id without telling
 
@@ -60,7 +61,8 @@ class SessionLeases:
             while True:
                 if queue[0] is ticket:  # (first in line: take an id, passivating for one if need be)
                     try:
-                        session = await agent.engine.open_session(tag=agent.spec.name, timeout=0.0)
+                        session = await agent.engine.open_session(tag=agent.spec.name, timeout=0.0,
+                                                                  key=agent_key(agent.spec.name))
                         break
                     except PoolExhausted:
                         if await self.passivate_one(agent.engine):

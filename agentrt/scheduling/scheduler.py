@@ -125,6 +125,8 @@ class Scheduler:
         r.attached = True
         promoted: list[int] = []
         salt = r.space
+        if r.restored is not None:  # (its prefix's KV read from the disk tier: into pages first)
+            self.hierarchy.adopt(r)
         reused = attach_prefix(r, self.kvm, self.radix, self.cfg.enable_session_reuse,
                                lambda toks: promoted.extend(self.hierarchy.promote_prefix(toks, salt)))
         if r.cached_tokens < 0:  # the request's first admission (not a re-admission)

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from agentrt.conversation.router import SessionPolicy
 from agentrt.errors import ConfigError
+from agentrt.state.sql import open_store
 
 from . import service_routes
 from .anthropic import routes as anthropic_routes
@@ -68,6 +69,9 @@ def _lifespan(state: ServerState, model, engine_config):
     async def lifespan(app: FastAPI):
         async with _engines(model, config, engine_config) as engines:
             state.backends = Backends(engines, policy)
+            cfg = engine_config or getattr(engines[0], "config", None)
+            store = open_store(cfg.state_dir, cfg.state_url) if cfg is not None else None
+            state.responses.attach(store, cfg.state_dir if cfg is not None else None)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_sweep_idle, state)
                 try:
@@ -76,6 +80,8 @@ def _lifespan(state: ServerState, model, engine_config):
                     tg.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True):
                         await state.backends.release_all()
+                    if store is not None:
+                        store.close()
 
     return lifespan
 

@@ -90,8 +90,15 @@ class RemoteEngine:
         return err
 
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
-                           timeout: float | None = None, adapter: str | None = None) -> "RemoteSession":
-        return RemoteSession(self, await self.call("open_session", tag, timeout, cache_salt, adapter), tag, cache_salt)
+                           timeout: float | None = None, adapter: str | None = None,
+                           key: str | None = None) -> "RemoteSession":
+        sid = await self.call("open_session", tag, timeout, cache_salt, adapter, key)
+        return RemoteSession(self, sid, tag, cache_salt)
+
+    @property
+    def state_store(self) -> None:
+        """None: a replica's state store is its own (EngineConfig.state_dir/state_url there)."""
+        return None
 
     async def load_adapter(self, name: str, path: str | Path, dtype: str | None = None) -> Any:
         """Engine.load_adapter on the replica (`path` as the replica's machine sees it)."""

@@ -121,9 +121,9 @@ class EngineReplica:
         self.engine.stop(request_id)
 
     async def open_session(self, tag: str | None = None, timeout: float | None = None,
-                           cache_salt: str | None = None, adapter: str | None = None) -> int:
+                           cache_salt: str | None = None, adapter: str | None = None, key: str | None = None) -> int:
         return self._keep(await self.engine.open_session(tag=tag, cache_salt=cache_salt, timeout=timeout,
-                                                         adapter=adapter))
+                                                         adapter=adapter, key=key))
 
     async def load_adapter(self, name: str, path: str, dtype: str | None = None) -> Any:
         return await self.engine.load_adapter(name, path, dtype)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from functools import partial
 
+import anyio
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -29,7 +31,10 @@ def register(app: FastAPI, state) -> None:
     @app.delete("/v1/responses/{rid}")
     async def delete(request: Request, rid: str):
         async def handler(ex: Exchange) -> Response:
-            ex.state.responses.delete(ex.caller, rid)
+            gone = await anyio.to_thread.run_sync(ex.state.responses.delete, ex.caller, rid)
+            if gone is not None:  # (no stored response continues its session: its KV goes too)
+                for router in ex.state.backends.routers:
+                    await router.release(gone)
             return JSONResponse({"id": rid, "object": "response", "deleted": True})
         return await serve(request, state, "responses", handler)
 

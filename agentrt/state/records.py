@@ -1,0 +1,123 @@
+"""A disk KV record's file: the K and V of a run of tokens, checksummed, written crash-safely.
+
+Layout: a magic line, a JSON header line (record id, token count, shape, dtype), the hex
+BLAKE2b-128 of everything that follows, a newline, then K's and V's raw bytes ([layers, n, Hkv,
+D] each, C order). Reading recomputes the checksum and compares the header with what the caller
+expects; any difference (a torn write, a flipped byte, another record's file under this name)
+raises CorruptRecord, and the caller recomputes those tokens instead.
+
+Writing: a temporary file in the same directory, fsync, rename onto the final name, fsync of
+the directory; only then does the caller add the index row (state/sql.py). So after SIGKILL at
+any moment a name in the index always has its complete file; a file without a row is swept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+MAGIC = b"agentrt-kv-record/1\n"
+
+
+class CorruptRecord(Exception):
+    """A record file that is missing, torn or not the record its index row names."""
+
+
+def write_record(path: Path, rid: str, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Write K and V ([layers, n, Hkv, D], same dtype) as record `rid` at `path`; returns bytes."""
+    body = _raw(k) + _raw(v)
+    header = json.dumps({"id": rid, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch.")},
+                        sort_keys=True).encode()
+    digest = hashlib.blake2b(header + b"\n" + body, digest_size=16).hexdigest().encode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + header + b"\n" + digest + b"\n")
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return len(MAGIC) + len(header) + len(digest) + 2 + len(body)
+
+
+def read_record(path: Path, rid: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of record `rid` at `path`, checked (CorruptRecord for any difference)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CorruptRecord(f"{path}: cannot read ({e})") from None
+    if not raw.startswith(MAGIC):
+        raise CorruptRecord(f"{path}: not a KV record")
+    header, _, rest = raw[len(MAGIC):].partition(b"\n")
+    digest, _, body = rest.partition(b"\n")
+    if hashlib.blake2b(header + b"\n" + body, digest_size=16).hexdigest().encode() != digest:
+        raise CorruptRecord(f"{path}: checksum mismatch (torn or damaged)")
+    meta = json.loads(header)
+    want = {"id": rid, "shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+    if meta != want:
+        raise CorruptRecord(f"{path}: holds {meta}, expected {want}")
+    half = len(body) // 2
+    flat = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+    k = flat[:half].view(dtype).reshape(shape)
+    v = flat[half:].view(dtype).reshape(shape)
+    return k, v
+
+
+def record_path(root: Path, rid: str) -> Path:
+    """Where record `rid` lives under a state dir."""
+    return Path(root) / "kv" / rid[:2] / f"{rid}.kv"
+
+
+def forget_records(store, root: Path, ids) -> int:
+    """Delete records: their index rows first (a reader never finds a row without its file),
+    then their files; returns how many."""
+    ids = list(ids)
+    store.kv_delete(ids)
+    for rid in ids:
+        with contextlib.suppress(OSError):
+            record_path(root, rid).unlink()
+    return len(ids)
+
+
+def forget_session(store, root: Path | None, key: str) -> int:
+    """Drop session `key` from the registry, and the KV records only it ran through (records
+    another session's history uses stay); returns records deleted."""
+    row = store.delete_session(key)
+    if row is None or root is None:
+        return 0
+    others = {rid for s in store.sessions() for rid in s.records}
+    return forget_records(store, root, [r for r in row.records if r not in others])
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a rename in `d` durable (POSIX: the directory entry is data of the directory)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def tmp_files(d: Path) -> list[Path]:
+    """Temporary files a crash left behind in `d` (never renamed: never indexed)."""
+    return [p for p in d.glob(".*.tmp")]
