@@ -135,6 +135,18 @@ class Conversation:
         self.messages = history
         self._open = True
 
+    def state(self) -> dict:
+        """What it holds, as JSON values (runtime/persist.py keeps it): its messages, tools and
+        the exact token ids its KV covers, so a resumed conversation prompts what it would have."""
+        return {"messages": self.messages, "originals": self.originals, "tools": self.tools, "tokens": self.tokens,
+                "ends": sorted(self.ends.items()), "open": self._open, "dropped": self.dropped}
+
+    def load_state(self, state: dict) -> None:
+        """Take back what state() gave (a new conversation under the same tools and template)."""
+        self.messages, self.originals = list(state["messages"]), list(state["originals"])
+        self.tokens, self.ends = list(state["tokens"]), {int(k): int(v) for k, v in state["ends"]}
+        self._open, self.dropped = bool(state["open"]), int(state["dropped"])
+
     def rewind(self, count: int) -> int:
         """Forget messages after the first `count` (at most; down to a known boundary); returns
         how many are kept."""

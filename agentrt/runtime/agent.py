@@ -189,7 +189,8 @@ class Agent:
         if not resume:
             await persist.forget(self.engine, self.spec.name)
         if saved:
-            self.conversation.append(persist.resumed(saved, self.spec.instructions))
+            persist.resume(self.conversation, saved, self.spec.instructions)
+            self._call_ids = itertools.count(int(saved["next_call_id"]))
         elif self.spec.instructions:
             self.conversation.append([{"role": "system", "content": self.spec.instructions}])
 
@@ -220,7 +221,7 @@ class Agent:
                 async for ev in self._turn(messages, span.context, timing):
                     yield ev
                 span.add(ev)  # the TurnResult
-                await persist.save(self.engine, self.spec.name, self.conversation.messages)
+                await persist.save(self.engine, self.spec.name, self.conversation, next(copy.copy(self._call_ids)))
         finally:
             self._leases.release(self)
             if timing is not None:
