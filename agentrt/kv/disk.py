@@ -146,7 +146,8 @@ class DiskKV:
         self.store.kv_touch(used)
         self.counters["records_read"] += len(used)
         self.counters["tokens_restored"] += n
-        return DiskHit(list(tokens[:n]), torch.cat(ks, 1), torch.cat(vs, 1), tuple(used))
+        k, v = (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks, 1), torch.cat(vs, 1))
+        return DiskHit(list(tokens[:n]), k, v, tuple(used))
 
     # ---- writes ----------------------------------------------------------------------
     def turn_ended(self, alloc, seq, space: str, **info) -> None:

@@ -1,7 +1,7 @@
 """A disk KV record's file: the K and V of a run of tokens, checksummed, written crash-safely.
 
-Layout: a magic line, a JSON header line (record id, token count, shape, dtype), the hex
-BLAKE2b-128 of everything that follows, a newline, then K's and V's raw bytes ([layers, n, Hkv,
+Layout: a magic line, a JSON header line (record id, shape, dtype, body size), the CRC-32s of
+the header and of the body in hex, a newline, then K's and V's raw bytes ([layers, n, Hkv,
 D] each, C order). Reading recomputes the checksum and compares the header with what the caller
 expects; any difference (a torn write, a flipped byte, another record's file under this name)
 raises CorruptRecord, and the caller recomputes those tokens instead.
@@ -14,15 +14,18 @@ any moment a name in the index always has its complete file; a file without a ro
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
+import mmap
 import os
 import tempfile
+import warnings
+import zlib
 from pathlib import Path
 
 import torch
 
-MAGIC = b"agentrt-kv-record/1\n"
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux: fault the pages in with the map)
+MAGIC = b"agentrt-kv-record/2\n"  # 2: CRC-32 checksums, the body's size in the header
 
 
 class CorruptRecord(Exception):
@@ -32,9 +35,9 @@ class CorruptRecord(Exception):
 def write_record(path: Path, rid: str, k: torch.Tensor, v: torch.Tensor) -> int:
     """Write K and V ([layers, n, Hkv, D], same dtype) as record `rid` at `path`; returns bytes."""
     body = _raw(k) + _raw(v)
-    header = json.dumps({"id": rid, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch.")},
-                        sort_keys=True).encode()
-    digest = hashlib.blake2b(header + b"\n" + body, digest_size=16).hexdigest().encode()
+    header = json.dumps({"id": rid, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
+                         "bytes": len(body)}, sort_keys=True).encode()
+    digest = _digest(header, memoryview(body))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -52,26 +55,43 @@ def write_record(path: Path, rid: str, k: torch.Tensor, v: torch.Tensor) -> int:
 
 
 def read_record(path: Path, rid: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of record `rid` at `path`, checked (CorruptRecord for any difference)."""
+    """K and V of record `rid` at `path`, checked (CorruptRecord for any difference). The file
+    is mapped (its pages faulted in at once) and the tensors are read-only views of the map: no
+    copy until the caller scatters them into KV pages."""
     try:
-        raw = path.read_bytes()
-    except OSError as e:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    except (OSError, ValueError) as e:  # (ValueError: an empty file)
         raise CorruptRecord(f"{path}: cannot read ({e})") from None
-    if not raw.startswith(MAGIC):
+    view = memoryview(buf)
+    if bytes(view[:len(MAGIC)]) != MAGIC:
         raise CorruptRecord(f"{path}: not a KV record")
-    header, _, rest = raw[len(MAGIC):].partition(b"\n")
-    digest, _, body = rest.partition(b"\n")
-    if hashlib.blake2b(header + b"\n" + body, digest_size=16).hexdigest().encode() != digest:
+    head_end = buf.find(b"\n", len(MAGIC))
+    dig_end = buf.find(b"\n", head_end + 1)
+    if head_end < 0 or dig_end < 0:
+        raise CorruptRecord(f"{path}: torn header")
+    header, body = bytes(view[len(MAGIC):head_end]), view[dig_end + 1:]
+    if _digest(header, body) != bytes(view[head_end + 1:dig_end]):
         raise CorruptRecord(f"{path}: checksum mismatch (torn or damaged)")
-    meta = json.loads(header)
-    want = {"id": rid, "shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+    try:
+        meta = json.loads(header)
+    except ValueError:
+        raise CorruptRecord(f"{path}: unreadable header") from None
+    want = {"id": rid, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "bytes": len(body)}
     if meta != want:
         raise CorruptRecord(f"{path}: holds {meta}, expected {want}")
+    with warnings.catch_warnings():  # (a read-only map: torch warns it cannot write it; nothing does)
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(buf, dtype=torch.uint8, offset=dig_end + 1, count=len(body))
     half = len(body) // 2
-    flat = torch.frombuffer(bytearray(body), dtype=torch.uint8)
-    k = flat[:half].view(dtype).reshape(shape)
-    v = flat[half:].view(dtype).reshape(shape)
-    return k, v
+    return flat[:half].view(dtype).reshape(shape), flat[half:].view(dtype).reshape(shape)
+
+
+def _digest(header: bytes, body) -> bytes:
+    """The record's checksum: CRC-32 of the header and of the body (a torn write or a flipped
+    bit changes it; records are our own files, not adversarial input, so a fast CRC will do),
+    as hex."""
+    return f"{zlib.crc32(header):08x}{zlib.crc32(body):08x}".encode()
 
 
 def record_path(root: Path, rid: str) -> Path:
