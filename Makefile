@@ -9,7 +9,7 @@ VENV ?= .venv
 # locked: the versions in $(LOCK); latest: the newest versions pyproject.toml allows
 DEPS ?= locked
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,langgraph,grammar,bench-lite,server,ray,mcp,hub,otel
+EXTRAS ?= dev,langgraph,grammar,bench-lite,server,ray,mcp,hub,otel,postgres
 LOCK := requirements/lock.txt
 LATEST_VENV ?= .venv-latest
 TOOLS_VENV ?= .venv-tools
@@ -55,6 +55,7 @@ chat: kernels
 
 test: kernels
 	bash .ci/ensure_chromium  # (the dashboard's browser test; skipped, with its reason, without one)
+	bash .ci/ensure_postgres  # (the PostgreSQL state store's tests; skipped, with its reason, without one)
 	# the gating suite: every failure listed (no -x: one failure must not hide the next)
 	$(PY) -m pytest -q -m "not model_quality" --durations=15
 	# the torch fallback of the compiled kernels (what a machine without a compiler runs)

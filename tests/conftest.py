@@ -200,3 +200,24 @@ def pytest_terminal_summary(terminalreporter):
                 ran[r.nodeid] = ran.get(r.nodeid, True) and r.passed and not hasattr(r, "wasxfail")
     if ran:
         terminalreporter.write_line(f"model_quality: {sum(ran.values())}/{len(ran)} passed")
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A real PostgreSQL server for this test session (tests/pg_server.py: Debian's postgresql,
+    a throwaway cluster); skipped, with why, where none can run."""
+    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install -e .[postgres])")
+    from tests.pg_server import PostgresServer
+
+    with PostgresServer() as pg:
+        if pg.url is None:
+            pytest.skip(pg.why)
+        yield pg.url
+
+
+def fresh_postgres_db(url: str) -> str:
+    """A new empty database (t_<hex>) on the server of `url` (the postgres_url fixture's), its URL:
+    tests do not see each other's tables."""
+    from tests.pg_server import create_database
+
+    return create_database(url)
