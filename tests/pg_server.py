@@ -90,7 +90,7 @@ class PostgresServer:
         if as_user:  # (fresh and empty: the directory itself is all there is to hand over)
             os.chmod(self._dir, 0o700)
             os.chown(self._dir, pw.pw_uid, pw.pw_gid)
-        data, log, port = f"{self._dir}/data", f"{self._dir}/server.log", _port()
+        data = f"{self._dir}/data"
 
         def run(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run([*as_user, *args], capture_output=True, text=True, cwd=self._dir, timeout=60)
@@ -100,12 +100,16 @@ class PostgresServer:
             self.why = f"initdb failed ({initdb}): {(init.stderr or init.stdout).strip()[-400:]}"
             return
         self._ctl = [*as_user, pg_ctl, "-D", data]  # (set first: a start that half-happened is stopped too)
-        opts = f"-p {port} -k {self._dir} -c listen_addresses=127.0.0.1 -c fsync=off"
-        start = run(pg_ctl, "-D", data, "-w", "-t", "30", "-o", opts, "-l", log, "start")
+        for attempt in range(3):  # (a free port can be taken between _port() and the server's bind)
+            port, log = _port(), Path(f"{self._dir}/server-{attempt}.log")
+            opts = f"-p {port} -k {self._dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+            start = run(pg_ctl, "-D", data, "-w", "-t", "30", "-o", opts, "-l", str(log), "start")
+            tail = log.read_text(errors="replace").splitlines()[-8:] if log.exists() else []
+            if start.returncode == 0 or not any("already in use" in line for line in tail):
+                break
         if start.returncode:
-            lines = Path(log).read_text(errors="replace").splitlines()[-8:] if Path(log).exists() else []
-            tail = "\n".join(lines) or (start.stderr or start.stdout).strip()[-400:]
-            self.why = f"PostgreSQL did not start (pg_ctl start exited {start.returncode}); its log ends:\n{tail}"
+            tail_text = "\n".join(tail) or (start.stderr or start.stdout).strip()[-400:]
+            self.why = f"PostgreSQL did not start (pg_ctl start exited {start.returncode}); its log ends:\n{tail_text}"
             return
         self.url = create_database(f"postgresql://agentrt@127.0.0.1:{port}/postgres", "agentrt")
 

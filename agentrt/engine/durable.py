@@ -71,6 +71,8 @@ async def restore_for(core, prompt: list[int], es, cache_salt: str | None, adapt
         adapted = BASE if lora is None else Adapted(lora.fingerprint, start)
         salt = cache_salt if es is None else es.cache_salt
         resident = _resident(core, prompt, es, salt, adapted)
+        if es is not None and es.history and resident >= len(es.history):
+            return None  # (the session holds all it ever wrote: the disk has nothing more for it)
         return await anyio.to_thread.run_sync(disk.fetch, disk.space_key(salt, adapted), prompt, resident,
                                               core.cfg.page_size)
     except Exception as e:  # (an unknown adapter fails in add_request, with its own message)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -189,6 +190,7 @@ class DiskKV:
             self.reap(alloc)
 
     def _writer(self) -> None:
+        _background()
         while True:
             item = self._jobs.get()
             if item is None:
@@ -261,3 +263,12 @@ class DiskKV:
     def check_invariants(self) -> None:
         if self.store.kv_bytes() > self.budget + max((r.nbytes for r in self.store.kv_all()), default=0):
             raise AssertionError("the disk tier holds more than its budget and one record")
+
+
+def _background() -> None:
+    """Lower the calling thread's CPU priority to the least (Linux: per thread): the writes take
+    the cores only when the step loop leaves them idle, and never preempt its OpenMP team
+    (every thread of a parallel region waits for the slowest: a write preempting one would
+    stretch the whole step)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

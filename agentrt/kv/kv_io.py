@@ -4,15 +4,32 @@ engine that wrote it."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # (numpy has no bfloat16)
 
 
 def gather_kv(store, pages: list[int], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of token positions [a, b) of the sequence on `pages`, as CPU tensors [layers,
-    b - a, Hkv, D] (copies: the store goes on changing after this returns)."""
-    def one(caches):
-        return torch.stack([_flat(t).index_select(0, _slots(store, i, pages, b)[a:]) for i, t in enumerate(caches)]).cpu()
-    return one(store.k), one(store.v)
+    b - a, Hkv, D] (copies: the store goes on changing after this returns). On the CPU it runs
+    no torch op (numpy gathers): a thread beside the step loop (the disk tier's writer) must not
+    start an OpenMP pool of its own, which would slow every later step (kernels/native.py)."""
+    if store.k[0].device.type != "cpu":
+        def one(caches):
+            return torch.stack([_flat(t).index_select(0, _slots(store, i, pages, b)[a:])
+                                for i, t in enumerate(caches)]).cpu()
+        return one(store.k), one(store.v)
+    ps, pos = store.page_size, np.arange(a, b)
+    rows = [np.asarray([store.row(i, p) for p in pages], dtype=np.int64) for i in range(len(store.k))]
+    slots = [r[pos // ps] * ps + pos % ps for r in rows]
+
+    def host(caches):
+        t0 = caches[0]
+        flat = [t.view(_AS_INT[t.element_size()]).numpy().reshape(-1, *t.shape[2:]) for t in caches]
+        out = np.stack([f[s] for f, s in zip(flat, slots)])
+        return torch.from_numpy(out).view(t0.dtype)
+    return host(store.k), host(store.v)
 
 
 def scatter_kv(store, pages: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
