@@ -166,9 +166,9 @@ def long_case(lm, quick: bool, tier_bytes: int) -> dict:
     from bench.cases.agents_cases import kv_tokens
     from bench.cases.memory_cases import memory_cases
     from bench.peers.agentrt_peer import AgentrtSystem
-    from agentrt.conversation.engine_text import chat_format_of
+    from agentrt.conversation.chat_format import ChatFormat
 
-    fmt = chat_format_of(lm)
+    fmt = ChatFormat(lm.tokenizer)
     case = next(c for c in memory_cases(fmt, lm.tokenizer, quick=quick) if c.key == "long8_p60")
     scripts = case.make(0)
     kv = kv_tokens(scripts, case.pool_fraction)
@@ -177,7 +177,7 @@ def long_case(lm, quick: bool, tier_bytes: int) -> dict:
     out = {}
     for name in ("small_tier", "small_tier_disk"):
         d = tempfile.mkdtemp(prefix="agentrt-long-") if name.endswith("disk") else None
-        system = AgentrtSystem("agentrt", lm, base.replace(state_dir=d))
+        system = AgentrtSystem("agentrt", lm, base.replace(state_dir=d), sessions=True, hints=True)
         system.config = base.replace(state_dir=d)  # (the small tier as given, not the peer's default)
         anyio.run(system.warmup)
         out[name] = summarize(anyio.run(system.run, scripts, case.arrival))

@@ -67,7 +67,7 @@ async def _verify(model, state_dir: str, rng: random.Random) -> list[str]:
     async with Engine(model, _cfg(state_dir)) as eng:
         disk = eng.core.disk
         for _ in range(2):
-            h, tokens = disk._hasher(disk.space_key(None, _base())), []
+            h, tokens = disk.hasher(disk.space_key(None, _base())), []
             while True:
                 kids = store.kv_children(h.hexdigest())
                 if not kids:

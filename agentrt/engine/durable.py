@@ -50,13 +50,19 @@ def model_key(model) -> str:
 
 
 def turn_ended(core, r) -> None:
-    """A session's turn ended (any reason but an error): its KV goes to disk, off the loop."""
+    """A session's turn ended (any reason but an error): its KV goes to disk, off the loop
+    (deferred while writes hold too many pages: retried when one finishes, unless the session
+    closed meanwhile)."""
     disk, es = core.disk, r.session
-    if disk is None or es is None or not r.seq.tokens:
+    if disk is None or es is None or es.closed or not r.seq.tokens:
         return
     adapted = r.seq.adapted
-    disk.turn_ended(core.alloc, r.seq, disk.space_key(r.cache_salt, adapted), tag=r.tag, key=es.key,
-                    tenant=r.cache_salt, adapter=adapted.fingerprint)
+
+    def done(n: int) -> None:  # (the writer thread: a plain int, read by the step thread)
+        es.disk_until = n
+    disk.turn_ended(core.alloc, r.seq, disk.space_key(r.cache_salt, adapted), es.disk_until, done,
+                    lambda: turn_ended(core, r), tag=r.tag, key=es.key, tenant=r.cache_salt,
+                    adapter=adapted.fingerprint)
 
 
 async def restore_for(core, prompt: list[int], es, cache_salt: str | None, adapter: str | None) -> DiskHit | None:

@@ -71,6 +71,8 @@ class Engine(EngineReads, EngineAdapters):
         # the step loop: its thread (a task on the loop when simulated), inbox and outbox
         make_steps = executor.make_steps if executor is not None else None
         self._steps = (make_steps or StepThread)(self.core)
+        if self.core.disk is not None:  # (its writer ranks records with the policy between two steps)
+            self.core.disk.policy_lock = self._steps.lock
         self._loop_thread_id: int | None = None  # (set on entering)
         self._portal, self._host = None, EngineHost()
         # what the layers above build once per engine and share (conversation/engine_text.py: the

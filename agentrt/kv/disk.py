@@ -63,7 +63,9 @@ class DiskHit:
 class _Write:
     space: str
     tokens: list[int]
-    pages: list[int]
+    pages: list[int]  # the pages of tokens [first * page_size, len(tokens)), referenced
+    first: int  # the page index the held pages start at
+    done: object  # f(n): the sequence's first n tokens are on disk (the session's disk_until)
     tag: str | None
     key: str | None  # the session's registry key (None: not registered)
     tenant: str | None
@@ -81,10 +83,15 @@ class DiskKV:
         self.policy_lock = threading.Lock()  # the engine sets its step lock here
         self.held: dict[int, list[int]] = {}  # write job id -> pages it keeps referenced
         self._done: queue.SimpleQueue = queue.SimpleQueue()  # job ids whose pages may go
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: queue.Queue = queue.Queue()  # job ids, in order
+        self._queued: dict[int, _Write] = {}  # job id -> its write, until the writer takes it
+        self._owner: dict[int, int] = {}  # a sequence (id) -> its queued job's id
+        self._lock = threading.Lock()  # (between the step thread's replace and the writer's take)
+        self._dirty: dict[int, object] = {}  # a sequence (id) -> retry() of its write deferred for room
         self._ids = iter(range(1, 1 << 62))
         self.counters = {"records_written": 0, "bytes_written": 0, "records_read": 0, "tokens_restored": 0,
-                         "corrupt_records": 0, "records_evicted": 0, "write_errors": 0}
+                         "corrupt_records": 0, "records_evicted": 0, "write_errors": 0, "writes_deferred": 0}
+        self.max_held = max(1, store_kv.num_pages // 2)  # pages writes in flight may keep referenced
         (self.root / "kv").mkdir(parents=True, exist_ok=True)
         self._sweep()
         self._thread = threading.Thread(target=self._writer, name="agentrt-disk-kv", daemon=True)
@@ -97,7 +104,9 @@ class DiskKV:
         return hashlib.blake2b(ident.encode(), digest_size=16).hexdigest()
 
     @staticmethod
-    def _hasher(space: str):
+    def hasher(space: str):
+        """A BLAKE2b over the identity `space`: fed a prefix's token ids (int32 bytes), its
+        hexdigest is that prefix's key."""
         return hashlib.blake2b(space.encode(), digest_size=16)
 
     # ---- lookup and read ------------------------------------------------------------
@@ -106,7 +115,7 @@ class DiskKV:
         are used), at most `limit` tokens in all."""
         arr = array("i", tokens)
         limit = len(tokens) if limit is None else min(limit, len(tokens))
-        h, pos, path = self._hasher(space), 0, []
+        h, pos, path = self.hasher(space), 0, []
         while pos < limit:
             best, take = None, 0
             for row in self.store.kv_children(h.hexdigest()):
@@ -151,26 +160,52 @@ class DiskKV:
         return DiskHit(list(tokens[:n]), k, v, tuple(used))
 
     # ---- writes ----------------------------------------------------------------------
-    def turn_ended(self, alloc, seq, space: str, **info) -> None:
-        """A turn ended: write what of its sequence's KV the disk lacks (in the writer thread;
-        the pages stay referenced until then). A step-thread call."""
-        n = len(seq.tokens)
-        if n == 0:
-            return
-        pages = list(seq.pages[:-(-n // self.kv_store.page_size)])
-        alloc.incref(pages)
-        jid = next(self._ids)
-        self.held[jid] = pages
-        self._jobs.put((jid, _Write(space, list(seq.tokens), pages, **info)))
+    def turn_ended(self, alloc, seq, space: str, on_disk: int, done, retry=None, **info) -> bool:
+        """A turn ended: write what of its sequence's KV past `on_disk` tokens the disk lacks
+        (in the writer thread; those pages stay referenced until then; `done(n)` after). A queued
+        write of the same sequence not started yet is replaced (this one covers it). When the
+        writes in flight already hold `max_held` pages (memory is for running requests), not
+        now: `retry()` runs when a write finishes (it writes what the sequence holds then). A
+        step-thread call."""
+        n, ps = len(seq.tokens), self.kv_store.page_size
+        first = min(on_disk, n) // ps
+        pages = list(seq.pages[first:-(-n // ps)])
+        if n == 0 or not pages:
+            return False
+        job = _Write(space, list(seq.tokens), pages, first, done, **info)
+        with self._lock:
+            jid = self._owner.get(id(seq))
+            if jid is not None:  # (its last turn's write has not started: this one replaces it)
+                alloc.incref(pages)
+                alloc.decref(self.held[jid])
+                self.held[jid], self._queued[jid] = pages, job
+                return True
+            if self.held and sum(map(len, self.held.values())) + len(pages) > self.max_held:
+                self.counters["writes_deferred"] += 1
+                if retry is not None:
+                    self._dirty[id(seq)] = retry
+                return False
+            alloc.incref(pages)
+            jid = next(self._ids)
+            self.held[jid], self._queued[jid], self._owner[id(seq)] = pages, job, jid
+        self._jobs.put(jid)
+        return True
 
     def reap(self, alloc) -> None:
-        """Drop the references of finished writes (a step-thread call)."""
+        """Drop the references of finished writes, then retry the writes deferred for room (a
+        step-thread call)."""
+        freed = False
         while True:
             try:
                 jid = self._done.get_nowait()
             except queue.Empty:
-                return
+                break
             alloc.decref(self.held.pop(jid))
+            freed = True
+        if freed and self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for retry in dirty.values():
+                retry()
 
     def held_pages(self) -> list[list[int]]:
         return list(self.held.values())
@@ -192,11 +227,13 @@ class DiskKV:
     def _writer(self) -> None:
         _background()
         while True:
-            item = self._jobs.get()
-            if item is None:
+            jid = self._jobs.get()
+            if jid is None:
                 self._jobs.task_done()
                 return
-            jid, job = item
+            with self._lock:
+                job = self._queued.pop(jid)
+                self._owner = {k: j for k, j in self._owner.items() if j != jid}
             try:
                 self._write(job)
             except Exception as e:  # a full disk or a lost database costs the record, never the turn
@@ -213,11 +250,16 @@ class DiskKV:
         records = [row.id for row, _ in path]
         if have < n:
             arr = array("i", tokens)
-            h = self._hasher(job.space)
+            h = self.hasher(job.space)
             h.update(arr[:have].tobytes())
             parent, run = h.hexdigest(), arr[have:].tobytes()
             rid = hashlib.blake2b(parent.encode() + b":" + run, digest_size=16).hexdigest()
-            k, v = gather_kv(self.kv_store, job.pages, have, n)
+            off = job.first * self.kv_store.page_size
+            if have < off:  # (records it continued were evicted meanwhile: the next turn writes from there)
+                self.counters["writes_deferred"] += 1
+                job.done(have)
+                return
+            k, v = gather_kv(self.kv_store, job.pages, have - off, n - off)
             target = record_path(self.root, rid)
             target.parent.mkdir(exist_ok=True)
             nbytes = write_record(target, rid, k, v)
@@ -228,8 +270,9 @@ class DiskKV:
             self._evict(keep={rid})
         elif records:
             self.store.kv_touch(records)
+        job.done(n)
         if job.key is not None:
-            h = self._hasher(job.space)
+            h = self.hasher(job.space)
             h.update(array("i", tokens).tobytes())
             self.store.put_session(SessionRow(job.key, job.tenant, self.model_key, job.adapter, h.hexdigest(), n,
                                               tuple(records), time.time()))

@@ -82,6 +82,7 @@ class Hierarchy:
         if r.session is not None:  # (the session's table: every page, the partial last one too)
             kv.kvm.release(r.seq)
             r.seq.tokens, r.seq.pages, r.seq.adapted = tokens, pages, r.adapted
+            r.session.disk_until = n
         else:
             kv.alloc.decref(pages)  # (the tree holds the full pages)
         kv.counters.prompt_restored += n

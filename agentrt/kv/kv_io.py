@@ -11,8 +11,9 @@ _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # (n
 
 
 def gather_kv(store, pages: list[int], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of token positions [a, b) of the sequence on `pages`, as CPU tensors [layers,
-    b - a, Hkv, D] (copies: the store goes on changing after this returns). On the CPU it runs
+    """K and V of token positions [a, b) of the tokens on `pages` (pages[0] holding position 0),
+    as CPU tensors [layers, b - a, Hkv, D] (copies: the store goes on changing after this
+    returns). On the CPU it runs
     no torch op (numpy gathers): a thread beside the step loop (the disk tier's writer) must not
     start an OpenMP pool of its own, which would slow every later step (kernels/native.py)."""
     if store.k[0].device.type != "cpu":

@@ -35,6 +35,7 @@ class EngineSession:
     prefetch_pages: int = 0
     adapter: str | None = None  # the adapter its turns run unless a call names another (its name)
     key: str | None = None  # a stable conversation key: the state store's registry lists its KV under it
+    disk_until: int = 0  # its first tokens known to be on the disk tier (kv/disk.py; set by its writer)
 
     @property
     def space(self) -> str | KVSpace | None:
