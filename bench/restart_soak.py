@@ -123,6 +123,8 @@ def _child(model, state_dir: str, seed: int, out_fd: int) -> None:
     try:
         anyio.run(_soak, model, state_dir, seed)
     except BaseException as e:  # (a crash of the soak itself is reported, then the parent counts it)
+        while isinstance(e, BaseExceptionGroup) and e.exceptions:
+            e = e.exceptions[0]
         print(f"ERROR {type(e).__name__}: {e}", flush=True)
         code = 1
     os._exit(code)
@@ -202,6 +204,9 @@ def soak(state_dir: str, kills: int, seed: int = 0, max_delay: float = 3.0, prog
                 out["corrupt_records_used"] += rest == "bad"
             elif kind == "ERROR":
                 out["child_errors"] += 1
+                out.setdefault("child_error_kinds", {}).setdefault(rest.split(":")[0], 0)
+                out["child_error_kinds"][rest.split(":")[0]] += 1
+                out["child_error_last"] = rest[:300]
         out["turns_acknowledged_per_run"].append(run_acks)
         lost, bad, ok = _check(state_dir, acked, model)
         out["acknowledged_responses_lost"] = max(out["acknowledged_responses_lost"], lost)

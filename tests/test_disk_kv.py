@@ -54,7 +54,8 @@ async def test_a_restarted_engine_restores_a_session_and_computes_only_new_token
     row = store.get_session("s1")
     # (the KV of everything but the last sampled token: it was never fed through the model)
     assert row is not None and row.n_tokens == len(toks) + len(new) + len(c.token_ids) - 1
-    assert len(row.records) == 3  # (one record per turn: each wrote only what the disk lacked)
+    # each write added only what the disk lacked (a turn's write not started yet is replaced by the next's)
+    assert sum(r.n for r in store.kv_get(row.records)) == row.n_tokens and len(row.records) in (2, 3)
 
 
 async def test_a_prefix_shared_by_sessions_is_written_once(tmp_path):

@@ -114,6 +114,8 @@ class EngineCore(Postprocess):
             raise ConfigError("this session belongs to another engine; close it on the engine that opened it")
         for r in [r for r in itertools.chain(self.waiting, self.running) if r.session is sess]:
             self._finish(r, "cancelled")
+        if self.disk is not None:
+            self.disk.closing(sess.seq)  # (its write deferred for room, if any, goes now)
         sess.closed = True
         self.kv.insert_prefix(sess.seq.tokens, sess.seq.pages, sess.cache_salt, sess.tag, sess.seq.adapted)
         self.kvm.release(sess.seq)

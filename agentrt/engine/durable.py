@@ -49,19 +49,19 @@ def model_key(model) -> str:
     return hashlib.sha256(fp.encode()).hexdigest()[:32]
 
 
-def turn_ended(core, r) -> None:
+def turn_ended(core, r, force: bool = False) -> None:
     """A session's turn ended (any reason but an error): its KV goes to disk, off the loop
     (deferred while writes hold too many pages: retried when one finishes, unless the session
     closed meanwhile)."""
     disk, es = core.disk, r.session
-    if disk is None or es is None or es.closed or not r.seq.tokens:
+    if disk is None or es is None or not r.seq.tokens or (es.closed and not force):
         return
     adapted = r.seq.adapted
 
     def done(n: int) -> None:  # (the writer thread: a plain int, read by the step thread)
         es.disk_until = n
     disk.turn_ended(core.alloc, r.seq, disk.space_key(r.cache_salt, adapted), es.disk_until, done,
-                    lambda: turn_ended(core, r), tag=r.tag, key=es.key, tenant=r.cache_salt,
+                    lambda force: turn_ended(core, r, force), force, tag=r.tag, key=es.key, tenant=r.cache_salt,
                     adapter=adapted.fingerprint)
 
 

@@ -91,7 +91,9 @@ class DiskKV:
         self._ids = iter(range(1, 1 << 62))
         self.counters = {"records_written": 0, "bytes_written": 0, "records_read": 0, "tokens_restored": 0,
                          "corrupt_records": 0, "records_evicted": 0, "write_errors": 0, "writes_deferred": 0}
-        self.max_held = max(1, store_kv.num_pages // 2)  # pages writes in flight may keep referenced
+        # pages writes in flight may keep referenced (admission cannot take them: memory is for
+        # running requests first)
+        self.max_held = max(1, store_kv.num_pages // 8)
         (self.root / "kv").mkdir(parents=True, exist_ok=True)
         self._sweep()
         self._thread = threading.Thread(target=self._writer, name="agentrt-disk-kv", daemon=True)
@@ -160,12 +162,14 @@ class DiskKV:
         return DiskHit(list(tokens[:n]), k, v, tuple(used))
 
     # ---- writes ----------------------------------------------------------------------
-    def turn_ended(self, alloc, seq, space: str, on_disk: int, done, retry=None, **info) -> bool:
+    def turn_ended(self, alloc, seq, space: str, on_disk: int, done, retry=None, force: bool = False,
+                   **info) -> bool:
         """A turn ended: write what of its sequence's KV past `on_disk` tokens the disk lacks
         (in the writer thread; those pages stay referenced until then; `done(n)` after). A queued
         write of the same sequence not started yet is replaced (this one covers it). When the
         writes in flight already hold `max_held` pages (memory is for running requests), not
-        now: `retry()` runs when a write finishes (it writes what the sequence holds then). A
+        now (`force`: whatever they hold): `retry(force)` runs when a write finishes (it writes
+        what the sequence holds then), or at once, forced, when its session closes. A
         step-thread call."""
         n, ps = len(seq.tokens), self.kv_store.page_size
         first = min(on_disk, n) // ps
@@ -180,7 +184,7 @@ class DiskKV:
                 alloc.decref(self.held[jid])
                 self.held[jid], self._queued[jid] = pages, job
                 return True
-            if self.held and sum(map(len, self.held.values())) + len(pages) > self.max_held:
+            if not force and self.held and sum(map(len, self.held.values())) + len(pages) > self.max_held:
                 self.counters["writes_deferred"] += 1
                 if retry is not None:
                     self._dirty[id(seq)] = retry
@@ -191,9 +195,9 @@ class DiskKV:
         self._jobs.put(jid)
         return True
 
-    def reap(self, alloc) -> None:
-        """Drop the references of finished writes, then retry the writes deferred for room (a
-        step-thread call)."""
+    def reap(self, alloc, force: bool = False) -> None:
+        """Drop the references of finished writes, then retry the writes deferred for room
+        (`force`: all of them, room aside). A step-thread call."""
         freed = False
         while True:
             try:
@@ -202,10 +206,16 @@ class DiskKV:
                 break
             alloc.decref(self.held.pop(jid))
             freed = True
-        if freed and self._dirty:
+        if (freed or force) and self._dirty:
             dirty, self._dirty = self._dirty, {}
             for retry in dirty.values():
-                retry()
+                retry(force)
+
+    def closing(self, seq) -> None:
+        """The session of `seq` closes: its write deferred for room (if any) goes now."""
+        retry = self._dirty.pop(id(seq), None)
+        if retry is not None:
+            retry(True)
 
     def held_pages(self) -> list[list[int]]:
         return list(self.held.values())
@@ -218,7 +228,11 @@ class DiskKV:
         return not self._jobs.unfinished_tasks
 
     def close(self, alloc=None) -> None:
+        """Finish every write, the deferred ones too, and stop the writer."""
         self.flush()
+        if alloc is not None:
+            self.reap(alloc, force=True)
+            self.flush()
         self._jobs.put(None)
         self._thread.join(timeout=10.0)
         if alloc is not None:
