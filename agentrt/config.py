@@ -110,11 +110,14 @@ class EngineConfig:
             check_bool("EngineConfig.bare_tool_calls (None: the format's default)", self.bare_tool_calls)
         for name in ("state_dir", "state_url"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, (str, os.PathLike)) or value == "":
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or not os.fspath(value)):
                 raise ConfigError(f"EngineConfig.{name} must be a path (state_dir) or URL (state_url) string, or "
                                   f"None, got {value!r}")
             if value is not None:
                 put(name, os.fspath(value))
+        if self.state_url is not None and not self.state_url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError("EngineConfig.state_url must be a postgresql:// URL (SQLite needs none: give "
+                              f"state_dir alone), got {self.state_url.split('@')[-1]!r}")
         check_choice("EngineConfig.forward_path", self.forward_path, ("auto", "fused", "eager"))
         check_choice("EngineConfig.tool_format", self.tool_format,
                      ("auto", "hermes", "qwen", "llama3", "mistral", "phi4", "gemma"))
