@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from agentrt.kv.kv_io import scatter_kv
 from agentrt.kv.kv_manager import Sequence
-from agentrt.prefixes import common_prefix
 from agentrt.kv.room import KVRoom
+from agentrt.prefixes import common_prefix
 
 
 class Hierarchy:
