@@ -39,6 +39,7 @@ async def _turns(cfg, prompts, salt=None, key="s1", model=None):
                 c = await eng.complete(toks, P, session=s)
                 toks = toks + c.token_ids
         eng.core.disk.flush()
+        eng.core.disk.check_invariants()
         return c, toks, eng.stats()
 
 

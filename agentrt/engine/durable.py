@@ -25,7 +25,8 @@ from agentrt.kv.disk import DiskHit, DiskKV
 from agentrt.kv.identity import BASE, Adapted, space
 from agentrt.kv.snapshot import model_fingerprint
 from agentrt.prefixes import common_prefix
-from agentrt.state.sql import SQLStore, open_store
+from agentrt.state.backends import open_store
+from agentrt.state.sql import SQLStore
 
 log = structlog.get_logger("agentrt.engine")
 

@@ -318,8 +318,14 @@ class DiskKV:
                         p.unlink()
 
     def check_invariants(self) -> None:
-        if self.store.kv_bytes() > self.budget + max((r.nbytes for r in self.store.kv_all()), default=0):
+        """Within the budget (and one record written past it); every queued write holds its
+        pages, and a sequence has at most that one queued write."""
+        rows = self.store.kv_all()
+        if sum(r.nbytes for r in rows) > self.budget + max((r.nbytes for r in rows), default=0):
             raise AssertionError("the disk tier holds more than its budget and one record")
+        with self._lock:
+            if not set(self._queued) <= set(self.held) or not set(self._owner.values()) <= set(self._queued):
+                raise AssertionError("a queued disk write holds no pages, or a sequence owns a write not queued")
 
 
 def _background() -> None:

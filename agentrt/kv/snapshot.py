@@ -17,12 +17,10 @@ KV would otherwise restore silently and the next turn would run on corrupted KV.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import io
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import torch
 
 from agentrt.errors import ConfigError, SnapshotMismatch
 from agentrt.model.quant import QEmbedding, QLinear
+from agentrt.state.records import atomic_write
 
 FORMAT = "agentrt-session-snapshot"
 VERSION = 2  # 2: framed with a checksum
@@ -102,18 +101,7 @@ def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:
     buf = io.BytesIO()
     torch.save(payload, buf)
     body = buf.getvalue()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _digest(body) + b"\n")
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, [MAGIC + _digest(body) + b"\n", body])
     return path
 
 

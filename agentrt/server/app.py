@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from agentrt.conversation.router import SessionPolicy
 from agentrt.errors import ConfigError
-from agentrt.state.sql import open_store
+from agentrt.state.backends import open_store
 
 from . import service_routes
 from .anthropic import routes as anthropic_routes

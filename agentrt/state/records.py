@@ -40,12 +40,20 @@ def write_record(path: Path, rid: str, k: torch.Tensor, v: torch.Tensor) -> int:
     header = json.dumps({"id": rid, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
                          "bytes": size}, sort_keys=True).encode()
     digest = _digest(header, *parts)
+    atomic_write(path, [MAGIC + header + b"\n" + digest + b"\n", *parts])
+    _fsync_dir(path.parent)
+    return len(MAGIC) + len(header) + len(digest) + 2 + size
+
+
+def atomic_write(path: Path, chunks) -> None:
+    """Write `chunks` (bytes-like, in order) as the file `path`, all or nothing: a temporary
+    file in the same directory, fsync, then a rename onto the name (a crash or a full disk never
+    leaves a part of it under `path`). Snapshots (kv/snapshot.py) and KV records use it."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + header + b"\n" + digest + b"\n")
-            for p in parts:
-                f.write(p)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -53,8 +61,6 @@ def write_record(path: Path, rid: str, k: torch.Tensor, v: torch.Tensor) -> int:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
-    return len(MAGIC) + len(header) + len(digest) + 2 + size
 
 
 def read_record(path: Path, rid: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
