@@ -46,6 +46,9 @@ class EngineConfig:
     # dropped and recomputed); prefetch promotes the predicted next agents' pages between steps
     kv_tier_bytes: int = 2 << 30
     enable_prefetch: bool = True
+    # ... the first of which is the return prefetch (engine/prefetch.py): a session waiting on
+    # tools whose history pressure cut is brought back when they are due, and held for them
+    enable_return_prefetch: bool = True
     # tool-aware retention (kv/retention.py): a session whose turn ended in tool calls keeps
     # its KV for a TTL from the tools' observed durations and the reload cost, at most this long
     tool_ttl: bool = True
@@ -159,5 +162,5 @@ _INTS = {"kv_cache_tokens": 1, "window_kv_tokens": 0, "page_size": 1, "max_trans
 _FRACTIONS = {"cell_budget_fraction": (0.0, 1.0, True), "high_water": (0.0, 1.0, True),
               "spec_min_acceptance": (0.0, 1.0, False)}
 _BOOLS = ("cuda_graphs", "enable_prefix_grouping", "enable_radix_cache", "enable_session_reuse", "debug_invariants",
-          "enable_speculation", "enable_prefetch", "tool_ttl", "grammar_fast_forward",
+          "enable_speculation", "enable_prefetch", "enable_return_prefetch", "tool_ttl", "grammar_fast_forward",
           "grammar_overlap")

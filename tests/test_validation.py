@@ -97,6 +97,7 @@ def test_sampling_params_normalises_valid_values():
     dict(high_water=NAN), dict(high_water=0.0), dict(high_water=1.5), dict(cell_budget_fraction=INF),
     dict(spec_min_acceptance=NAN), dict(spec_min_acceptance=2.0),
     dict(enable_radix_cache=1), dict(enable_speculation="no"), dict(debug_invariants=None),
+    dict(enable_return_prefetch=1),
     dict(bare_tool_calls=0), dict(forward_path="fast"), dict(forward_path=None), dict(tool_format=["hermes"]),
     dict(eviction_policy="fifo"), dict(eviction_policy=None),
 ])

@@ -1,8 +1,9 @@
 """The engine's prefetch between steps (kv/hierarchy.py does the copies): which KV to bring back
 from the tier, in what order, and when the idle loop should wake for it.
 
-First the **return prefetch** -- the cut histories of sessions whose tools may return now
-(kv/retention.py::Retention.due_at), soonest first; then, in a decode-only step or an idle
+First the **return prefetch** (`EngineConfig.enable_return_prefetch`) -- the cut histories of
+sessions whose tools may return now (kv/retention.py::Retention.due_at), soonest first, each
+then held for its request (kv/memory.py: HELD); then, in a decode-only step or an idle
 loop, the prefixes of the workflow stages the scheduler expects next
 (scheduling/tasks.py::upcoming), then the agents the eviction policy's chain predicts. Nothing
 is done while the tier holds nothing: the step loop pays no scan of the sessions then."""
@@ -27,7 +28,8 @@ def prefetch(core, max_pages: int, return_pages: int) -> float | None:
         return None
     now, retention = core.clock.now(), core.retention
     lead = LEAD_STEPS * core.counters.step_seconds / max(1, core.counters.steps)
-    waits = sorted(((retention.due_at(s, lead), s) for s in retention.waiting()), key=lambda x: x[0])
+    waiting = retention.waiting() if core.cfg.enable_return_prefetch else ()
+    waits = sorted(((retention.due_at(s, lead), s) for s in waiting), key=lambda x: x[0])
     done = core.hierarchy.prefetch_returning([s for t, s in waits if t <= now], return_pages,
                                              hold=lambda es: retention.hold(es, now, lead)) if waits else 0
     if max_pages > done:

@@ -10,8 +10,10 @@ slack, and bringing back a session tail given up under pressure.
   pressure cut gets its history promoted back in the loop's slack once its tools could return
   (kv/retention.py::Retention.due_at: the tools' learned early quantile, less a lead), soonest
   first, at most once per wait, into free pages and unpinned candidates only -- the runtime
-  knows who comes back when, so this is the first prefetch; what it restored and a request
-  then used is counted (`prefetch_used_pages`, `prefetch_saved_s`).
+  knows who comes back when, so this is the first prefetch. The session brought back is then
+  *held* (kv/memory.py: HELD, a level of its own, until its pin ends): only a running request's
+  growth may take its pages, not another request's admission nor another prefetch. What it
+  restored and a request then used is counted (`prefetch_used_pages`, `prefetch_saved_s`).
 * **Prefetch** (`Hierarchy.prefetch`): between steps, the demoted pages of the agents predicted
   next -- the scheduler's hints (a declared or learned workflow's next stages,
   scheduling/tasks.py::upcoming) at distance 0, then the policy's learned chain
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from agentrt.kv.kv_io import scatter_kv
 from agentrt.kv.kv_manager import Sequence
+from agentrt.kv.memory import QUEUED, UNPINNED
 from agentrt.kv.room import KVRoom
 from agentrt.prefixes import common_prefix
 
@@ -45,9 +48,10 @@ class Hierarchy:
     def promote_prefix(self, tokens: list[int], salt: str | None, pinned: bool = True,
                        max_pages: int | None = None) -> tuple[int, int]:
         """Promote the demoted continuation of `tokens`' resident match; returns the token range
-        [start, end) now resident again ((0, 0): nothing promoted). Without `pinned` room comes
-        from unpinned candidates only (a prefetch); `max_pages` stops the path where it would
-        take more."""
+        [start, end) now resident again ((0, 0): nothing promoted). With `pinned` (an admission)
+        room comes from every candidate up to those queued (kv/memory.py: QUEUED; never a session
+        held for its due tools), without it from unpinned candidates only (a prefetch);
+        `max_pages` stops the path where it would take more."""
         radix = self.kv.radix
         if radix is None or radix.tier is None:
             return 0, 0
@@ -74,7 +78,7 @@ class Hierarchy:
         if kv.radix is not None:
             held = max(held, kv.radix.peek(r.target[:n], r.space))
         need = kv.kvm.pages_for(n)
-        if n < held + kv.cfg.page_size or not kv.mem.reclaim(need):
+        if n < held + kv.cfg.page_size or not kv.mem.reclaim(need, level=QUEUED):
             return 0
         pages, tokens = kv.alloc.alloc(need), list(r.target[:n])
         scatter_kv(kv.kvm.store, pages, hit.k[:, :n], hit.v[:, :n])
@@ -90,12 +94,13 @@ class Hierarchy:
 
     def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False, mark: bool = False) -> int:
         """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
-        Room comes from the candidates reclaim() may take (pinned ones too for a request being
-        admitted: recomputing instead would take them anyway), never from dropping whole sessions."""
+        Room comes from the candidates reclaim() may take (pinned and queued ones too for a
+        request being admitted: recomputing instead would take them anyway; never those held for
+        a return), never from dropping whole sessions."""
         radix, ps, end = self.kv.radix, self.kv.cfg.page_size, 0
         radix.lock(path[-1])
         try:
-            self.kv.mem.reclaim(n_pages, allow, pinned=pinned, trim=False)
+            self.kv.mem.reclaim(n_pages, allow, level=QUEUED if pinned else UNPINNED, trim=False)
             for node in path:
                 n = len(node.key) // ps
                 if node.resident:
@@ -115,7 +120,8 @@ class Hierarchy:
     def prefetch_returning(self, due: list, max_pages: int, hold=None) -> int:
         """Promote back the cut histories of the sessions in `due` (waiting on tools that may
         return now; soonest first), each at most once per wait, about `max_pages` per call
-        (one session at least); `hold(es)` re-pins a session brought back; returns pages promoted."""
+        (one session at least); `hold(es)` re-pins a session brought back, which holds it
+        (kv/memory.py::held) until that pin ends; returns pages promoted."""
         radix, done = self.kv.radix, 0
         if radix is None or radix.tier is None or not radix.tier.used:
             return 0
@@ -181,9 +187,10 @@ class Hierarchy:
     def _headroom(self) -> int:
         """Pages a return prefetch may fill and keep: free pages and what it may take (unpinned
         candidates), less the high-water gap and the running requests' remaining prompts. Filling
-        the reserve too only lent the pages: in bench_agents' long case every prefetched page
-        that left the pool unused was taken back by another agent's admission promoting its own
-        history (attach_prefix -> promote_prefix -> reclaim, level 2) before the tools returned."""
+        the reserve too only lent the pages: the running requests' growth may take held pages
+        (HELD), so pages prefetched into their reserve left the pool unused. (Before sessions were
+        held, every prefetched page that left unused in bench_agents' long case was taken back by
+        another agent's admission promoting its own history: attach_prefix -> promote_prefix.)"""
         ps = self.kv.cfg.page_size
         growth = sum(-(-(r.remaining + 1) // ps) for r in self.kv.queues.running)
         taken = sum(len(x.pages) for x in self.kv.mem.candidates(0, None))

@@ -8,16 +8,30 @@ the radix tree (inserted when each turn ends), so its newest turn is a leaf of t
 pages the session also holds. Such a leaf is a candidate like any cache leaf: taking it cuts
 the session back to the leaf's start (its tail first, newest turn first) while its head -- the
 system prompt and tools other agents share, an interior node -- stays resident. The eviction
-policy (kv/eviction.py) orders all candidates together; a session pinned by tool-aware retention
-(kv/retention.py) is taken only in a second pass, after every other candidate, and one with
-a request queued or brought back by a return prefetch (about to run: cutting it now would only
-move its pages out and back) only in a third -- never instead of preempting a running request. Running requests' and busy sessions' pages are never
+policy (kv/eviction.py) orders all candidates together, in passes by protection level:
+UNPINNED candidates first (all a prefetch may take); a session pinned by tool-aware retention
+(kv/retention.py) only in a second pass (PINNED); one with a request queued (about to run:
+cutting it now would only move its pages out and back) in a third (QUEUED: all an admission may
+take -- its own promotion, a disk restore); and a session brought back by a return prefetch and
+held for its due tools (`held`) only in a fourth (HELD), which only a running request's growth
+reaches (the scheduler's reserve) -- never an admission or another prefetch, so the copy is
+not undone before its request arrives; the hold ends with its pin. None of them is kept instead
+of preempting a running request. Running requests' and busy sessions' pages are never
 candidates. The next turn of a cut session gets its tail back from the tree, the tier (a copy)
 or, last, by recompute."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+
+# protection levels (passes of reclaim): what a prefetch, an admission and a running request's
+# growth may take, each level including those below it
+UNPINNED, PINNED, QUEUED, HELD = 0, 1, 2, 3
+
+
+def held(s, now: float) -> bool:
+    """Session s was brought back by a return prefetch and its hold (its pin) still runs."""
+    return bool(s.prefetch_pages) and now < s.pin_until
 
 
 class MemoryManager:
@@ -65,7 +79,7 @@ class MemoryManager:
     def _refresh(self) -> None:
         """Bring the page -> idle holders index up to date: sessions that became idle, stopped
         being idle or whose pages changed since the last refresh (compared as tuples, in C)."""
-        now = {id(s): s for s in self.idle_sessions(2)}
+        now = {id(s): s for s in self.idle_sessions(HELD)}
         for key in [k for k in self._held if k not in now]:
             self._drop_holder(key)
         for key, s in now.items():
@@ -89,13 +103,13 @@ class MemoryManager:
 
     def _owners_of(self, level: int) -> dict:
         """page -> [(session, page index)] over the sessions of idle_sessions(level): one index
-        over every idle session (level 2, the widest), kept across steps and updated by what
+        over every idle session (HELD, the widest), kept across steps and updated by what
         changed, seen through the level's sessions (a walk of every idle session's pages on each
         reserve was most of a step's time at hundreds of agents)."""
         if not self._fresh:  # (once per pass, on first use; outside a pass on every call)
             self._refresh()
             self._fresh = self._levels is not None
-        if level == 2:
+        if level == HELD:
             return self._index
         ids = None if self._levels is None else self._levels.get(level)
         if ids is None:
@@ -104,36 +118,38 @@ class MemoryManager:
                 self._levels[level] = ids
         return _Filtered(self._index, ids)
 
-    def reclaim(self, n_pages: int, allow=None, *, pinned: bool = True, trim: bool = True) -> bool:
-        """Try to have n_pages free, without touching running requests. Candidates go in three
-        passes: unpinned first, then (with `pinned`) sessions pinned by a TTL, then sessions with
-        a request queued. `allow(leaf)` limits the candidates (prefetch: only leaves needed later);
-        `trim` lets the last resort drop what the tree does not hold of idle sessions."""
+    def reclaim(self, n_pages: int, allow=None, *, level: int = HELD, trim: bool = True) -> bool:
+        """Try to have n_pages free, without touching running requests. Candidates go in passes
+        by protection level, up to `level`: UNPINNED (a prefetch), PINNED, QUEUED (an admission),
+        HELD (the default: a running request's growth). `allow(leaf)` limits the candidates
+        (prefetch: only leaves needed later); `trim` lets the last resort drop what the tree does
+        not hold of idle sessions (up to `level` too)."""
         alloc = self.alloc
         if alloc.num_free >= n_pages:
             return True
         if self.radix is None:
-            return self._drop_sessions(n_pages)
-        for level in (0, 1, 2) if pinned else (0,):
+            return self._drop_sessions(n_pages, level)
+        for lv in range(level + 1):
             while alloc.num_free < n_pages:
-                cands = self.candidates(level, allow)
+                cands = self.candidates(lv, allow)
                 if not cands or not self._take(cands, n_pages):
                     break
         if alloc.num_free < n_pages and trim:
-            self._trim_partial_pages(n_pages)
+            self._trim_partial_pages(n_pages, level)
         return alloc.num_free >= n_pages
 
-    def idle_sessions(self, level: int = 2) -> list:
+    def idle_sessions(self, level: int = HELD) -> list:
         """Sessions holding KV that no admitted request uses: idle, or busy with a request still
         queued unattached (it holds nothing it needs yet; admission finds its KV again). By
-        `level`, what may give up pages: 0 neither pinned by a TTL nor about to run (a queued
-        request, or brought back by a return prefetch: its tools are due); 1 also the pinned; 2
-        also those about to run."""
+        `level`, what may give up pages: UNPINNED neither pinned by a TTL, nor queued, nor held;
+        PINNED also the pinned; QUEUED also those with a request queued; HELD also those a return
+        prefetch brought back and holds (`held`)."""
         queued = {id(r.session) for r in self.queues.waiting if r.session is not None and not r.attached}
         now = self.clock.now()
         return [s for s in self.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
-                and (level >= 2 or (id(s) not in queued and not s.prefetch_pages))
-                and (level >= 1 or s.pin_until <= now)]
+                and (level >= HELD or not held(s, now))
+                and (level >= QUEUED or id(s) not in queued)
+                and (level >= PINNED or s.pin_until <= now)]
 
     def candidates(self, level: int, allow) -> dict:
         """Resident leaves whose pages would all be freed by cutting idle sessions (of
@@ -187,10 +203,10 @@ class MemoryManager:
             (kept if x.tag in keep and x.start < keep[x.tag] else first).append(x)
         return first + kept
 
-    def _trim_partial_pages(self, n_pages: int) -> None:
-        """Last resort before preemption: idle sessions give up what the tree does not hold
-        (a partially filled last page, pages of a turn that never entered the tree)."""
-        for s in self._order_sessions(self.idle_sessions()):
+    def _trim_partial_pages(self, n_pages: int, level: int) -> None:
+        """Last resort before preemption: idle sessions (up to `level`) give up what the tree
+        does not hold (a partially filled last page, pages of a turn that never entered the tree)."""
+        for s in self._order_sessions(self.idle_sessions(level)):
             if s.seq.tokens:
                 self.radix.insert(s.seq.tokens, s.seq.pages, s.space, s.tag)
             self._forget_pages(s, 0)
@@ -200,10 +216,10 @@ class MemoryManager:
             if self.alloc.num_free >= n_pages:
                 return
 
-    def _drop_sessions(self, n_pages: int) -> bool:
+    def _drop_sessions(self, n_pages: int, level: int) -> bool:
         """Without a radix tree an idle session's KV cannot be kept anywhere: whole sessions
-        are dropped, in the policy's order (their next turn recomputes)."""
-        for s in self._order_sessions(self.idle_sessions()):
+        (up to `level`) are dropped, in the policy's order (their next turn recomputes)."""
+        for s in self._order_sessions(self.idle_sessions(level)):
             if self.alloc.num_free >= n_pages:
                 break
             self._forget_pages(s, 0)
@@ -218,10 +234,12 @@ class MemoryManager:
         return order(sessions) if order is not None else sorted(sessions, key=lambda s: s.last_used)
 
     def evictable_pages(self) -> int:
-        """Pages reclaim() could free now: tree pages held by nobody else but idle sessions."""
+        """Pages an admission's reclaim() could free now: tree pages held by nobody else but idle
+        sessions not held for a return (those count as in use: a prefill chunk waits rather than
+        take them)."""
         if self.radix is None:
             return 0
-        idle = self._owners_of(2)  # page -> the idle sessions holding it
+        idle = self._owners_of(QUEUED)  # page -> the idle sessions holding it
         return sum(1 for n in self.radix.nodes() if n.lock_ref == 0
                    for p in n.pages if self.alloc.refcount(p) == 1 + len(idle.get(p, ())))
 

@@ -20,7 +20,8 @@ with many tools call each one rarely), and before any tool has them, `prior_s`.
 The same durations time the **return prefetch** (kv/hierarchy.py::prefetch_returning): a
 pinned session whose KV pressure cut anyway is *due* from the moment its tools could first
 return (their `early_quantile`, less a lead for the copies) -- its pages are promoted back in
-the loop's slack, before the result arrives, instead of on the critical path at admission.
+the loop's slack, before the result arrives, instead of on the critical path at admission --
+and held there (`hold`) for its request: no admission or other prefetch takes them back.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ class Retention:
     def hold(self, sess, now: float, lead_s: float) -> None:
         """A return prefetch just brought `sess` back: pin it afresh, for its tools' covered
         duration from now (at least `lead_s`) -- the copy is paid and the tools are past their
-        early return, so they are in their tail: cutting it again now would waste the copy."""
+        early return, so they are in their tail: cutting it again now would waste the copy.
+        Until that pin ends the session is *held* (kv/memory.py::held, level HELD): only a
+        running request's growth may take its pages; its request arriving ends the hold
+        (`returned`), as closing the session does."""
         d = self.durations
         covered = max(d.expected(t) for t in sess.tools) * d.margin if sess.tools else 0.0
         sess.pin_until = max(sess.pin_until, now + max(covered, lead_s))
