@@ -69,7 +69,7 @@ def test_a_held_session_survives_another_admission_and_its_next_turn_uses_it():
     model, core, clock, a, hist, rng, before = _held_session()
     got = len(a.seq.pages) - before
     assert got > 0 and held(a, clock.now())
-    # only the widest level (a running request's growth) may take its pages
+    # held: no prefetch may take its pages, an admission or growth only after everything else
     assert id(a) in _idle_ids(core, HELD) and id(a) not in _idle_ids(core, QUEUED) | _idle_ids(core, UNPINNED)
     # another session's history, cut to the tier meanwhile, comes back at its admission: the
     # room comes from the tree's unheld leaves, not from a

@@ -11,8 +11,8 @@ slack, and bringing back a session tail given up under pressure.
   (kv/retention.py::Retention.due_at: the tools' learned early quantile, less a lead), soonest
   first, at most once per wait, into free pages and unpinned candidates only -- the runtime
   knows who comes back when, so this is the first prefetch. The session brought back is then
-  *held* (kv/memory.py: HELD, a level of its own, until its pin ends): only a running request's
-  growth may take its pages, not another request's admission nor another prefetch. What it
+  *held* (kv/memory.py: HELD, a level of its own, until its pin ends): no other prefetch may
+  take its pages, and a request's admission or growth only after every other candidate. What it
   restored and a request then used is counted (`prefetch_used_pages`, `prefetch_saved_s`).
 * **Prefetch** (`Hierarchy.prefetch`): between steps, the demoted pages of the agents predicted
   next -- the scheduler's hints (a declared or learned workflow's next stages,
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from agentrt.kv.kv_io import scatter_kv
 from agentrt.kv.kv_manager import Sequence
-from agentrt.kv.memory import QUEUED, UNPINNED
+from agentrt.kv.memory import HELD, UNPINNED
 from agentrt.kv.room import KVRoom
 from agentrt.prefixes import common_prefix
 
@@ -49,9 +49,9 @@ class Hierarchy:
                        max_pages: int | None = None) -> tuple[int, int]:
         """Promote the demoted continuation of `tokens`' resident match; returns the token range
         [start, end) now resident again ((0, 0): nothing promoted). With `pinned` (an admission)
-        room comes from every candidate up to those queued (kv/memory.py: QUEUED; never a session
-        held for its due tools), without it from unpinned candidates only (a prefetch);
-        `max_pages` stops the path where it would take more."""
+        room comes from every candidate, a session held for its due tools last (kv/memory.py:
+        HELD), without it from unpinned candidates only (a prefetch); `max_pages` stops the path
+        where it would take more."""
         radix = self.kv.radix
         if radix is None or radix.tier is None:
             return 0, 0
@@ -78,7 +78,7 @@ class Hierarchy:
         if kv.radix is not None:
             held = max(held, kv.radix.peek(r.target[:n], r.space))
         need = kv.kvm.pages_for(n)
-        if n < held + kv.cfg.page_size or not kv.mem.reclaim(need, level=QUEUED):
+        if n < held + kv.cfg.page_size or not kv.mem.reclaim(need):
             return 0
         pages, tokens = kv.alloc.alloc(need), list(r.target[:n])
         scatter_kv(kv.kvm.store, pages, hit.k[:, :n], hit.v[:, :n])
@@ -94,13 +94,14 @@ class Hierarchy:
 
     def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False, mark: bool = False) -> int:
         """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
-        Room comes from the candidates reclaim() may take (pinned and queued ones too for a
-        request being admitted: recomputing instead would take them anyway; never those held for
-        a return), never from dropping whole sessions."""
+        Room comes from the candidates reclaim() may take (pinned, queued and, last, held ones
+        too for a request being admitted: recomputing instead would take them anyway -- the
+        admission does not wait for a hold, scheduling/admission.py), never from dropping whole
+        sessions."""
         radix, ps, end = self.kv.radix, self.kv.cfg.page_size, 0
         radix.lock(path[-1])
         try:
-            self.kv.mem.reclaim(n_pages, allow, level=QUEUED if pinned else UNPINNED, trim=False)
+            self.kv.mem.reclaim(n_pages, allow, level=HELD if pinned else UNPINNED, trim=False)
             for node in path:
                 n = len(node.key) // ps
                 if node.resident:

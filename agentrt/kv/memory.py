@@ -11,12 +11,13 @@ system prompt and tools other agents share, an interior node -- stays resident. 
 policy (kv/eviction.py) orders all candidates together, in passes by protection level:
 UNPINNED candidates first (all a prefetch may take); a session pinned by tool-aware retention
 (kv/retention.py) only in a second pass (PINNED); one with a request queued (about to run:
-cutting it now would only move its pages out and back) in a third (QUEUED: all an admission may
-take -- its own promotion, a disk restore); and a session brought back by a return prefetch and
-held for its due tools (`held`) only in a fourth (HELD), which only a running request's growth
-reaches (the scheduler's reserve) -- never an admission or another prefetch, so the copy is
-not undone before its request arrives; the hold ends with its pin. None of them is kept instead
-of preempting a running request. Running requests' and busy sessions' pages are never
+cutting it now would only move its pages out and back) in a third (QUEUED); and a session
+brought back by a return prefetch and held for its due tools (`held`) only in a fourth (HELD),
+after everything else: never by another prefetch, and by a request's admission or growth only
+when nothing else is left (an admission that could not promote its history would recompute
+it into the same pages: admission does not wait for a hold, scheduling/admission.py); the
+hold ends with its pin or its request. None of them is kept instead of preempting a running
+request. Running requests' and busy sessions' pages are never
 candidates. The next turn of a cut session gets its tail back from the tree, the tier (a copy)
 or, last, by recompute."""
 
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-# protection levels (passes of reclaim): what a prefetch, an admission and a running request's
-# growth may take, each level including those below it
+# protection levels (passes of reclaim), each including those below it: what a prefetch may
+# take (UNPINNED), then the pinned, the queued, and last the held (an admission's or growth's)
 UNPINNED, PINNED, QUEUED, HELD = 0, 1, 2, 3
 
 
@@ -120,8 +121,8 @@ class MemoryManager:
 
     def reclaim(self, n_pages: int, allow=None, *, level: int = HELD, trim: bool = True) -> bool:
         """Try to have n_pages free, without touching running requests. Candidates go in passes
-        by protection level, up to `level`: UNPINNED (a prefetch), PINNED, QUEUED (an admission),
-        HELD (the default: a running request's growth). `allow(leaf)` limits the candidates
+        by protection level, up to `level`: UNPINNED (a prefetch), PINNED, QUEUED, HELD (the
+        default: an admission, a running request's growth). `allow(leaf)` limits the candidates
         (prefetch: only leaves needed later); `trim` lets the last resort drop what the tree does
         not hold of idle sessions (up to `level` too)."""
         alloc = self.alloc
@@ -234,12 +235,10 @@ class MemoryManager:
         return order(sessions) if order is not None else sorted(sessions, key=lambda s: s.last_used)
 
     def evictable_pages(self) -> int:
-        """Pages an admission's reclaim() could free now: tree pages held by nobody else but idle
-        sessions not held for a return (those count as in use: a prefill chunk waits rather than
-        take them)."""
+        """Pages reclaim() could free now: tree pages held by nobody else but idle sessions."""
         if self.radix is None:
             return 0
-        idle = self._owners_of(QUEUED)  # page -> the idle sessions holding it
+        idle = self._owners_of(HELD)  # page -> the idle sessions holding it
         return sum(1 for n in self.radix.nodes() if n.lock_ref == 0
                    for p in n.pages if self.alloc.refcount(p) == 1 + len(idle.get(p, ())))
 
