@@ -79,7 +79,7 @@ test-latest:
 # `make bench RUN=bench.bench_model ARGS=--quick` runs one (one at a time: they time this machine)
 BENCH_SCRIPTS := bench.bench_model bench.bench_adapters bench.bench_sessions bench.bench_decode bench.bench_grammar \
 	bench.bench_agents bench.bench_langgraph bench.bench_workflows bench.bench_calibrate bench.bench_sim \
-	bench.sim_workflows bench.workflows_seed_regime bench.workflows_metagpt bench.sim_agents bench.workflow_trace bench.bench_server bench.bench_responses \
+	bench.sim_workflows bench.workflows_seed_regime bench.workflows_metagpt bench.sim_agents bench.workflow_trace bench.topas_ablation bench.bench_server bench.bench_responses \
 	bench.bench_cluster bench.reliability bench.soak bench.bench_restart bench.bench_prefetch \
 	bench.gpu_pack bench.gpu_check bench.gpu_profile bench.gpu_faults \
 	bench.cases.moe_case bench.cases.swa_case bench.cases.context_case bench.cases.ff_case bench.cases.trace_case \

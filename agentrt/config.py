@@ -60,6 +60,10 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     task_aging_s: float = 10.0  # topas: a task this old gains as much priority as one stage's work
     topas_exhaustive_agents: int = 6  # topas: subsets of at most this many agents are enumerated
+    # topas, measured options (off: scheduling/topas.py): "locality" | "age" fill order inside a
+    # chosen agent set, and leaving a stage for the oldest task's once it has this many full batches
+    topas_admission: str = "locality"
+    topas_switch_full: float = 0.0
     # the per-decision trace (scheduling/trace.py): the last N scheduling decisions with their
     # candidates, score terms, resident prefixes and evictions (0 = off; Engine.decision_trace())
     decision_trace: int = 0
@@ -128,6 +132,9 @@ class EngineConfig:
         check_choice("EngineConfig.scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         put("task_aging_s", check_float("EngineConfig.task_aging_s (seconds)", self.task_aging_s, min=0.0,
                                         min_open=True))
+        check_choice("EngineConfig.topas_admission", self.topas_admission, ("locality", "age"))
+        put("topas_switch_full", check_float("EngineConfig.topas_switch_full (full batches; 0 = off)",
+                                             self.topas_switch_full, min=0.0))
         # relations between fields
         if self.chunk_min > self.chunk_max:
             raise ConfigError(f"EngineConfig.chunk_min ({self.chunk_min}) must be <= chunk_max ({self.chunk_max})")

@@ -209,3 +209,35 @@ def test_cost_model_learns_a_decode_step_line_in_the_batch_size():
     for _ in range(5):
         flat.observe(0.02, 0, 4)
     assert flat.decode_per_seq_s == 0.0 and flat.decode_s(1) == flat.decode_s(16) == pytest.approx(0.02)
+
+
+def test_topas_age_admission_serves_the_oldest_task_first_on_the_resident_prefix():
+    """With admission="age", the requests on the resident prefix go oldest task first, even
+    against a longer resident match (the default's order); room for two of three."""
+    old = ready("a_old", "A", remaining=0.9, resident=PREFIX, task_arrival=0.0)
+    warm = [ready(f"a_warm{i}", "A", remaining=0.9, resident=PREFIX + 50 * (i + 1), task_arrival=5.0 + i)
+            for i in range(2)]
+    v = view([*warm, old], resident={"A": PREFIX}, budget=PREFIX + 200, now=10.0)
+    assert Topas(admission="age").decide(v).order[:2] == ["a_old", "a_warm0"]
+    assert Topas().decide(v).order[:2] == ["a_warm1", "a_warm0"]
+    with pytest.raises(ConfigError, match="admission"):
+        Topas(admission="newest")
+
+
+def test_topas_switch_leaves_the_running_stage_for_the_oldest_tasks_full_batch():
+    """switch_full=1: A requests run; the oldest waiting task is at C. With a full batch ready at C
+    (the budget less C's prefix, over the requests' cells: 5), only C's requests are ordered and
+    only C is kept (A drains); with fewer, TOPAS decides as without the option."""
+    running = [ready("a_run", "A", remaining=0.9, resident=PREFIX, task_arrival=8.0)]
+    a_new = ready("a_new", "A", remaining=0.9, resident=PREFIX, task_arrival=9.0)
+    cs = [ready(f"c{i}", "C", remaining=0.3, task_arrival=float(i)) for i in range(5)]
+    v = view([a_new, *cs], resident={"A": PREFIX}, running=running, budget=PREFIX + 500, now=10.0)
+    d = Topas(switch_full=1.0).decide(v)
+    assert d.order == ["c0", "c1", "c2", "c3", "c4"] and d.keep == frozenset({"C"})
+    v4 = view([a_new, *cs[:4]], resident={"A": PREFIX}, running=running, budget=PREFIX + 500, now=10.0)
+    assert Topas(switch_full=1.0).decide(v4).order == Topas().decide(v4).order
+    from agentrt import EngineConfig
+    with pytest.raises(ConfigError, match="topas_switch_full"):
+        EngineConfig(topas_switch_full=-1.0)
+    with pytest.raises(ConfigError, match="topas_admission"):
+        EngineConfig(topas_admission="newest")

@@ -79,7 +79,8 @@ class EngineCore(Postprocess):
         self.scheduler = Scheduler(
             cfg, self.queues, kv, self.hierarchy, self.tasks,
             make_scheduling_policy(cfg.scheduling_policy, aging_s=cfg.task_aging_s,
-                                   exhaustive_agents=cfg.topas_exhaustive_agents),
+                                   exhaustive_agents=cfg.topas_exhaustive_agents, admission=cfg.topas_admission,
+                                   switch_full=cfg.topas_switch_full),
             ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock, events=self.events)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self.masks = MaskPrefetch(self.counters, cfg.grammar_overlap and not self.executor.simulated)

@@ -45,6 +45,16 @@ other *resident* agents join the batch while they fit without evicting anything 
 already paid for), and an idle engine always admits. Search: every subset of the candidate
 agents when there are at most `exhaustive_agents` of them, else a bounded greedy (add the agent
 that raises the score most, while it rises).
+
+The "missing half" of issue 60, measured as options (bench/topas_ablation.py) and off by default
+because neither beat the above on the simulated H100 (bench/results/topas_ablation.json):
+- `admission="age"`: inside the chosen agent set, requests whose agent's prefix is resident are
+  admitted oldest task first (not longest resident match first);
+- `switch_full=f > 0`: leave the resident stage -- admit nothing more of the running agents, so
+  they drain -- when the oldest waiting task's stage is not running and has at least f full
+  batches ready (the requests that fit beside its prefix, over their mean cells).
+Both buy task order with throughput: on a GPU a decode step costs about the same for one row as
+for five, and a drain under-fills every step until the running requests end.
 """
 
 from __future__ import annotations
@@ -52,11 +62,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from agentrt.errors import ConfigError
 from agentrt.scheduling.policy_base import Decision, Ready, SchedulingView
 
 EPS = 1e-3  # seconds: floor of a remaining path and of a state's time
 RESIDENT = 0.5  # an agent counts as resident when this share of its prefix is
 KEEP_P = 0.25  # a resident prefix expected to be needed with this probability soon is kept
+ADMISSIONS = ("locality", "age")  # fill order inside a chosen agent set (the class docstring)
 
 
 @dataclass
@@ -76,11 +88,19 @@ class _State:
 class Topas:
     name = "topas"
 
-    def __init__(self, aging_s: float = 10.0, exhaustive_agents: int = 6):
+    def __init__(self, aging_s: float = 10.0, exhaustive_agents: int = 6, admission: str = "locality",
+                 switch_full: float = 0.0):
+        if admission not in ADMISSIONS:
+            raise ConfigError(f"Topas admission must be one of {ADMISSIONS}, got {admission!r}")
         self.aging_s, self.exhaustive = aging_s, exhaustive_agents
+        self.admission, self.switch_full = admission, switch_full
 
     def decide(self, view: SchedulingView) -> Decision:
-        ctx = _Context(view, self.aging_s)
+        ctx = _Context(view, self.aging_s, self.admission)
+        if self.switch_full > 0:
+            switch = ctx.switch(self.switch_full)
+            if switch is not None:
+                return switch
         forced = frozenset(r.stage for r in view.running)
         cands = sorted(({r.stage for r in view.ready} | ctx.next_resident) - forced, key=str)
         if len(cands) <= self.exhaustive:
@@ -117,12 +137,17 @@ class Topas:
 class _Context:
     """One decision's precomputed figures."""
 
-    def __init__(self, view: SchedulingView, aging_s: float):
+    def __init__(self, view: SchedulingView, aging_s: float, admission: str = "locality"):
         self.view, self.aging_s = view, aging_s
         self.ready = sorted(view.ready, key=self.weight, reverse=True)
         # admission order inside a chosen agent set: longest resident match first (LPM's
-        # locality: requests on one resident prefix batch together), weight breaking ties
-        self.by_locality = sorted(view.ready, key=lambda r: (-r.resident, -self.weight(r)))
+        # locality: requests on one resident prefix batch together), weight breaking ties; with
+        # "age", the requests on a resident prefix oldest task first
+        if admission == "age":
+            self.by_locality = sorted(view.ready, key=lambda r: (-min(r.resident, view.prefix_len.get(r.stage, 0)),
+                                                                 r.task_arrival))
+        else:
+            self.by_locality = sorted(view.ready, key=lambda r: (-r.resident, -self.weight(r)))
         self.dynamic = sum(r.cells for r in view.running)
         self.mean_cells = max(1.0, sum(r.cells for r in view.ready) / max(1, len(view.ready)))
         self.resident = {a for a, n in view.resident.items() if n > 0 and n >= RESIDENT * view.prefix_len.get(a, 0)}
@@ -133,6 +158,23 @@ class _Context:
                 nxt[a] = nxt.get(a, 0.0) + 1.0 / len(r.successors)
         self.successor_p = {a: min(1.0, p) for a, p in nxt.items()}
         self.next_resident = frozenset(a for a, p in nxt.items() if a in self.resident and p >= KEEP_P)
+
+    def switch(self, full_batches: float) -> Decision | None:
+        """Leave the running stages for the oldest waiting task's stage when it is not running
+        and has `full_batches` full batches ready: its requests oldest task first, nothing more
+        for the running stages (they drain). None: stay."""
+        v = self.view
+        if not v.ready or not v.running:
+            return None
+        oldest = min(v.ready, key=lambda r: r.task_arrival)
+        if oldest.stage in {r.stage for r in v.running}:
+            return None
+        batch = sorted((r for r in v.ready if r.stage == oldest.stage), key=lambda r: r.task_arrival)
+        mean = sum(max(1, r.cells) for r in batch) / len(batch)
+        if len(batch) < full_batches * max(1.0, (v.budget - v.prefix_len.get(oldest.stage, 0)) / mean):
+            return None
+        terms = ({"switch_to": oldest.stage, "ready": len(batch)},) if v.explain else ()
+        return Decision([r.req for r in batch], frozenset({oldest.stage}) - {None}, terms)
 
     def weight(self, r: Ready) -> float:
         age = max(0.0, self.view.now - r.task_arrival)
