@@ -179,3 +179,35 @@ def test_cyclic_agents_prefill_less_than_lru_with_identical_outputs():
     ratio = aware.prompt_computed / lru.prompt_computed
     assert ratio <= 0.9, (aware.prompt_computed, lru.prompt_computed)
     assert aware.hit_rate > lru.hit_rate
+
+
+def test_a_user_policy_gets_every_hook_and_one_without_victim_order_is_refused():
+    """An eviction policy object of the user's own: the hooks it leaves out get the base's
+    defaults (kv/eviction.py::as_eviction_policy, once, at the engine's start), so the engine
+    calls every hook without probing; its own hooks are the ones called. One that cannot rank
+    leaves is a ConfigError."""
+    from agentrt.kv.eviction import EvictionPolicyBase
+
+    class Newest:  # (no base class: ranks leaves only, most recent first)
+        def __init__(self):
+            self.ranked = 0
+
+        def victim_order(self, leaves):
+            self.ranked += 1
+            return sorted(leaves, key=lambda n: -n.last_access)
+
+    mine = Newest()
+    model = tiny_model("llama")
+    core = EngineCore(model, EngineConfig(kv_cache_tokens=256, page_size=16, response_cache_size=0), policy=mine)
+    assert isinstance(core.policy, EvictionPolicyBase) and core.radix.policy is core.policy
+    assert core.policy.distances() == {} and core.policy.name == "Newest"
+    sp = SamplingParams(max_tokens=4)
+    for i in range(6):  # distinct prompts past the pool: eviction must rank leaves
+        prompt = [(7 * i + j) % V for j in range(60)]
+        r = submit(core, prompt, sp)
+        drain(core)
+        assert r.output == generate(model, prompt, sp)
+    core.check_invariants()
+    assert mine.ranked > 0
+    with pytest.raises(ConfigError, match="victim_order"):
+        EngineCore(model, EngineConfig(kv_cache_tokens=256), policy=object())

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from agentrt.kv.eviction import EvictableNode, IdleSession
+from agentrt.kv.eviction import EvictableNode, EvictionPolicyBase, IdleSession
 from agentrt.errors import ConfigError
 
 T = TypeVar("T")
@@ -109,7 +109,7 @@ class TransitionChain:
                 raise AssertionError("transition chain count below 1")
 
 
-class AgentAwarePolicy:
+class AgentAwarePolicy(EvictionPolicyBase):
     """Evicts the cache (radix leaves, idle sessions) whose agent is predicted to run again
     latest; LRU where the learned chain predicts nothing. See the module docstring."""
 

@@ -151,13 +151,11 @@ class Hierarchy:
         pages the running requests may still need (the scheduler's projection), kept free; asked
         only when a path is weighed (most steps find nothing to prefetch)."""
         radix, policy = self.kv.radix, self.kv.policy
-        # a user-supplied eviction policy: distances() is an optional hook (kv/eviction.py)
-        distances = getattr(policy, "distances", None)
         if radix is None or radix.tier is None or not radix.tier.used or max_pages <= 0:
             return 0
         limit = hints() if hints is not None else {}
         dist = dict.fromkeys(limit, 0)
-        for t, d in (distances() if distances is not None else {}).items():
+        for t, d in policy.distances().items():
             dist.setdefault(t, d)
         if not dist:
             return 0

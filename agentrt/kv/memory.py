@@ -229,10 +229,8 @@ class MemoryManager:
         return self.alloc.num_free >= n_pages
 
     def _order_sessions(self, sessions: list) -> list:
-        """The policy's session order (least recently used for a policy without one)."""
-        # a user-supplied eviction policy: order_sessions is optional by contract (kv/eviction.py)
-        order = getattr(self.policy, "order_sessions", None)
-        return order(sessions) if order is not None else sorted(sessions, key=lambda s: s.last_used)
+        """The policy's session order (least recently used first by default: kv/eviction.py)."""
+        return self.policy.order_sessions(sessions)
 
     def evictable_pages(self) -> int:
         """Pages reclaim() could free now: tree pages held by nobody else but idle sessions."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentrt.config import EngineConfig
+from agentrt.kv.eviction import as_eviction_policy
 from agentrt.kv.identity import BASE, Adapted, space
 from agentrt.kv.sessions import EngineSession
 from agentrt.kv.kv_manager import KVManager, Sequence
@@ -36,7 +37,7 @@ class KVRoom:
             local = LocalPages(store.local_of, rows, cfg.page_size, store.window)
         self.alloc = PageAllocator(cfg.num_pages, cfg.page_size, local)
         self.kvm = KVManager(self.alloc, store)
-        self.policy = policy
+        self.policy = policy = as_eviction_policy(policy)
         tier = make_tier(store) if make_tier is not None and cfg.enable_radix_cache else None
         if tier is not None:
             tier.local = local
@@ -96,10 +97,7 @@ class KVRoom:
         if self.radix is not None:
             self.radix.check_invariants()
             holders.append(self.radix.all_pages())
-        # a user-supplied eviction policy: check_invariants is an optional hook (kv/eviction.py)
-        check = getattr(self.policy, "check_invariants", None)
-        if check is not None:
-            check()
+        self.policy.check_invariants()
         self.alloc.check_invariants(holders)
         for s in self.sessions.values():
             if len(s.seq.pages) < self.kvm.pages_for(s.seq.num_cached):

@@ -68,8 +68,6 @@ class Scheduler:
         self.mem, self.kvm, self.radix = kv.mem, kv.kvm, kv.radix
         self.tasks, self.policy, self.ticks = tasks, policy, ticks
         self.context, self.clock, self.events = context, clock, events
-        # a user-supplied eviction policy: on_request is optional by contract (kv/eviction.py)
-        self._on_request = getattr(kv.policy, "on_request", None)
         self.decision_us: deque[float] = deque(maxlen=4096)
         self._last: tuple | None = None  # (queue signature, time, order)
         # the per-decision trace (EngineConfig.decision_trace; None: off), and this pass's record
@@ -136,8 +134,7 @@ class Scheduler:
             if promoted and (n := max(0, min(reused, promoted[1]) - promoted[0])):
                 counters.prompt_promoted += n
                 r.promoted, r.promote_s = n, -(-n // self.cfg.page_size) * self.radix.tier.copy_s_per_page
-            if self._on_request is not None:
-                self._on_request(r.tag)
+            self.kv.policy.on_request(r.tag)
 
     def _decide(self) -> list[Request]:
         self._record = None
