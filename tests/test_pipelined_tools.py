@@ -14,7 +14,8 @@ import pytest
 from agentrt import Agent, EngineConfig, Runtime, tool
 from agentrt.records.request import TokenEvent, Usage
 from agentrt.conversation.chat_format import ChatFormat
-from agentrt.conversation.engine_text import CHAT_FORMAT, chat_format_of
+from agentrt.conversation.engine_text import chat_format_of
+from agentrt.engine.shared import EngineShared
 from agentrt.toolcall.formats import HERMES
 from tests.conftest import smol_tokenizer
 
@@ -26,7 +27,7 @@ class ScriptedEngine:
 
     def __init__(self, replies: list[str], tokenizer=None) -> None:
         self.tokenizer = tokenizer or smol_tokenizer()
-        self.shared = {CHAT_FORMAT: ChatFormat(self.tokenizer)}  # (conversation/engine_text.py reads it)
+        self.shared = EngineShared(chat_format=ChatFormat(self.tokenizer))  # (conversation/engine_text.py reads it)
         self.replies = list(replies)
         self.stopped: list[int] = []
         self._thread = "running"  # (Runtime checks the engine was entered)

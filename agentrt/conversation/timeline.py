@@ -101,7 +101,6 @@ def now() -> float:
 
 def timeline_of(engine: Any) -> TurnLog:
     """The engine's turn log (an Engine's, or a Ray RemoteEngine's), created on first use."""
-    log = engine.shared.get("timeline")
-    if log is None:
-        log = engine.shared["timeline"] = TurnLog()
-    return log
+    if engine.shared.timeline is None:
+        engine.shared.timeline = TurnLog()
+    return engine.shared.timeline

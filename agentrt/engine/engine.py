@@ -27,6 +27,7 @@ from agentrt.engine.durable import restore_for
 from agentrt.engine.lifetime import EngineHost
 from agentrt.engine.reads import EngineReads
 from agentrt.engine.loop import StepThread
+from agentrt.engine.shared import EngineShared
 from agentrt.records.request import TokenEvent, Usage
 from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.engine.session import Session, restore_session
@@ -75,9 +76,8 @@ class Engine(EngineReads, EngineAdapters):
             self.core.disk.policy_lock = self._steps.lock
         self._loop_thread_id: int | None = None  # (set on entering)
         self._portal, self._host = None, EngineHost()
-        # what the layers above build once per engine and share (conversation/engine_text.py: the
-        # chat format and the grammar factory)
-        self.shared: dict[str, object] = {}
+        # what the layers above build once per engine and share (engine/shared.py)
+        self.shared = EngineShared()
 
     # ---- lifecycle ------------------------------------------------------------------
     async def __aenter__(self) -> "Engine":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrt.conversation.engine_text import CHAT_FORMAT, GRAMMARS
+from agentrt.engine.shared import EngineShared
 from agentrt.errors import ConfigError, ReplicaLost
 
 from .replica import ConstraintSpec
@@ -69,7 +69,7 @@ class RemoteEngine:
         self.alive = True
         self._adapters: dict[str, Any] = {}  # name -> AdapterInfo of what this replica loaded
         # the chat format from the replica, grammars built there (conversation/engine_text.py reads these)
-        self.shared = {CHAT_FORMAT: chat, GRAMMARS: RemoteGrammars()}
+        self.shared = EngineShared(chat_format=chat, grammars=RemoteGrammars())
 
     started = True
     closed = False  # (a replica is lost, not closed: see alive)
