@@ -29,6 +29,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from agentrt import tracing
 from agentrt.conversation.engine_text import chat_format_of
+from agentrt.engine.shared import EngineShared
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 from agentrt.conversation.repeats import CallLimits
@@ -106,7 +107,7 @@ class ChatAgentrt(BaseChatModel):
             raise ConfigError("pass engine= (an Engine), base_url= (a remote agentrt serve), or use "
                               "ChatAgentrt.from_model(source)")
         # a public input: an Engine or a Ray RemoteEngine, both hold `shared` (no common base)
-        if engine is not None and not isinstance(getattr(engine, "shared", None), dict):
+        if engine is not None and not isinstance(getattr(engine, "shared", None), EngineShared):
             raise ConfigError(f"engine must be an agentrt Engine, got {type(engine).__name__}")
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k, seed=self.seed)  # validates (ConfigError)
