@@ -26,7 +26,7 @@ from agentrt import Agent, Engine, SamplingParams, task_scope
 from agentrt.tools import Tool
 from agentrt.workflow import current_task
 from bench.metagpt_run import Recorder, result_of
-from bench.workflow_run import engine_stats
+from bench.workflow_run import engine_stats, run_at_arrivals
 from bench.metagpt_workload import SOP_STAGES, TEAM, WORKFLOWS, MetaPlan, MetaSizes, instructions, tool_result, \
     tool_schema
 
@@ -157,21 +157,13 @@ async def run_graph(lm, cfg, workflow: str, plans: list[MetaPlan], sizes: MetaSi
                 if ref is not None:
                     await ref.stop()
 
-        t0 = time.perf_counter()
-        with anyio.move_on_after(timeout) as scope:
-            if sequential:
-                for plan in plans:
-                    await run_task(plan, time.perf_counter())
-            else:
-                async with anyio.create_task_group() as tg:
-                    for plan in plans:
-                        tg.start_soon(run_task, plan, t0 + plan.arrival)
-        wall = time.perf_counter() - t0
+        wall, timed_out = await run_at_arrivals(run_task, plans, [p.arrival for p in plans], timeout, sequential,
+                                                clock=time.perf_counter)
         stats = engine_stats(eng)
         await rt.stop_all()
     ivs = rec.intervals()
     ttfts = [c["ttft"] for c in rec.calls if c["ttft"] is not None]
-    out = result_of(plans, jct, ivs, ttfts, wall, scope.cancelled_caught, stats)
+    out = result_of(plans, jct, ivs, ttfts, wall, timed_out, stats)
     out["visits"] = {t: [s for tt, s in rec.log if tt == t] for t in by_id}
     out["workflow_edges"] = edges
     out["recorder"] = rec

@@ -22,7 +22,7 @@ import anyio
 from agentrt import Engine, SamplingParams
 from agentrt.workflow import current_task
 from bench.metagpt_workload import WORKFLOWS, MetaPlan, SimCall
-from bench.workflow_run import busy_time, engine_stats, jct_summary
+from bench.workflow_run import busy_time, engine_stats, jct_summary, run_at_arrivals, timed_call
 
 
 def result_of(plans, jct: dict, intervals: list, ttfts: list, wall: float, timed_out: bool, stats: dict) -> dict:
@@ -56,15 +56,11 @@ async def run_plans(lm, fmt, prefixes: dict, plans: list[MetaPlan], calls: dict,
             for k, call in enumerate(seq):
                 prompt = list(call.prompt) if call.prompt is not None else prompt + call.suffix
                 sp = SamplingParams(max_tokens=max(call.max_tokens, 1), ignore_eos=True)
-                t0, ttft, out = anyio.current_time(), None, []
-                async with aclosing(eng.generate(prompt, sp, session=s, tag=stage, task=plan.task_id,
-                                                 workflow=plan.workflow)) as stream:
-                    async for ev in stream:
-                        if ttft is None and ev.token_ids:
-                            ttft = anyio.current_time() - t0
-                        out.extend(ev.token_ids)
+                t0 = anyio.current_time()
+                out, ttft = await timed_call(eng, prompt, sp, session=s, tag=stage, task=plan.task_id,
+                                             workflow=plan.workflow)
                 intervals.append((t0, anyio.current_time()))
-                ttfts.append(ttft if ttft is not None else anyio.current_time() - t0)
+                ttfts.append(ttft)
                 prompt = prompt + fmt.encode_assistant_tokens(out)
                 if k < len(seq) - 1:  # the tool the call asked for
                     await s.expect_tools([stage])
@@ -81,18 +77,9 @@ async def run_plans(lm, fmt, prefixes: dict, plans: list[MetaPlan], calls: dict,
                             tg.start_soon(visit, plan, v.stage, seq, agents, stack)
             jct[plan.task_id] = anyio.current_time() - start
 
-        t0 = anyio.current_time()
-        with anyio.move_on_after(timeout) as scope:
-            if sequential:
-                for plan in plans:
-                    await run_task(plan, anyio.current_time())
-            else:
-                async with anyio.create_task_group() as tg:
-                    for plan in plans:
-                        tg.start_soon(run_task, plan, t0 + plan.arrival)
-        wall = anyio.current_time() - t0
+        wall, timed_out = await run_at_arrivals(run_task, plans, [p.arrival for p in plans], timeout, sequential)
         stats = engine_stats(eng)
-    return result_of(plans, jct, intervals, ttfts, wall, scope.cancelled_caught, stats)
+    return result_of(plans, jct, intervals, ttfts, wall, timed_out, stats)
 
 
 class Recorder:

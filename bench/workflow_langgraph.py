@@ -14,7 +14,7 @@ import anyio
 
 from agentrt import Agent, Engine, SamplingParams, Workflow, task_scope
 from agentrt.tools import Tool
-from bench.workflow_run import engine_stats, jct_summary
+from bench.workflow_run import engine_stats, jct_summary, run_at_arrivals
 from bench.workflow_workload import _seed
 from bench.workloads.agentic import text_of_tokens
 
@@ -95,20 +95,12 @@ async def run_langgraph(lm, cfg, arrivals: list[float], prefix_tokens: int, max_
                 if ref is not None:
                     await ref.stop()
 
-        t0 = time.perf_counter()
-        with anyio.move_on_after(timeout) as scope:
-            if sequential:
-                for i in range(len(arrivals)):
-                    await run_task(i, time.perf_counter())
-            else:
-                async with anyio.create_task_group() as tg:
-                    for i, a in enumerate(arrivals):
-                        tg.start_soon(run_task, i, t0 + a)
-        wall = time.perf_counter() - t0
+        wall, timed_out = await run_at_arrivals(run_task, list(range(len(arrivals))), arrivals, timeout, sequential,
+                                                clock=time.perf_counter)
         stats = engine_stats(eng)
         await rt.stop_all()
     done = list(jct.values())
-    out = {"workflow_source": source, "workflow_edges": edges, "tasks": len(arrivals), "completed": len(done), "timed_out": scope.cancelled_caught, "wall_s": wall,
+    out = {"workflow_source": source, "workflow_edges": edges, "tasks": len(arrivals), "completed": len(done), "timed_out": timed_out, "wall_s": wall,
            "jct_s": done, **jct_summary(done), **stats}
     if len(done) < len(arrivals):
         out["error"] = f"{len(arrivals) - len(done)} of {len(arrivals)} tasks unfinished after {timeout:.0f} s"

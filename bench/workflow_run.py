@@ -60,6 +60,23 @@ async def timed_call(eng, prompt: list[int], sp, **kw) -> tuple[list[int], float
     return out, ttft if ttft is not None else anyio.current_time() - t0
 
 
+async def run_at_arrivals(run_task, tasks: list, arrivals: list[float], timeout: float, sequential: bool = False,
+                          clock=anyio.current_time) -> tuple[float, bool]:
+    """`run_task(task, start)` for every task: each started at t0 + its arrival, side by side, or
+    (`sequential`, a calibration) one after another; under `timeout`. Returns (wall seconds,
+    whether the timeout cut it). `clock`: the time the tasks' starts are on."""
+    t0 = clock()
+    with anyio.move_on_after(timeout) as scope:
+        if sequential:
+            for task in tasks:
+                await run_task(task, clock())
+        else:
+            async with anyio.create_task_group() as tg:
+                for task, arrival in zip(tasks, arrivals):
+                    tg.start_soon(run_task, task, t0 + arrival)
+    return clock() - t0, scope.cancelled_caught
+
+
 async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, timeout: float,
                   sequential: bool = False, executor=None, book=None, on_close=None) -> dict:
     """All tasks through one engine built from cfg; `sequential`: one task at a time (calibration).
@@ -99,21 +116,12 @@ async def run_dag(lm, fmt, dag: Dag, tasks: list[TaskPlan], sizes: Sizes, cfg, t
                     tg.start_soon(stage, task, s, done)
             jct[task.task_id] = anyio.current_time() - start
 
-        t0 = anyio.current_time()
-        with anyio.move_on_after(timeout) as scope:
-            if sequential:
-                for task in tasks:
-                    await run_task(task, anyio.current_time())
-            else:
-                async with anyio.create_task_group() as tg:
-                    for task in tasks:
-                        tg.start_soon(run_task, task, t0 + task.arrival)
-        wall = anyio.current_time() - t0
+        wall, timed_out = await run_at_arrivals(run_task, tasks, [t.arrival for t in tasks], timeout, sequential)
         stats = engine_stats(eng)
         if on_close is not None:
             await on_close(eng)
     done = [jct[t.task_id] for t in tasks if t.task_id in jct]
-    out = {"tasks": len(tasks), "completed": len(done), "timed_out": scope.cancelled_caught,
+    out = {"tasks": len(tasks), "completed": len(done), "timed_out": timed_out,
            "wall_s": wall, "busy_s": busy_time(intervals), "jct_s": done, **jct_summary(done), **stats,
            "turn_s_mean": statistics.fmean(b - a for a, b in intervals) if intervals else None,
            "ttft_s_mean": statistics.fmean(ttfts) if ttfts else None}
