@@ -27,7 +27,7 @@ else
 $(error DEPS must be locked or latest, not "$(DEPS)")
 endif
 
-.PHONY: venv kernels demo chat test test-fast test-latest lock bench clean
+.PHONY: venv kernels demo chat test test-fast test-latest lint lock bench clean
 
 venv: $(STAMP)
 
@@ -64,6 +64,12 @@ test: kernels
 	# whether the embedded 135M model answers well: its pass count ("model_quality: 14/16 passed"),
 	# never a failure of make test (the API behind each test gates above, on scripted output)
 	$(PY) -m pytest -q --tb=no -m model_quality -p no:cacheprovider || true
+
+# the linter (ruff: pyflakes, statements, sorted imports; pyproject's [tool.ruff]) over the tree and the type
+# checker (mypy; [tool.mypy]) over agentrt/: .ci/run calls it before the tests
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 test-fast: kernels
 	$(PY) -m pytest -q -x -m "not slow"

@@ -7,27 +7,27 @@ agent's settings are `SamplingParams`.
 """
 
 from agentrt import dashboard, errors, tracing
-from agentrt.kv.agent_aware import AgentAwarePolicy
-from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
 from agentrt.config import EngineConfig
-from agentrt.engine.adapters import AdapterInfo
-from agentrt.engine.engine import Completion, Engine
-from agentrt.records.request import TokenEvent, Usage
-from agentrt.engine.session import Session
-from agentrt.engine.stats import EngineStats
-from agentrt.model.config import ModelConfig
-from agentrt.model.loaders.load import DEFAULT_MODEL, LoadedModel, load_model
-from agentrt.runtime.actor import ActorRef
-from agentrt.runtime.agent import Agent
-from agentrt.runtime.turn_events import TurnResult
-from agentrt.runtime.runtime import Runtime
-from agentrt.runtime.spec import AgentSpec
-from agentrt.runtime.supervision import Supervision
-from agentrt.sampling import SamplingParams
 from agentrt.conversation.chat_format import ChatFormat
 from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.conversation.overflow import ContextPolicy
 from agentrt.conversation.repeats import CallLimits
+from agentrt.engine.adapters import AdapterInfo
+from agentrt.engine.engine import Completion, Engine
+from agentrt.engine.session import Session
+from agentrt.engine.stats import EngineStats
+from agentrt.kv.agent_aware import AgentAwarePolicy
+from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
+from agentrt.model.config import ModelConfig
+from agentrt.model.loaders.load import DEFAULT_MODEL, LoadedModel, load_model
+from agentrt.records.request import TokenEvent, Usage
+from agentrt.runtime.actor import ActorRef
+from agentrt.runtime.agent import Agent
+from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.spec import AgentSpec
+from agentrt.runtime.supervision import Supervision
+from agentrt.runtime.turn_events import TurnResult
+from agentrt.sampling import SamplingParams
 from agentrt.toolcall import ToolCallParser
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
 from agentrt.tools import Tool, ToolContext, ToolResult, Toolset, tool

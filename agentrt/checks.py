@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 from agentrt.errors import ConfigError

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-import dataclasses
 from dataclasses import dataclass
 
 from agentrt.checks import check_bool, check_choice, check_float, check_int, set_frozen

@@ -28,17 +28,26 @@ from pathlib import Path
 import anyio
 import torch
 
-
 from agentrt import EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
-from bench.cases.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
 from bench.agents_report import aggregate_ratios, aggregate_system, plot, print_case, ratios, summarize  # noqa: E402
 from bench.agents_results import REQUIRED, headline, headline_sources, load_previous, merge  # noqa: E402,F401
-from bench.common import RESULTS, machine  # noqa: E402
 from bench.cases import trace_case  # noqa: E402
-from bench.cases.ff_case import headline as ff_headline, print_ff, ff_cases, run_ff  # noqa: E402
-from bench.cases.memory_cases import (DEFAULT_DIST, LONG_KEYS, MEMORY_KEYS, PLOT_ONLY_KEYS, case_extras, expand,  # noqa: E402
-                                memory_cases, plot_memory, print_memory)
+from bench.cases.agents_cases import SYSTEMS, Case, SystemFactory, build_cases, kv_tokens  # noqa: E402
+from bench.cases.ff_case import ff_cases, print_ff, run_ff
+from bench.cases.ff_case import headline as ff_headline  # noqa: E402
+from bench.cases.memory_cases import (  # noqa: E402
+    DEFAULT_DIST,
+    LONG_KEYS,
+    MEMORY_KEYS,
+    PLOT_ONLY_KEYS,
+    case_extras,
+    expand,
+    memory_cases,
+    plot_memory,
+    print_memory,
+)
+from bench.common import RESULTS, machine  # noqa: E402
 from bench.peers.base import NotRun  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp  # noqa: E402
 from bench.workloads.latency import latency_stats  # noqa: E402

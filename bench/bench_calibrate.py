@@ -9,13 +9,10 @@ bench/results/cost_cpu.json (the CPU recorded in it), which bench_sim.py --costs
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-
-from bench.common import RESULTS, machine  # noqa: E402
 from agentrt import DEFAULT_MODEL, load_model  # noqa: E402
 from agentrt.sim.calibrate import calibrate  # noqa: E402
+from bench.common import RESULTS, machine  # noqa: E402
 
 
 def main() -> None:

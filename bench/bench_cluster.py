@@ -38,11 +38,10 @@ import statistics
 import time
 from pathlib import Path
 
-
+from agentrt.sim import StepCosts  # noqa: E402
 from bench.cluster_real import TOOL_S, med, run_cluster, run_local  # noqa: E402
 from bench.cluster_sim import POLICIES, Overheads, Workload, simulate  # noqa: E402
-from bench.common import ROOT, RESULTS, machine, print_table, write_results  # noqa: E402
-from agentrt.sim import StepCosts  # noqa: E402
+from bench.common import RESULTS, ROOT, machine, print_table, write_results  # noqa: E402
 
 OVERHEADS = ("call_overhead", "transfer_fixed", "transfer_per_token")
 

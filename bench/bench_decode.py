@@ -14,17 +14,16 @@ from __future__ import annotations
 import argparse
 import time
 
-
-from bench.peers.forward_step import LlamaCppStep  # noqa: E402
-from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
-from bench.peers.llamacpp_peer import llama_cpp_missing  # noqa: E402
 from agentrt.config import EngineConfig  # noqa: E402
+from agentrt.constrain.grammar import GrammarFactory  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.engine.core import EngineCore  # noqa: E402
 from agentrt.model.loaders.files import resolve_source  # noqa: E402
 from agentrt.model.loaders.load import load_model  # noqa: E402
 from agentrt.sampling import SamplingParams  # noqa: E402
-from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
-from agentrt.constrain.grammar import GrammarFactory  # noqa: E402
+from bench.common import decode_weight_bytes, machine, print_table, read_bandwidth, write_results  # noqa: E402
+from bench.peers.forward_step import LlamaCppStep  # noqa: E402
+from bench.peers.llamacpp_peer import llama_cpp_missing  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "search_flights", "description": "Search flights between two airports on a date.",

@@ -19,20 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-
-from bench.common import machine, write_results  # noqa: E402
-from agentrt.model.loaders.files import resolve_source  # noqa: E402
-from agentrt.model.loaders.gguf import load_gguf_tokenizer  # noqa: E402
 from agentrt.constrain.grammar import BACKENDS  # noqa: E402
 from agentrt.constrain.grammar_backends import CALL_SEP, CallSpec, GrammarSpec, schema_json  # noqa: E402
 from agentrt.constrain.masks import apply_bitmask, bitmask_words  # noqa: E402
+from agentrt.model.loaders.files import resolve_source  # noqa: E402
+from agentrt.model.loaders.gguf import load_gguf_tokenizer  # noqa: E402
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG  # noqa: E402
+from bench.common import machine, write_results  # noqa: E402
 
 
 def _obj(props: dict, required: list[str]) -> dict:

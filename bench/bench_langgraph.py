@@ -28,21 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections import Counter
 from contextlib import aclosing
 from itertools import zip_longest
-import time
 
 import anyio
-
-
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 
 from agentrt import Engine, EngineConfig, load_model  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.integrations.langgraph import ChatAgentrt  # noqa: E402
 from agentrt.integrations.langgraph.messages import to_openai, tools_to_openai  # noqa: E402
-from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from bench.common import machine, print_table, write_results  # noqa: E402
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Seoul", "Perth", "Dakar", "Hanoi", "Rome", "Bern"]
@@ -153,9 +151,9 @@ def cache_read_fraction(usage, from_turn: int = 1) -> float:
 
 
 def reference_model(lm, max_tokens: int):
+    from agentrt.constrain.grammar import GrammarFactory
     from bench.lg_reference import HFChatModel
     from bench.peers.hf_peer import load_hf_gguf
-    from agentrt.constrain.grammar import GrammarFactory
 
     return HFChatModel(hf=load_hf_gguf(lm.source), fmt=ChatFormat(lm.tokenizer), max_tokens=max_tokens,
                        grammars=GrammarFactory(lm.tokenizer, lm.config.vocab_size))

@@ -29,13 +29,21 @@ import tempfile
 
 import torch
 
-
-from bench.cases import context_case, invariance_case, moe_case, swa_case  # noqa: E402
-from bench.common import ROOT, decode_weight_bytes, gemm_flops, machine, print_table, read_bandwidth, timeit, write_results  # noqa: E402
-from bench.peers.forward_step import CTX, AgentrtStep, LlamaCppStep, interleaved  # noqa: E402
-from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
 from agentrt.model.loaders.files import resolve_source  # noqa: E402
 from agentrt.model.loaders.load import load_model  # noqa: E402
+from bench.cases import context_case, invariance_case, moe_case, swa_case  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT,
+    decode_weight_bytes,
+    gemm_flops,
+    machine,
+    print_table,
+    read_bandwidth,
+    timeit,
+    write_results,
+)
+from bench.peers.forward_step import CTX, AgentrtStep, LlamaCppStep, interleaved  # noqa: E402
+from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
 
 SDPA = "agentrt native, SDPA prefill (batch_invariant=False)"
 LONG = (3584, 512)  # a 512-token chunk after a 3,584-token cached prefix

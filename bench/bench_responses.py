@@ -25,8 +25,6 @@ import asyncio
 import statistics
 import sys
 import time
-from pathlib import Path
-
 
 from bench.bench_server import _free_port, _has_server, _process, _q  # noqa: E402
 from bench.common import machine, print_table, write_results  # noqa: E402

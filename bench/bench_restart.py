@@ -162,11 +162,11 @@ def overhead(lm, reps: int) -> dict:
 
 # ---- long (bench_agents' long case) -----------------------------------------------------
 def long_case(lm, quick: bool, tier_bytes: int) -> dict:
+    from agentrt.conversation.chat_format import ChatFormat
     from bench.agents_report import ratios, summarize
     from bench.cases.agents_cases import kv_tokens
     from bench.cases.memory_cases import memory_cases
     from bench.peers.agentrt_peer import AgentrtSystem
-    from agentrt.conversation.chat_format import ChatFormat
 
     fmt = ChatFormat(lm.tokenizer)
     case = next(c for c in memory_cases(fmt, lm.tokenizer, quick=quick) if c.key == "long8_p60")

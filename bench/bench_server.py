@@ -34,9 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from types import SimpleNamespace
-
 
 from bench.common import machine, print_table, write_results  # noqa: E402
 from bench.peers.llamacpp_peer import ensure_llama_cpp, llama_cpp_missing  # noqa: E402
@@ -108,9 +106,9 @@ async def openai_sender(base_url: str, cache_key: bool):
 
 
 def inprocess_sender(state):
+    from agentrt.conversation.conversation import RoundEnd
     from agentrt.server import chat
     from agentrt.server.protocol import ChatRequest
-    from agentrt.conversation.conversation import RoundEnd
     from agentrt.toolcall import ArgumentsDelta, CallStarted, TextDelta
 
     async def send(msgs, key, tools=None, tool_choice=None, max_tokens=32):
@@ -154,8 +152,8 @@ def run_http(n: int, turns: int) -> list:
 
 def run_inprocess(lm, n: int, turns: int, engine_cfg) -> list:
     from agentrt import Engine
-    from agentrt.server import ServerConfig
     from agentrt.conversation.router import SessionPolicy, SessionRouter
+    from agentrt.server import ServerConfig
 
     async def main():
         async with Engine(lm, engine_cfg) as engine:

@@ -15,11 +15,10 @@ import time
 
 import anyio
 
-
-from bench.common import machine, print_table, write_results  # noqa: E402
-from bench.workloads.agentic import make_workflow  # noqa: E402
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
 from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
+from bench.common import machine, print_table, write_results  # noqa: E402
+from bench.workloads.agentic import make_workflow  # noqa: E402
 
 
 async def run_system(lm, fmt, workflows, cfg: EngineConfig, stateful: bool) -> dict:

@@ -31,17 +31,17 @@ from pathlib import Path
 
 import anyio
 
-
-from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
-from bench.sim_compare import ranking, summary  # noqa: E402
-from bench.sim_memory import METRICS as MEMORY_METRICS, memory_validation  # noqa: E402
-from bench.sim_scale import scale_run  # noqa: E402
-from bench.workflow_run import SIM_METRICS, measured_and_simulated, run_dag  # noqa: E402
-from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.sim import StepCosts  # noqa: E402
 from agentrt.sim.calibrate import calibrate  # noqa: E402
+from bench.common import RESULTS, machine, print_table, write_results  # noqa: E402
+from bench.sim_compare import ranking, summary  # noqa: E402
+from bench.sim_memory import METRICS as MEMORY_METRICS  # noqa: E402
+from bench.sim_memory import memory_validation
+from bench.sim_scale import scale_run  # noqa: E402
+from bench.workflow_run import SIM_METRICS, measured_and_simulated, run_dag  # noqa: E402
+from bench.workflow_workload import Sizes, make_dag, make_tasks  # noqa: E402
 
 COSTS = Path(__file__).resolve().parent / "costs"
 METRICS = SIM_METRICS  # step_s: the engine's step time

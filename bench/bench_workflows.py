@@ -26,14 +26,13 @@ from pathlib import Path
 
 import anyio
 
-
+from agentrt import DEFAULT_MODEL, Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
+from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
+from agentrt.scheduling.policies import SCHEDULING_POLICIES  # noqa: E402
 from bench.common import RESULTS, machine, write_results  # noqa: E402
 from bench.workflow_report import headline, plot, print_tables  # noqa: E402
 from bench.workflow_run import combine_reps, reductions, run_dag  # noqa: E402
 from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens  # noqa: E402
-from agentrt import DEFAULT_MODEL, Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
-from agentrt.scheduling.policies import SCHEDULING_POLICIES  # noqa: E402
-from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 
 TARGET = "topas"
 

@@ -26,9 +26,17 @@ from agentrt import Agent, Engine, SamplingParams, task_scope
 from agentrt.tools import Tool
 from agentrt.workflow import current_task
 from bench.metagpt_run import Recorder, result_of
+from bench.metagpt_workload import (
+    SOP_STAGES,
+    TEAM,
+    WORKFLOWS,
+    MetaPlan,
+    MetaSizes,
+    instructions,
+    tool_result,
+    tool_schema,
+)
 from bench.workflow_run import engine_stats, run_at_arrivals
-from bench.metagpt_workload import SOP_STAGES, TEAM, WORKFLOWS, MetaPlan, MetaSizes, instructions, tool_result, \
-    tool_schema
 
 
 def _tool(tok, stage: str, plans: dict[str, MetaPlan], rec: Recorder) -> Tool:

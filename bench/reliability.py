@@ -31,8 +31,7 @@ from pathlib import Path
 
 import httpx
 
-
-from bench.common import ROOT, RESULTS, machine  # noqa: E402
+from bench.common import RESULTS, ROOT, machine  # noqa: E402
 from bench.workloads.malformed import PROBES  # noqa: E402
 
 

@@ -23,18 +23,17 @@ import dataclasses
 import time
 from pathlib import Path
 
-
-from bench.cases.agents_cases import kv_tokens  # noqa: E402
-from bench.agents_report import ratios, summarize  # noqa: E402
-from bench.common import machine, print_table, write_results  # noqa: E402
-from bench.cases.memory_cases import DEFAULT_DIST, LONG_FULL, LONG_QUICK, MEM_SYSTEMS, _make  # noqa: E402
-from bench.peers.agentrt_peer import AgentrtSystem  # noqa: E402
-from bench.workloads.latency import LatencyDist  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.model.config import ModelConfig  # noqa: E402
 from agentrt.sim import SimExecutor, SimModel, StepCosts  # noqa: E402
 from agentrt.sim import run as sim_run  # noqa: E402
+from bench.agents_report import ratios, summarize  # noqa: E402
+from bench.cases.agents_cases import kv_tokens  # noqa: E402
+from bench.cases.memory_cases import DEFAULT_DIST, LONG_FULL, LONG_QUICK, MEM_SYSTEMS, _make  # noqa: E402
+from bench.common import machine, print_table, write_results  # noqa: E402
+from bench.peers.agentrt_peer import AgentrtSystem  # noqa: E402
+from bench.workloads.latency import LatencyDist  # noqa: E402
 
 COSTS = Path(__file__).resolve().parent / "costs"
 MAKERS = {"agentrt": AgentrtSystem.full, "agentrt_no_tier": AgentrtSystem.no_tier,

@@ -17,9 +17,9 @@ import anyio
 from agentrt.sim import ScriptBook, SimExecutor, SimModel, StepCosts
 from agentrt.sim import run as sim_run
 from bench.cases.agents_cases import kv_tokens
-from bench.sim_compare import ranking
 from bench.cases.memory_cases import MEM_SYSTEMS, memory_cases
 from bench.peers.agentrt_peer import AgentrtSystem
+from bench.sim_compare import ranking
 
 CASES_QUICK = ("mem8_p60", "mem8_p40")
 METRICS = ("latency_s", "ttft_s", "hit_rate")

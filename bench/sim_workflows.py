@@ -27,15 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-
-from bench.common import machine, print_table, write_results  # noqa: E402
-from bench.workflow_run import combine_reps, per_rep_keys, reductions, run_dag  # noqa: E402
-from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks  # noqa: E402
 from agentrt import DEFAULT_MODEL, EngineConfig, load_model  # noqa: E402
 from agentrt.conversation.chat_format import ChatFormat  # noqa: E402
 from agentrt.model.config import ModelConfig  # noqa: E402
 from agentrt.sim import SimExecutor, SimModel, StepCosts  # noqa: E402
 from agentrt.sim import run as sim_run  # noqa: E402
+from bench.common import machine, print_table, write_results  # noqa: E402
+from bench.workflow_run import combine_reps, per_rep_keys, reductions, run_dag  # noqa: E402
+from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks  # noqa: E402
 
 COSTS = Path(__file__).resolve().parent / "costs"
 POLICIES = ("fcfs", "lpm", "srpt", "program_fcfs", "topas")

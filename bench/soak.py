@@ -30,7 +30,6 @@ from typing import Literal
 
 import anyio
 
-
 from agentrt import Agent, Engine, EngineConfig, LoadedModel, Runtime, SamplingParams, tool  # noqa: E402
 from agentrt.conversation.engine_text import chat_format_of  # noqa: E402
 from agentrt.errors import AgentrtError, AskTimeout, PoolExhausted, RequestCancelled  # noqa: E402
@@ -60,10 +59,10 @@ def tiny_model() -> LoadedModel:
     import torch
     import transformers
 
+    from agentrt.model.config import ModelConfig
+    from agentrt.model.decoder import DecoderModel
     from agentrt.model.loaders.files import resolve_source
     from agentrt.model.loaders.gguf import load_gguf_tokenizer
-    from agentrt.model.decoder import DecoderModel
-    from agentrt.model.config import ModelConfig
 
     tok = load_gguf_tokenizer(resolve_source("smollm2-135m"))
     torch.manual_seed(3)

@@ -32,14 +32,14 @@ import time
 
 import anyio
 
-from bench.common import machine, print_table, write_results
-from bench.sim_workflows import engine_config
-from bench.workflow_run import combine_reps, measured_and_simulated, per_rep_keys, reductions, run_dag
-from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens
 from agentrt import DEFAULT_MODEL, load_model
 from agentrt.conversation.chat_format import ChatFormat
 from agentrt.sim import StepCosts
 from agentrt.sim.calibrate import calibrate
+from bench.common import machine, print_table, write_results
+from bench.sim_workflows import engine_config
+from bench.workflow_run import combine_reps, measured_and_simulated, per_rep_keys, reductions, run_dag
+from bench.workflow_workload import DAGS, Sizes, make_dag, make_tasks, task_tokens
 
 POLICIES = ("fcfs", "lpm", "srpt", "program_fcfs", "topas")
 ROOM, WORK_SHARE = 1.25, 0.5  # prefixes and share of one task's working set in the pool (the seed's regime)

@@ -19,8 +19,8 @@ import time
 import anyio
 
 from agentrt import Engine, EngineConfig, SamplingParams, load_model
-from agentrt.model.tokenizer import IncrementalDecoder
 from agentrt.conversation.chat_format import ChatFormat
+from agentrt.model.tokenizer import IncrementalDecoder
 
 SCRIPT = ["Hi! What is the capital of France?", "And of Italy?", "Thanks! What language do they speak in Italy?"]
 

@@ -7,7 +7,6 @@ from typing import Protocol
 
 import torch
 
-
 SHORT_QUERIES = 64  # rows of up to this many new tokens are attended token by token on a GPU
 
 

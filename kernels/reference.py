@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from agentrt.kernels import native
 from agentrt.kernels.base import AttentionMeta
 
-
 KV_GROUP = 32  # an int8 KV row: D int8 values, then a float32 scale per group of 32 of them
 
 

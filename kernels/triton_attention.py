@@ -81,11 +81,11 @@ def _fold(part_ptr, out_ptr, HEAD: tl.constexpr, DP: tl.constexpr, SPLITS: tl.co
     d = tl.arange(0, DP)
     base = (th * SPLITS + s) * (DP + 2)
     m = tl.load(part_ptr + base + DP)
-    l = tl.load(part_ptr + base + DP + 1)
+    denom = tl.load(part_ptr + base + DP + 1)  # each split's softmax sum
     acc = tl.load(part_ptr + base[:, None] + d[None, :])
     top = tl.max(m, axis=0)
     w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(denom * w, axis=0)
     tl.store(out_ptr + th * HEAD + d, o, mask=d < HEAD)
 
 

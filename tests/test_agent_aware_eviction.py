@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pytest
 
 from agentrt import AgentAwarePolicy
-from agentrt.kv.eviction import LRUPolicy
 from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.errors import ConfigError
+from agentrt.kv.eviction import LRUPolicy
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model

@@ -11,8 +11,8 @@ import pytest
 from agentrt.config import EngineConfig
 from agentrt.engine.engine import Engine
 from agentrt.runtime.agent import Agent, GenerationSettings
-from agentrt.runtime.turn_events import RoundStarted, TurnResult
 from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.turn_events import RoundStarted, TurnResult
 from agentrt.tools import tool
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

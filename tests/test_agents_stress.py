@@ -13,9 +13,9 @@ from agentrt.config import EngineConfig
 from agentrt.engine.engine import Engine
 from agentrt.errors import AskTimeout, RequestCancelled
 from agentrt.runtime.agent import Agent, GenerationSettings
-from agentrt.runtime.turn_events import TurnResult
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.supervision import Supervision
+from agentrt.runtime.turn_events import TurnResult
 from agentrt.tools import tool
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent

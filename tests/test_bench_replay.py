@@ -7,7 +7,6 @@ import pytest
 
 from agentrt import EngineConfig
 from agentrt.conversation.chat_format import ChatFormat
-
 from bench.peers.agentrt_peer import AgentrtSystem, ForcedTokens
 from bench.peers.base import CallRecord, SerialModel, drive
 from bench.workloads.bfcl import BfclEntry, BfclTurn
@@ -129,9 +128,9 @@ class _Bar:
 
 
 def test_driver_case_tables_plots_and_headline(tmp_path, capsys):
-    from bench.cases.agents_cases import Case, SystemFactory
     from bench.agents_report import plot, print_case
     from bench.bench_agents import headline, run_case
+    from bench.cases.agents_cases import Case, SystemFactory
 
     lm = tiny_model_with_tokenizer()
     factory = SystemFactory(lm, EngineConfig(response_cache_size=0))

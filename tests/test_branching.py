@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from agentrt.config import EngineConfig
-from agentrt.kv import snapshot
 from agentrt.engine.engine import Engine
 from agentrt.errors import ConfigError, OutOfKVMemory, PoolExhausted, SessionBusy, SnapshotMismatch
-from agentrt.model.generate import generate
+from agentrt.kv import snapshot
 from agentrt.model.decoder import DecoderModel
+from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 from tests.conftest import config_of, make_hf_model, tiny_model
 from tests.engine_util import assert_quiescent

@@ -11,10 +11,10 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agentrt import Agent, Conversation, Engine, EngineConfig, Runtime, SamplingParams
+from agentrt.conversation.conversation import RoundEnd
 from agentrt.errors import ActorError, ConfigError, SessionBusy
 from agentrt.integrations.langgraph import ChatAgentrt
 from agentrt.model.generate import generate
-from agentrt.conversation.conversation import RoundEnd
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent
 

@@ -8,12 +8,12 @@ import anyio
 import pytest
 import torch
 
+from agentrt.engine.seq_ids import SequencePool
+from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.kv.eviction import LRUPolicy
 from agentrt.kv.kv_manager import KVManager, Sequence
 from agentrt.kv.pages import OutOfPages, PageAllocator
-from agentrt.engine.seq_ids import SequencePool
 from agentrt.kv.radix import RadixCache
-from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
 

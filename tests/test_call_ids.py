@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from agentrt.conversation.call_ids import CALL, call_id, call_prefix, scoped
 from agentrt.conversation.messages import normalize
-from agentrt.conversation.reply import call_id as reply_call_id, call_prefix as reply_call_prefix
+from agentrt.conversation.reply import call_id as reply_call_id
+from agentrt.conversation.reply import call_prefix as reply_call_prefix
 from agentrt.fingerprint import fnv1a
 
 

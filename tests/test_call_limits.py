@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentrt import CallLimits
-from agentrt.errors import ConfigError
 from agentrt.conversation.repeats import RepeatGuard
+from agentrt.errors import ConfigError
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, CallStarted, InvalidKind, TextDelta
 
 

@@ -84,7 +84,8 @@ def test_appended_batches_equal_the_full_rendering(chat, system, turns, data, wi
 
 def test_merged_tool_results_reencode_only_the_merged_turn(tmp_path):
     chat = ChatFormat(qwen_tokenizer(tmp_path))
-    call = lambda i, c: {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
+    def call(i, c):
+        return {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
     head = [{"role": "system", "content": "You answer with tools."}, {"role": "user", "content": "Paris and Rome?"},
             {"role": "assistant", "content": None, "tool_calls": [call(1, "Paris"), call(2, "Rome")]}]
     conv = Conversation(None, tools=[WEATHER], chat=chat)

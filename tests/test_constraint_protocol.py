@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from agentrt.config import EngineConfig
-from agentrt.records.constraint import LogitsConstraint
 from agentrt.constrain.grammar import ToolCallConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.errors import ConfigError
 from agentrt.model.generate import generate
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model
 from tests.engine_util import drain, submit

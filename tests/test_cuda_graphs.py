@@ -10,8 +10,8 @@ import copy
 import pytest
 import torch
 
-from agentrt.model.batch import SeqChunk
 from agentrt.kernels.base import SHORT_QUERIES
+from agentrt.model.batch import SeqChunk
 from agentrt.model.graphs import BUCKETS, bucket_of, is_short
 from tests.conftest import tiny_model
 

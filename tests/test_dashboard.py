@@ -20,8 +20,8 @@ pytest.importorskip("starlette")
 from agentrt import Agent, Engine, Runtime, SamplingParams, Workflow, dashboard, task_scope  # noqa: E402
 from agentrt.dashboard.app import Dashboard  # noqa: E402
 from agentrt.errors import ConfigError  # noqa: E402
-from tests.dashboard_util import CFG, lookup  # noqa: E402
 from tests.conftest import tiny_native_with_tokenizer  # noqa: E402
+from tests.dashboard_util import CFG, lookup  # noqa: E402
 
 
 def _get(url: str) -> tuple[str, bytes]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-
 pytest.importorskip("triton")
 from agentrt.config import EngineConfig  # noqa: E402
 from agentrt.constrain.grammar import GrammarFactory  # noqa: E402

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from agentrt.config import EngineConfig
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.chat_format import ChatFormat
 from tests.engine_util import drain, submit
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

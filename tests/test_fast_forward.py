@@ -13,13 +13,13 @@ import json
 import pytest
 
 from agentrt.config import EngineConfig
+from agentrt.constrain.grammar import GrammarFactory
 from agentrt.conversation.chat_format import ChatFormat
 from agentrt.engine.core import EngineCore
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 from agentrt.scheduling.preemption import preempt
 from agentrt.toolcall.formats import FORMATS
-from agentrt.constrain.grammar import GrammarFactory
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import drain, submit
 

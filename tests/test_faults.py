@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import aclosing
 
 import anyio
 import pytest
@@ -18,11 +17,11 @@ import agentrt.engine.postprocess as post_mod
 import agentrt.engine.sample_step as step_mod
 import agentrt.scheduling.scheduler as sched_mod
 from agentrt.config import EngineConfig
-from agentrt.records.constraint import LogitsConstraint
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, EngineFailed, PoolExhausted
 from agentrt.model.generate import generate
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model
 from tests.engine_util import assert_quiescent, drain, submit

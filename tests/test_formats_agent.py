@@ -18,13 +18,13 @@ import tokenizers
 from tokenizers import AddedToken
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, tool
+from agentrt.conversation.conversation import Conversation
+from agentrt.conversation.engine_text import chat_format_of, grammars_of
 from agentrt.model.decoder import DecoderModel
 from agentrt.model.loaders.load import LoadedModel
 from agentrt.model.tokenizer import Tokenizer
 from agentrt.runtime.turn_events import RoundStarted, TurnResult
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.conversation import Conversation
-from agentrt.conversation.engine_text import chat_format_of, grammars_of
 from tests.conftest import config_of, make_hf_model, smol_tokenizer
 from tests.engine_util import assert_quiescent
 from tests.family_templates import gemma3_tokenizer, phi4_mini_tokenizer
@@ -142,7 +142,8 @@ def test_round_after_merged_tool_results_reuses_the_kv(tmp_path_factory):
     """Qwen2.5 merges consecutive tool results: appending them one at a time re-encodes only the
     merged turn, and the engine prefills only from the last boundary that still holds."""
     lm = _model("qwen", str(tmp_path_factory.getbasetemp() / "qwen"))
-    call = lambda i, c: {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
+    def call(i, c):
+        return {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
 
     async def main():
         async with Engine(lm, EngineConfig(kv_cache_tokens=4096, response_cache_size=0, debug_invariants=True)) as eng:

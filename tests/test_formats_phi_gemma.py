@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
+from agentrt.constrain.grammar import GrammarFactory
 from agentrt.conversation.chat_format import CHATML_TEMPLATE, ChatFormat
 from agentrt.conversation.conventions import GEMMA_INSTRUCTION, PHI4_SYSTEM, detect_convention
 from agentrt.errors import ChatTemplateError
 from agentrt.toolcall import CallComplete, CallInvalid
 from agentrt.toolcall.formats import GEMMA, LLAMA3, PHI4
-from agentrt.constrain.grammar import GrammarFactory
 from tests.family_templates import GEMMA3_TEMPLATE, PHI4_MINI_TEMPLATE, gemma3_tokenizer, phi4_mini_tokenizer
 from tests.test_grammar import TOOLS
 from tests.test_toolcall_formats import PARIS, ROME, calls_of, every_split
@@ -170,7 +170,8 @@ def test_required_grammar_writes_the_family_format(name, backend):
     chat = _chat(name)
     tok, fmt = chat.tokenizer, chat.tool_format
     c = GrammarFactory(tok, tok.vocab_size, tool_format=fmt, backend=backend).for_tools(TOOLS, "required")
-    ok = lambda text: c.accepts_prefix(ids := tok.encode(text, special=True) + [tok.eos_token_ids[0]]) == len(ids)
+    def ok(text):
+        return c.accepts_prefix(ids := tok.encode(text, special=True) + [tok.eos_token_ids[0]]) == len(ids)
     assert ok(fmt.render_calls([PARIS]))
     assert not ok(LLAMA3.render_calls([PARIS]).replace("parameters", "arguments"))
     if name == "phi4":

@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType as T
 
 from agentrt.errors import CorruptModelFile
 from agentrt.model.loaders.gguf import check_finite, load_gguf
-from agentrt.model.loaders.load import load_model
 from agentrt.model.loaders.gguf_reader import GGUFFile
+from agentrt.model.loaders.load import load_model
 from tests.test_gguf_loader import _gguf_name, _tiny, _write_gguf
 
 Q8_NAME = "blk.0.ffn_up.weight"
@@ -115,10 +115,11 @@ def test_check_finite_large_but_finite_values_pass():
 def test_check_on_the_embedded_model_is_one_pass_per_array():
     """The check is one float64 sum per tensor (and per quantized block's scales and minimums):
     at most three arrays per tensor, each seen once (its cost is printed, never asserted)."""
-    from agentrt.model.loaders.files import resolve_source
+    from gguf import GGUFReader
+
     from agentrt.model.loaders import gguf as gguf_loader
     from agentrt.model.loaders import lazy
-    from gguf import GGUFReader
+    from agentrt.model.loaders.files import resolve_source
 
     try:
         path = resolve_source("smollm2-135m")

@@ -14,11 +14,16 @@ import torch
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.model.config import ModelConfig
 from agentrt.model.loaders.files import (
-    EMBEDDED_MODELS, EmbeddedModel, embedded_path, expected_weight_shapes, resolve_source, verify_file,
+    EMBEDDED_MODELS,
+    EmbeddedModel,
+    embedded_path,
+    expected_weight_shapes,
+    resolve_source,
+    verify_file,
 )
-from agentrt.model.loaders.load import load_files
 from agentrt.model.loaders.gguf import load_gguf, unpermute_rope_rows
 from agentrt.model.loaders.hf import load_hf_dir
+from agentrt.model.loaders.load import load_files
 
 EMBEDDED = EMBEDDED_MODELS["smollm2-135m"]
 

@@ -12,17 +12,17 @@ import random
 
 import jsonschema
 import pytest
-import torch
 import tokenizers
+import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from agentrt.constrain.grammar import GrammarFactory
+from agentrt.conversation.chat_format import ChatFormat
 from agentrt.errors import ConfigError, GrammarError, SchemaUnsupported
 from agentrt.model.generate import generate
 from agentrt.model.tokenizer import Tokenizer, byte_to_unicode
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.chat_format import ChatFormat
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
-from agentrt.constrain.grammar import GrammarFactory
 
 BACKENDS = ["xgrammar", "llguidance"]
 PAD = 40  # model rows beyond the tokenizer's vocabulary (not a multiple of 32)

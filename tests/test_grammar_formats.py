@@ -7,10 +7,10 @@ import pytest
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from agentrt.constrain.grammar import GrammarFactory
 from agentrt.model.tokenizer import Tokenizer, byte_to_unicode
 from agentrt.toolcall import CallComplete, ToolCallParser
 from agentrt.toolcall.formats import FORMATS, HERMES, LLAMA3, MISTRAL, QWEN
-from agentrt.constrain.grammar import GrammarFactory
 from tests.test_grammar import TOOLS, WEATHER
 
 PARIS = ("get_weather", {"city": "Paris"})

@@ -186,8 +186,8 @@ def test_backend_choice_and_override():
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_triton_backend_runs_a_model_step_on_gpu():
-    from tests.conftest import tiny_model
     from agentrt.model.generate import prompt_logits
+    from tests.conftest import tiny_model
 
     model = copy.deepcopy(tiny_model("llama"))  # (the cached model stays on the CPU for other tests)
     ref = prompt_logits(model, list(range(40)))

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from agentrt import AgentAwarePolicy
+from agentrt.config import EngineConfig
+from agentrt.engine.core import EngineCore
 from agentrt.kv.eviction import LRUPolicy
 from agentrt.kv.kv_manager import KVManager
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
-from agentrt.kv.tier import HostTier
-from agentrt.config import EngineConfig
-from agentrt.engine.core import EngineCore
 from agentrt.kv.retention import ToolRetention
+from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
 from agentrt.model.generate import generate
 from agentrt.model.kv import KVStore

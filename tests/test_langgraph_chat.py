@@ -17,12 +17,12 @@ from langchain_core.tools import tool as lc_tool
 from typing_extensions import TypedDict
 
 from agentrt import Engine, EngineConfig, SamplingParams
-from agentrt.model.generate import generate
 from agentrt.errors import ConfigError
 from agentrt.integrations.langgraph import ChatAgentrt, SessionPolicy, session_key
 from agentrt.integrations.langgraph.host import EngineHost
 from agentrt.integrations.langgraph.messages import tools_to_openai
 from agentrt.integrations.langgraph.stream import Chunker
+from agentrt.model.generate import generate
 from agentrt.toolcall import ToolCallParser
 from tests.conftest import tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from structlog.testing import capture_logs
 
 from agentrt.config import EngineConfig
-from agentrt.records.constraint import LogitsConstraint
 from agentrt.engine.core import EngineCore
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model
 from tests.engine_util import drain, submit

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from agentrt.model.batch import SeqChunk, build_batch
-from agentrt.model.generate import prompt_logits
-from agentrt.model.loaders.hf import load_hf_dir
-from agentrt.model.kv import KVStore
 from agentrt.model.decoder import DecoderModel
+from agentrt.model.generate import prompt_logits
+from agentrt.model.kv import KVStore
+from agentrt.model.loaders.hf import load_hf_dir
 from tests.conftest import make_hf_model, tiny_model
 
 

@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, SamplingParams, tool
-from agentrt.errors import ConfigError, ContextLengthExceeded
 from agentrt.conversation.conversation import Conversation
 from agentrt.conversation.overflow import ContextPolicy, droppable
+from agentrt.errors import ConfigError, ContextLengthExceeded
 from tests.conftest import smol_tokenizer, tiny_model_with_tokenizer
 from tests.engine_util import assert_quiescent
 

@@ -12,10 +12,10 @@ import anyio
 import pytest
 
 from agentrt import Agent, EngineConfig, Runtime, tool
-from agentrt.records.request import TokenEvent, Usage
 from agentrt.conversation.chat_format import ChatFormat
 from agentrt.conversation.engine_text import chat_format_of
 from agentrt.engine.shared import EngineShared
+from agentrt.records.request import TokenEvent, Usage
 from agentrt.toolcall.formats import HERMES
 from tests.conftest import smol_tokenizer
 
@@ -163,8 +163,8 @@ def test_auto_runs_bare_tagged_and_fenced_calls(reply):
 def test_two_calls_in_one_round_on_the_qwen_template(tmp_path):
     """Qwen2.5 merges the two results into one user turn: the turn goes on (it used to raise
     ChatTemplateError) and the next round's prompt is the template's rendering."""
-    from tests.qwen_fixture import qwen_tokenizer
     from agentrt.toolcall.formats import QWEN
+    from tests.qwen_fixture import qwen_tokenizer
 
     @tool
     def lookup(key: Literal["alpha", "beta"]) -> str:

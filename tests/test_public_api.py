@@ -41,8 +41,8 @@ def test_no_public_name_outside_all():
 def test_internals_and_aliases_are_not_exported_but_stay_importable():
     for name in ("DecoderModel", "generate", "GenerationSettings"):
         assert not hasattr(agentrt, name), name
-    from agentrt.model.generate import generate
     from agentrt.model.decoder import DecoderModel
+    from agentrt.model.generate import generate
     from agentrt.runtime.agent import GenerationSettings
 
     assert callable(generate) and isinstance(DecoderModel, type)

@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrt.config import EngineConfig
-from agentrt.records.request import Request
 from agentrt.engine.stats import Counters
 from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
@@ -38,9 +38,10 @@ from agentrt.kv.room import KVRoom
 from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
+from agentrt.records.request import Request
 from agentrt.sampling import SamplingParams
-from agentrt.scheduling.prefix import attach_prefix, group_new_requests
 from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
+from agentrt.scheduling.prefix import attach_prefix, group_new_requests
 from agentrt.scheduling.scheduler import Queues
 
 PS, PAGES, TIER_PAGES, SESSIONS, TRANSIENT = 4, 16, 6, 4, 3

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from agentrt import Workflow, task_scope
+from agentrt.errors import ConfigError
 from agentrt.scheduling.policies import SCHEDULING_POLICIES, Ready, SchedulingView, make_scheduling_policy
 from agentrt.scheduling.tasks import TaskTracker
 from agentrt.scheduling.topas import Topas
-from agentrt.errors import ConfigError
 
 PREFIX = 1000  # tokens of every agent's static prefix
 RELOAD = 1e-3  # seconds to recompute one prefix token: a prefix move costs 1 s
@@ -144,7 +144,8 @@ def test_topas_aging_bounds_waiting_under_adversarial_arrivals():
     # (1 + age / aging_s) / 0.6 * COST / ((5 + 1) * PREFIX * RELOAD + 100 * RELOAD) > A's density
     density_a = (1 / 0.9) * COST / (100 * RELOAD)
     full = (1500 - PREFIX) // 100
-    bound = lambda aging_s: aging_s * (density_a * 0.6 * ((full + 1) * PREFIX + 100) * RELOAD / COST - 1)
+    def bound(aging_s):
+        return aging_s * (density_a * 0.6 * ((full + 1) * PREFIX + 100) * RELOAD / COST - 1)
     slow, fast = waited(10.0), waited(1.0)
     assert fast < slow <= bound(10.0) + COST and fast <= bound(1.0) + COST
     assert waited(1e9) == float("inf")  # without aging, B would wait forever

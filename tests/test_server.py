@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from agentrt import Engine, EngineConfig, SamplingParams
-from agentrt.server import ServerConfig, ServerThread
 from agentrt.conversation.conversation import Conversation, RoundEnd
+from agentrt.server import ServerConfig, ServerThread
 from tests.engine_util import assert_quiescent
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

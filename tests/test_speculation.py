@@ -174,8 +174,8 @@ def test_rejection_rule_samples_exactly_from_the_target(draft_rank):
 
 def test_constrained_greedy_speculation_is_token_identical():
     """Tool-call grammar + speculation == tool-call grammar alone, on SmolLM2's vocabulary."""
-    from agentrt.conversation.chat_format import ChatFormat
     from agentrt.constrain.grammar import GrammarFactory
+    from agentrt.conversation.chat_format import ChatFormat
     from tests.conftest import tiny_model_with_tokenizer
 
     lm = tiny_model_with_tokenizer()

@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import decoders, models, pre_tokenizers
 
+from agentrt.conversation.chat_format import CHATML_TEMPLATE, ChatFormat
 from agentrt.errors import ChatTemplateError
 from agentrt.model.loaders.files import resolve_source
 from agentrt.model.loaders.gguf import load_gguf_tokenizer
 from agentrt.model.tokenizer import IncrementalDecoder, Tokenizer
-from agentrt.conversation.chat_format import CHATML_TEMPLATE, ChatFormat
 
 IM_START, IM_END = 1, 2
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 
 from agentrt.toolcall import (
-    ArgumentsDelta, CallComplete, CallInvalid, CallStarted, EarlyStop, InvalidKind, ParserState,
+    ArgumentsDelta,
+    CallComplete,
+    CallInvalid,
+    CallStarted,
+    EarlyStop,
+    InvalidKind,
+    ParserState,
     ToolCallParser,
 )
-from tests.toolcall_harness import CLOSE, CORPUS, OPEN, S, SPECS, TOOLS, W, call, run, tag, verdicts_of
+from tests.toolcall_harness import CLOSE, CORPUS, OPEN, SPECS, TOOLS, S, W, call, run, tag, verdicts_of
 from tests.toolcall_oracle import COMPLETE, reference
 
 

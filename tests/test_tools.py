@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 from agentrt.errors import ConfigError, ToolCallError, ToolDefinitionError
 from agentrt.toolcall import load_tool_specs
 from agentrt.tools import (
-    Tool, ToolContext, Toolset, format_result, parse_docstring, run_tool_call, run_tool_calls, tool,
+    Tool,
+    ToolContext,
+    Toolset,
+    format_result,
+    parse_docstring,
+    run_tool_call,
+    run_tool_calls,
+    tool,
 )
 
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrt.constrain.grammar import GrammarFactory
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.toolcall.formats import FORMATS
-from agentrt.constrain.grammar import GrammarFactory
 from tests.test_grammar import PAD, TOOLS, tok  # noqa: F401  (the fixture)
 
 ANSWER = {"type": "object", "properties": {"setup": {"type": "string"}, "rating": {"type": "integer"}},

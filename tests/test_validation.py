@@ -8,7 +8,6 @@ import dataclasses
 import inspect
 import math
 import types
-from contextlib import aclosing
 from pathlib import Path
 
 import anyio

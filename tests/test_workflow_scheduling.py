@@ -10,9 +10,9 @@ import pytest
 
 from agentrt import Engine, EngineConfig, Workflow, task_scope
 from agentrt.engine.core import EngineCore
-from agentrt.scheduling.policies import SCHEDULING_POLICIES
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
+from agentrt.scheduling.policies import SCHEDULING_POLICIES
 from tests.conftest import tiny_model
 from tests.engine_util import drain, submit
 

@@ -6,7 +6,13 @@ import json
 from dataclasses import dataclass
 
 from agentrt.toolcall import (
-    ArgumentsDelta, CallComplete, CallInvalid, CallStarted, EarlyStop, TextDelta, ToolCallParser,
+    ArgumentsDelta,
+    CallComplete,
+    CallInvalid,
+    CallStarted,
+    EarlyStop,
+    TextDelta,
+    ToolCallParser,
     load_tool_specs,
 )
 

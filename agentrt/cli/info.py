@@ -53,8 +53,8 @@ def _bandwidth() -> str:
 
 
 def describe(lm, *, bandwidth: bool = False) -> Iterator[tuple[str, str]]:
-    from agentrt.kernels import native
     from agentrt.conversation.chat_format import ChatFormat
+    from agentrt.kernels import native
 
     cfg, model = lm.config, lm.model
     yield "source", str(lm.source)

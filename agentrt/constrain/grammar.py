@@ -47,16 +47,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrt.records.constraint import LogitsConstraint
 from agentrt.constrain.forcing import ForcedText, Jump
-from agentrt.constrain.grammar_backends import (
-    Backend, Matcher, XGrammarBackend, schema_json,
-)
+from agentrt.constrain.grammar_backends import Backend, Matcher, XGrammarBackend, schema_json
 from agentrt.constrain.grammar_llg import LLGuidanceBackend
 from agentrt.constrain.grammar_specs import calls_spec, choice_mode, json_spec, tools_key
 from agentrt.constrain.masks import apply_bitmask, bit, bitmask_words, low_bits
 from agentrt.errors import ConfigError
 from agentrt.model.tokenizer import Tokenizer
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 
 BACKENDS = MappingProxyType({"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend})

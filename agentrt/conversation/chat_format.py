@@ -49,13 +49,14 @@ from typing import Any
 
 import jinja2
 
-from agentrt.errors import ChatTemplateError
-from agentrt.model.tokenizer import Tokenizer
 from agentrt.conversation.conventions import PREPARE, detect_convention, joined
 from agentrt.conversation.messages import as_list, check_tool, normalize
 from agentrt.conversation.template_stops import role_stop_ids, template_stops
 from agentrt.conversation.templates import CHATML_TEMPLATE, compile_template
+from agentrt.errors import ChatTemplateError
+from agentrt.model.tokenizer import Tokenizer
 from agentrt.toolcall.formats import ToolFormat, detect_tool_format
+
 
 class ChatFormat:
     """Renders and tokenizes conversations for one tokenizer + chat template (immutable, thread-safe)."""

@@ -42,17 +42,18 @@ import anyio
 
 from agentrt import tracing
 from agentrt.checks import check_adapter_name
-from agentrt.engine.context_length import context_overflow
-from agentrt.errors import ConfigError, EngineClosed
-from agentrt.model.tokenizer import IncrementalDecoder
-from agentrt.sampling import SamplingParams
-from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
-from agentrt.conversation.call_ids import CALL, call_id as call_id_of
+from agentrt.conversation.call_ids import CALL
+from agentrt.conversation.call_ids import call_id as call_id_of
 from agentrt.conversation.engine_text import chat_format_of, grammars_of
 from agentrt.conversation.overflow import NO_ROOM, ContextPolicy, droppable
 from agentrt.conversation.repeats import CallLimits
 from agentrt.conversation.round_state import RoundState, TextOnly
 from agentrt.conversation.schema_hint import hinted_prompt
+from agentrt.engine.context_length import context_overflow
+from agentrt.errors import ConfigError, EngineClosed
+from agentrt.model.tokenizer import IncrementalDecoder
+from agentrt.sampling import SamplingParams
+from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.toolcall.formats import keep_token_ids
 
 

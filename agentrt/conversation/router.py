@@ -24,8 +24,8 @@ from typing import Any
 
 import anyio
 
-from agentrt.errors import ConfigError, PoolExhausted, SessionBusy
 from agentrt.conversation.conversation import Conversation
+from agentrt.errors import ConfigError, PoolExhausted, SessionBusy
 
 
 def canonical_json(value: Any) -> str:

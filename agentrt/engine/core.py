@@ -21,9 +21,8 @@ from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.faults import out_of_memory
 from agentrt.engine.postprocess import Postprocess
 from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
-from agentrt.kv.sessions import EngineSession
-from agentrt.records.request import Request, State, TokenEvent
 from agentrt.engine.response_cache import ResponseCache
+from agentrt.engine.seq_ids import SequencePool
 from agentrt.engine.stats import Counters, EngineStats
 from agentrt.engine.validate import validate_request
 from agentrt.errors import AgentrtError, ConfigError
@@ -31,13 +30,14 @@ from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.identity import BASE, Adapted, space
 from agentrt.kv.kv_manager import Sequence
-from agentrt.engine.seq_ids import SequencePool
 from agentrt.kv.registry import make_policy
 from agentrt.kv.retention import Retention
 from agentrt.kv.room import KVRoom
+from agentrt.kv.sessions import EngineSession
 from agentrt.kv.window import split_pool
 from agentrt.model.batch import SeqChunk
 from agentrt.model.decoder import DecoderModel
+from agentrt.records.request import Request, State, TokenEvent
 from agentrt.scheduling.policies import make_scheduling_policy
 from agentrt.scheduling.preemption import drop_links
 from agentrt.scheduling.scheduler import Queues, Scheduler

@@ -19,22 +19,22 @@ from dataclasses import dataclass, replace
 
 import anyio
 
-from agentrt.config import EngineConfig
 from agentrt.checks import check_adapter_name
+from agentrt.config import EngineConfig
 from agentrt.engine.adapters import EngineAdapters
 from agentrt.engine.core import EngineCore
 from agentrt.engine.durable import restore_for
 from agentrt.engine.lifetime import EngineHost
-from agentrt.engine.reads import EngineReads
 from agentrt.engine.loop import StepThread
-from agentrt.engine.shared import EngineShared
-from agentrt.records.request import TokenEvent, Usage
-from agentrt.engine.validate import check_generate_args, check_open_session_args
+from agentrt.engine.reads import EngineReads
 from agentrt.engine.session import Session, restore_session
-from agentrt.model.loaders.load import LoadedModel
+from agentrt.engine.shared import EngineShared
+from agentrt.engine.validate import check_generate_args, check_open_session_args
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed
-from agentrt.sampling import SamplingParams, make_generator
 from agentrt.fingerprint import fnv1a
+from agentrt.model.loaders.load import LoadedModel
+from agentrt.records.request import TokenEvent, Usage
+from agentrt.sampling import SamplingParams, make_generator
 from agentrt.workflow import Workflow, task_of
 
 

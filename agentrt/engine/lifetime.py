@@ -21,6 +21,7 @@ from anyio.from_thread import BlockingPortal
 
 from agentrt.errors import ConfigError
 
+
 class EngineHost:
     """Runs `begin(portal)` in a host task with a fresh portal, and keeps both until stop()."""
 

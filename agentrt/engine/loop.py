@@ -16,9 +16,9 @@ import anyio
 import structlog
 
 from agentrt.engine.core import EngineCore
-from agentrt.records.request import TokenEvent
 from agentrt.errors import ConfigError, EngineClosed, EngineFailed
 from agentrt.kernels.native import release_thread_pool
+from agentrt.records.request import TokenEvent
 
 log = structlog.get_logger("agentrt.engine")
 _NOTHING = object()  # sentinel: the inbox had no command

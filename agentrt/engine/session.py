@@ -11,8 +11,8 @@ from pathlib import Path
 import anyio
 
 from agentrt.checks import check_int, check_optional_str, check_timeout
-from agentrt.kv import snapshot
 from agentrt.errors import ConfigError, SnapshotMismatch
+from agentrt.kv import snapshot
 
 
 class Session:

@@ -8,10 +8,10 @@ import operator
 from collections.abc import Mapping
 
 from agentrt.checks import check_optional_str, check_timeout
-from agentrt.records.constraint import LogitsConstraint
 from agentrt.engine.context_length import context_overflow, kv_limit
 from agentrt.engine.session import Session
 from agentrt.errors import ConfigError, OutOfKVMemory
+from agentrt.records.constraint import LogitsConstraint
 from agentrt.sampling import SamplingParams
 
 

@@ -34,8 +34,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from agentrt.kv.eviction import EvictableNode, EvictionPolicyBase, IdleSession
 from agentrt.errors import ConfigError
+from agentrt.kv.eviction import EvictableNode, EvictionPolicyBase, IdleSession
 
 T = TypeVar("T")
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.kv.sessions import EngineSession
 from agentrt.errors import ConfigError, OutOfKVMemory, SessionBusy, SnapshotMismatch
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.identity import Adapted
 from agentrt.kv.kv_io import gather_kv, scatter_kv
 from agentrt.kv.room import KVRoom
+from agentrt.kv.sessions import EngineSession
 
 
 class Branching:

@@ -40,8 +40,8 @@ from pathlib import Path
 import structlog
 import torch
 
-from agentrt.kv.kv_io import gather_kv
 from agentrt.kv.identity import Adapted
+from agentrt.kv.kv_io import gather_kv
 from agentrt.prefixes import common_prefix
 from agentrt.state.records import CorruptRecord, forget_records, read_record, record_path, tmp_files, write_record
 from agentrt.state.sql import KVRow, SessionRow, SQLStore

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+from agentrt.errors import ConfigError
 from agentrt.kv.agent_aware import AgentAwarePolicy
 from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
-from agentrt.errors import ConfigError
 from agentrt.policy_names import EVICTION_POLICIES
 
 

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from agentrt.config import EngineConfig
 from agentrt.kv.eviction import as_eviction_policy
 from agentrt.kv.identity import BASE, Adapted, space
-from agentrt.kv.sessions import EngineSession
 from agentrt.kv.kv_manager import KVManager, Sequence
 from agentrt.kv.memory import MemoryManager
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
+from agentrt.kv.sessions import EngineSession
 from agentrt.kv.tier import CostModel
 from agentrt.kv.window import LocalPages, slide
 

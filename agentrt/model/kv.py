@@ -14,7 +14,6 @@ from agentrt.errors import ConfigError
 from agentrt.kernels.reference import kv_groups
 from agentrt.model.config import ModelConfig
 
-
 KV_MODES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernels' kv_mode
 
 

@@ -35,8 +35,16 @@ import structlog
 from structlog.contextvars import bound_contextvars
 
 from agentrt import tracing
-from agentrt.errors import (ActorStopped, AskCycle, AskTimeout, ConfigError, EngineClosed, EngineFailed, MailboxFull,
-                            RequestCancelled)
+from agentrt.errors import (
+    ActorStopped,
+    AskCycle,
+    AskTimeout,
+    ConfigError,
+    EngineClosed,
+    EngineFailed,
+    MailboxFull,
+    RequestCancelled,
+)
 from agentrt.runtime.supervision import RestartTracker, Supervision
 from agentrt.workflow import TaskContext, current_task, new_task_id, task_scope
 

@@ -29,15 +29,16 @@ from typing import Any
 import anyio
 
 from agentrt import tracing
+from agentrt.conversation import timeline
+from agentrt.conversation.call_ids import call_id as make_call_id
+from agentrt.conversation.call_ids import scoped
+from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.errors import ConfigError, PoolExhausted
 from agentrt.runtime import persist
 from agentrt.runtime.failed_calls import FailedCalls
-from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.runtime.spec import AgentSpec
+from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
-from agentrt.conversation import timeline
-from agentrt.conversation.call_ids import call_id as make_call_id, scoped
-from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.toolcall import CallComplete
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call

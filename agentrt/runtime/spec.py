@@ -14,10 +14,10 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from agentrt.checks import check_adapter_name, check_bool, check_int, check_tool_choice, set_frozen
-from agentrt.errors import ConfigError
-from agentrt.sampling import SamplingParams
 from agentrt.conversation.overflow import ContextPolicy
 from agentrt.conversation.repeats import CallLimits
+from agentrt.errors import ConfigError
+from agentrt.sampling import SamplingParams
 from agentrt.tools import Tool, Toolset
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 

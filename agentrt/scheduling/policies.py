@@ -18,11 +18,12 @@ engine state is touched. `make_scheduling_policy` builds one by name, above ever
 
 from __future__ import annotations
 
+from agentrt.errors import ConfigError
+from agentrt.policy_names import SCHEDULING_POLICIES
+
 # (the view's types are importable from here too: the policies and their view in one import)
 from agentrt.scheduling.policy_base import Decision, Ready, SchedulingPolicy, SchedulingView  # noqa: F401
 from agentrt.scheduling.topas import Topas
-from agentrt.errors import ConfigError
-from agentrt.policy_names import SCHEDULING_POLICIES
 
 
 class FCFS:

@@ -4,10 +4,10 @@ prefix-grouped prefill (one leader prefills a block that several new requests sh
 from __future__ import annotations
 
 from agentrt.fingerprint import fnv1a
-from agentrt.prefixes import common_prefix
 from agentrt.kv.identity import shared_until
 from agentrt.kv.kv_manager import KVManager
 from agentrt.kv.radix import RadixCache
+from agentrt.prefixes import common_prefix
 from agentrt.records.request import Request
 
 

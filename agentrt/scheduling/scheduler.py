@@ -26,15 +26,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from agentrt.records.request import Request, State
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.room import KVRoom
+from agentrt.prefixes import common_prefix
+from agentrt.records.request import Request, State
+from agentrt.scheduling import admission
 from agentrt.scheduling.policies import FCFS
 from agentrt.scheduling.policy_base import Ready, SchedulingView
-from agentrt.prefixes import common_prefix
-from agentrt.scheduling import admission
-from agentrt.scheduling.prefix import attach_prefix, group_new_requests
 from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
+from agentrt.scheduling.prefix import attach_prefix, group_new_requests
 from agentrt.scheduling.speculation import choose_draft
 from agentrt.scheduling.trace import DecisionTrace
 

@@ -10,8 +10,8 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from agentrt.prefixes import common_prefix
 from agentrt.errors import ConfigError
+from agentrt.prefixes import common_prefix
 from agentrt.workflow import Workflow
 
 EWMA = 0.3  # weight of a new observation in a stage's service estimate

@@ -90,7 +90,8 @@ def _dashboard(app: FastAPI, state: ServerState) -> None:
     """The live dashboard at /dashboard/ (its engine: the one the lifespan starts)."""
     from fastapi.responses import RedirectResponse
 
-    from agentrt.dashboard.app import Dashboard, build_app as dashboard_app
+    from agentrt.dashboard.app import Dashboard
+    from agentrt.dashboard.app import build_app as dashboard_app
 
     app.mount("/dashboard/", dashboard_app(Dashboard(lambda: state.engine)))
 

@@ -17,8 +17,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentrt.errors import (AgentrtError, ConfigError, ContextLengthExceeded, EngineClosed, PoolExhausted,
-                            ReplicaLost, SchemaUnsupported)
+from agentrt.errors import (
+    AgentrtError,
+    ConfigError,
+    ContextLengthExceeded,
+    EngineClosed,
+    PoolExhausted,
+    ReplicaLost,
+    SchemaUnsupported,
+)
 
 from .protocol import ApiError
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrt.kv.tier import HostTier
 from agentrt.engine.clock import LoopClock
 from agentrt.engine.executor import StepOutput
+from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
 from agentrt.model.kv import KVStore
 from agentrt.sim.costs import StepCosts

@@ -10,8 +10,16 @@
 """
 
 from agentrt.toolcall.parse_events import (
-    ArgumentsDelta, CallComplete, CallInvalid, CallStarted, EarlyStop, Event, InvalidKind,
-    ParserState, TextDelta, Verdict,
+    ArgumentsDelta,
+    CallComplete,
+    CallInvalid,
+    CallStarted,
+    EarlyStop,
+    Event,
+    InvalidKind,
+    ParserState,
+    TextDelta,
+    Verdict,
 )
 from agentrt.toolcall.parser import WRAPPERS, ToolCallParser
 from agentrt.toolcall.scanner import JsonScanner

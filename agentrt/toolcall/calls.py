@@ -20,10 +20,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from agentrt.toolcall.parse_events import (
-    CallComplete, CallInvalid, CallStarted, EventSink, InvalidKind, Verdict,
-)
-from agentrt.toolcall.scanner import END, ERROR, PIECE, START, JsonScanner
+from agentrt.toolcall.parse_events import CallComplete, CallInvalid, CallStarted, EventSink, InvalidKind, Verdict
+from agentrt.toolcall.scanner import END, PIECE, START, JsonScanner
 from agentrt.toolcall.specs import ToolSpec
 
 _ARGS_KEYS = ("arguments", "parameters")  # "parameters" is an accepted alias

@@ -42,9 +42,9 @@ from collections.abc import Mapping
 
 from agentrt.errors import ConfigError
 from agentrt.toolcall.calls import CallContainer
+from agentrt.toolcall.fences import FenceStates
 from agentrt.toolcall.parse_events import CallInvalid, EarlyStop, Event, EventSink, ParserState, Verdict
 from agentrt.toolcall.specs import ToolSpec, load_tool_specs
-from agentrt.toolcall.fences import FenceStates
 from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, match_literal
 
 WRAPPERS = ("hermes", "json", "auto")

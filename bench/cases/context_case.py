@@ -24,7 +24,6 @@ import time
 import anyio
 import torch
 
-
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
 from agentrt.model.kv import KVStore  # noqa: E402
@@ -141,9 +140,9 @@ def agreement(lm, tokens: int = 4096) -> dict:
 
 def llama_cpp_step_ms(ctx: int, steps: int, rounds: int) -> float | None:
     """llama-cpp-python's decode step at context `ctx` (same GGUF, float16 KV, 2 threads)."""
+    from agentrt.model.loaders.load import resolve_source
     from bench.peers.forward_step import TOKEN
     from bench.peers.llamacpp_peer import llama_cpp_missing
-    from agentrt.model.loaders.load import resolve_source
 
     if llama_cpp_missing() is not None:
         return None

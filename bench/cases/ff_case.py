@@ -27,7 +27,6 @@ from contextlib import aclosing
 import anyio
 import torch
 
-
 from agentrt import Engine, EngineConfig, SamplingParams  # noqa: E402
 from agentrt.errors import AgentrtError  # noqa: E402
 from agentrt.prefixes import common_prefix  # noqa: E402

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 from bench.cases.random_gguf import add_smollm2_tokenizer, cached_gguf, finish, new_writer, q4k_blocks  # noqa: E402
 
 SHAPE = dict(layers=24, hidden=1024, heads=16, kv_heads=4, head_dim=64, experts=8, used=2, expert_ff=1024)
@@ -86,9 +85,9 @@ def peak_rss_mb(system: str, path: Path) -> float | None:
 
 def run(rounds: int, steps: int) -> dict:
     """The MoE rows and keys of model.json."""
+    from agentrt.model.loaders.load import load_model
     from bench.peers.forward_step import AgentrtStep, LlamaCppStep, interleaved
     from bench.peers.llamacpp_peer import llama_cpp_missing
-    from agentrt.model.loaders.load import load_model
 
     path = moe_gguf()
     lm = load_model(str(path), quantize="native")

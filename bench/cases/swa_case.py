@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
 
 from bench.cases.random_gguf import add_smollm2_tokenizer, cached_gguf, finish, new_writer  # noqa: E402
 
@@ -129,8 +127,8 @@ def session_kv_bytes(model) -> tuple[int, int]:
 
 
 def run(rounds: int, steps: int) -> dict:
-    from bench.peers.llamacpp_peer import llama_cpp_missing
     from agentrt.model.loaders.load import load_model
+    from bench.peers.llamacpp_peer import llama_cpp_missing
 
     path = swa_gguf()
     windowed = load_model(str(path), quantize="native").model

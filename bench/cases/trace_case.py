@@ -15,12 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import anyio
-
 
 from agentrt import Agent, Engine, EngineConfig, Runtime, tool, tracing  # noqa: E402
 from agentrt.runtime.agent import GenerationSettings  # noqa: E402

@@ -19,10 +19,8 @@ published single-stream figures for Llama-3-8B bf16 on an H100; the 4090 one ~20
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict
 from pathlib import Path
-
 
 from agentrt.model.config import ModelConfig  # noqa: E402
 from agentrt.sim.costs import StepCosts  # noqa: E402

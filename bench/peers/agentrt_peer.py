@@ -27,9 +27,9 @@ import torch
 
 from agentrt import Engine, EngineConfig, SamplingParams
 from agentrt.kv.eviction import LRUPolicy
+from agentrt.records.constraint import LogitsConstraint
 from bench.peers.base import CallRecord, RunResult, drive
 from bench.workloads.replay import ModelCall
-from agentrt.records.constraint import LogitsConstraint
 
 
 class ForcedTokens(LogitsConstraint):

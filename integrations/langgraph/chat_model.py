@@ -29,14 +29,14 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from agentrt import tracing
 from agentrt.conversation.engine_text import chat_format_of
+from agentrt.conversation.repeats import CallLimits
 from agentrt.engine.shared import EngineShared
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
-from agentrt.conversation.repeats import CallLimits
 
 from .host import EngineHost
-from .remote import RemoteServer
 from .messages import normalize_tool_choice, to_openai, tools_to_openai
+from .remote import RemoteServer
 from .sessions import SessionPolicy, SessionRouter, session_key
 from .stream import CallSpec, aggregate, run_call
 from .structured import check_strict, response_schema, structured_output

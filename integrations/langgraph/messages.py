@@ -1,21 +1,15 @@
-"""LangChain messages and tools <-> the OpenAI-style dicts agentrt's chat format takes.
-
-Also the *fingerprint* of a message: what must be equal for two messages to render to the same
-tokens. The session ledger (`sessions.py`) compares fingerprints to find how much of a resent
-LangGraph history the KV session already holds.
-"""
+"""LangChain messages and tools <-> the OpenAI-style dicts agentrt's chat format takes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import (AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage,
-                                     ToolMessage)
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from agentrt.errors import ConfigError
 from agentrt.conversation.router import canonical_json
+from agentrt.errors import ConfigError
 from agentrt.tools.dispatch import Toolset
 from agentrt.tools.tool import Tool
 
@@ -160,4 +154,4 @@ def structured_schema(schema: Any) -> tuple[dict, Any]:
 
 
 __all__ = ["AIMessage", "HumanMessage", "SystemMessage", "ToolMessage", "canonical_json", "content_text",
-           "fingerprint", "normalize_tool_choice", "structured_schema", "to_openai", "tools_to_openai"]
+           "normalize_tool_choice", "structured_schema", "to_openai", "tools_to_openai"]

@@ -25,12 +25,12 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from agentrt.errors import AgentrtError, GenerationTimeout, PoolExhausted
-from agentrt.sampling import SamplingParams
 from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.conversation.repeats import CallLimits
 from agentrt.conversation.reply import call_id, call_prefix, finish_reason
 from agentrt.conversation.router import routed_conversation
+from agentrt.errors import AgentrtError, GenerationTimeout, PoolExhausted
+from agentrt.sampling import SamplingParams
 from agentrt.toolcall import ArgumentsDelta, CallComplete, CallInvalid, TextDelta
 from agentrt.workflow import TaskContext
 

@@ -32,10 +32,10 @@ from typing import Any
 import anyio
 
 from agentrt.checks import check_int
+from agentrt.conversation.chat_format import build_chat_format
 from agentrt.errors import ActorStopped, ConfigError, ReplicaLost
 from agentrt.runtime.agent import Agent
 from agentrt.runtime.runtime import Runtime
-from agentrt.conversation.chat_format import build_chat_format
 
 from .placement import AgentInfo, Policy, ReplicaView, make_policy, prefix_key
 from .remote import RemoteEngine

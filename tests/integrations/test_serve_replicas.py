@@ -9,7 +9,6 @@ from the history it resends, with the one-engine server's tokens.
 
 from __future__ import annotations
 
-
 import httpx
 import openai
 import pytest

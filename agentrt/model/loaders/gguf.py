@@ -24,13 +24,13 @@ import torch
 
 from agentrt.errors import CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.kernels.packing import QuantMatrix
-from agentrt.model.loaders import gemma, gguf_quant
-from agentrt.model.loaders.lazy import LazyQuant, check_finite
 from agentrt.model.config import SUPPORTED_ARCHS, ModelConfig, window_fields
+from agentrt.model.loaders import gemma, gguf_quant
+from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.loaders.layouts import rows as layout_rows
 from agentrt.model.loaders.layouts import to_model_layout
-from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
-from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
+from agentrt.model.loaders.lazy import LazyQuant, check_finite
 from agentrt.model.rope import rope_from_gguf
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
 

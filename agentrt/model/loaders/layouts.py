@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from agentrt.kernels.packing import QuantMatrix
-from agentrt.model.loaders.lazy import LazyQuant
 from agentrt.model.config import ModelConfig
+from agentrt.model.loaders.lazy import LazyQuant
 from agentrt.model.rope import partial_rotary_order
 
 

@@ -12,15 +12,15 @@ from agentrt.checks import check_bool
 from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.backends import BACKENDS, get_backend
+from agentrt.model import device_quant
 from agentrt.model.config import ModelConfig
+from agentrt.model.decoder import DecoderModel
+from agentrt.model.fused import PATHS
 from agentrt.model.loaders.files import ModelFiles, resolve_source
 from agentrt.model.loaders.gguf import load_gguf
 from agentrt.model.loaders.hf import load_hf_dir
-from agentrt.model import device_quant
-from agentrt.model.decoder import DecoderModel
-from agentrt.model.fused import PATHS
-from agentrt.model.quant import quantize as apply_quant
 from agentrt.model.quant import QUANT_MODES, resolve_mode
+from agentrt.model.quant import quantize as apply_quant
 from agentrt.model.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,

@@ -6,12 +6,12 @@ from __future__ import annotations
 from functools import partial
 
 import anyio
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..handling import Exchange, serve, tenant_salt
-from ..round_runner import Body, respond, run as run_call
+from ..round_runner import Body, respond
+from ..round_runner import run as run_call
 from .models import parse_request
 from .render import Events
 from .run import finish, prepare

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from agentrt.conversation.conversation import RoundEnd
 
 from ..handling import session_key
-from ..round_runner import ChatCall, prepare as prepare_call
+from ..round_runner import ChatCall
+from ..round_runner import prepare as prepare_call
 from .models import ResponsesRequest, chat_request
 from .store import ResponseStore
 
