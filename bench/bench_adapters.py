@@ -38,8 +38,8 @@ from agentrt.adapters.gguf_files import write_gguf_lora
 from agentrt.adapters.lora import TARGETS, target_shapes
 from agentrt.adapters.registry import read_adapter
 from agentrt.conversation.chat_format import ChatFormat
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
-from agentrt.model.kv import KVStore
 from bench.common import machine, print_table, write_results
 from bench.peers.agentrt_peer import forced_call
 from bench.peers.base import NotRun, drive

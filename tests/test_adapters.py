@@ -13,10 +13,10 @@ import torch
 from agentrt.adapters import LoraStep, read_peft
 from agentrt.errors import AdapterError, AdapterMismatch, UnsupportedAdapter
 from agentrt.kernels import native
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.decoder import DecoderModel
 from agentrt.model.generate import prompt_logits
-from agentrt.model.kv import KVStore
 from agentrt.model.loaders.hf import load_hf_dir
 from tests.conftest import make_hf_model
 

@@ -12,10 +12,10 @@ import torch
 from agentrt.adapters import LoraStep, build_adapter
 from agentrt.adapters.lora import TARGETS, target_shapes
 from agentrt.kernels import native
+from agentrt.kv.store import KVStore
 from agentrt.model import fused as fused_mod
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.config import ModelConfig
-from agentrt.model.kv import KVStore
 from tests.conftest import tiny_native
 from tests.test_cross_cpu import dot_in_order
 

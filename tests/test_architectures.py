@@ -21,10 +21,10 @@ import torch
 
 from agentrt.errors import CorruptModelFile, UnsupportedModel
 from agentrt.kernels import native
+from agentrt.kv.store import KVStore
 from agentrt.model import fused
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.generate import generate, prompt_logits
-from agentrt.model.kv import KVStore
 from agentrt.model.loaders.hf import config_from_hf, load_hf_dir
 from agentrt.model.loaders.load import load_model
 from agentrt.model.quant import QLinear

@@ -20,6 +20,7 @@ from agentrt.engine.engine import Engine
 from agentrt.errors import ConfigError, OutOfKVMemory, PoolExhausted, SessionBusy, SnapshotMismatch
 from agentrt.kv import snapshot
 from agentrt.model.decoder import DecoderModel
+from agentrt.model.fingerprint import model_fingerprint
 from agentrt.model.generate import generate
 from agentrt.sampling import SamplingParams
 from tests.conftest import config_of, make_hf_model, tiny_model
@@ -117,7 +118,7 @@ def test_restore_refuses_another_model_dtype_garbage_foreign_or_missing_file(tmp
         run(refused, other)
     (tmp_path / "garbage").write_bytes(os.urandom(300))
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign")
-    fp = snapshot.model_fingerprint(model())
+    fp = model_fingerprint(model())
     snapshot.write_snapshot(tmp_path / "bad_shape", {"tokens": [1, 2], "k": torch.zeros(1), "v": torch.zeros(1)}, fp)
 
     async def bad_files(eng):
@@ -135,9 +136,9 @@ def test_restore_refuses_another_model_dtype_garbage_foreign_or_missing_file(tmp
 
 
 def test_fingerprint_tells_apart_weights_and_dtype_but_not_copies():
-    a, b = snapshot.model_fingerprint(model()), snapshot.model_fingerprint(tiny_model("qwen2", seed=1))
+    a, b = model_fingerprint(model()), model_fingerprint(tiny_model("qwen2", seed=1))
     assert a["config"] == b["config"] and a["dtype"] == b["dtype"] and a["weights"] != b["weights"]
-    assert snapshot.model_fingerprint(model()) == a
+    assert model_fingerprint(model()) == a
 
 
 def test_fork_shares_pages_then_copies_on_write_and_both_branches_match_the_oracle():
@@ -276,7 +277,7 @@ def test_a_snapshot_with_any_byte_changed_is_refused(tmp_path):
     path = tmp_path / "a.snap"
     write_first_turn(path)
     data = path.read_bytes()
-    fp = snapshot.model_fingerprint(model())
+    fp = model_fingerprint(model())
     assert snapshot.read_snapshot(path, fp)["tokens"]
     bad = tmp_path / "bad.snap"
     for i in range(64):

@@ -14,8 +14,8 @@ from agentrt.kv.eviction import LRUPolicy
 from agentrt.kv.kv_manager import KVManager, Sequence
 from agentrt.kv.pages import OutOfPages, PageAllocator
 from agentrt.kv.radix import RadixCache
+from agentrt.kv.store import KVStore
 from agentrt.model.config import ModelConfig
-from agentrt.model.kv import KVStore
 
 PS = 4
 CFG = ModelConfig(arch="llama", vocab_size=50, hidden_size=8, intermediate_size=16, num_layers=2,

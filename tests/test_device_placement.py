@@ -16,8 +16,8 @@ import torch
 
 from agentrt.kernels import reference
 from agentrt.kernels.backends import get_backend
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
-from agentrt.model.kv import KVStore
 from agentrt.model.staging import HostStaging
 from tests.conftest import tiny_model
 

@@ -129,8 +129,8 @@ def test_embedded_native_quantization_agrees_with_fp32(embedded, embedded_native
 def test_fused_path_rejects_out_of_range_batches():
     """The kernels index raw memory: a position past the rope table or a slot past the KV store
     is a typed error, as the eager path's indexing would raise, never a stray write."""
+    from agentrt.kv.store import KVStore
     from agentrt.model.batch import SeqChunk, build_batch
-    from agentrt.model.kv import KVStore
 
     model = tiny_model("llama")
     kv = KVStore.allocate(model.cfg, 2, 16)

@@ -13,9 +13,9 @@ CUDA = torch.cuda.is_available()
 
 pytest.importorskip("triton")
 from agentrt.kernels.triton_ops import TritonBackend  # noqa: E402
+from agentrt.kv.store import KVStore  # noqa: E402
 from agentrt.model import device_quant  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
-from agentrt.model.kv import KVStore  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402
 
 PS = 8

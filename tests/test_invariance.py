@@ -22,9 +22,9 @@ from agentrt.config import EngineConfig
 from agentrt.engine.core import EngineCore
 from agentrt.engine.engine import Engine
 from agentrt.kernels import native
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.generate import generate
-from agentrt.model.kv import KVStore
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_native
 from tests.engine_util import drain, submit

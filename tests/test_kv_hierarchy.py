@@ -18,10 +18,10 @@ from agentrt.kv.kv_manager import KVManager
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
 from agentrt.kv.retention import ToolRetention
+from agentrt.kv.store import KVStore
 from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
 from agentrt.model.generate import generate
-from agentrt.model.kv import KVStore
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_model
 from tests.engine_util import drain, submit

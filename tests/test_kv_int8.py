@@ -18,9 +18,9 @@ import torch
 from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.reference import dequantize_kv, quantize_kv
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.generate import generate
-from agentrt.model.kv import KVStore
 from agentrt.sampling import SamplingParams
 from tests.conftest import tiny_native
 from tests.test_invariance import _prompts, _run

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.decoder import DecoderModel
 from agentrt.model.generate import prompt_logits
-from agentrt.model.kv import KVStore
 from agentrt.model.loaders.hf import load_hf_dir
 from tests.conftest import make_hf_model, tiny_model
 

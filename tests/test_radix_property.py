@@ -35,9 +35,9 @@ from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
 from agentrt.kv.registry import make_policy
 from agentrt.kv.room import KVRoom
+from agentrt.kv.store import KVStore
 from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
-from agentrt.model.kv import KVStore
 from agentrt.records.request import Request
 from agentrt.sampling import SamplingParams
 from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers

@@ -23,7 +23,7 @@ import structlog
 
 from agentrt.kv.disk import DiskHit, DiskKV
 from agentrt.kv.identity import BASE, Adapted, space
-from agentrt.kv.snapshot import model_fingerprint
+from agentrt.model.fingerprint import model_fingerprint
 from agentrt.prefixes import common_prefix
 from agentrt.state.backends import open_store
 from agentrt.state.sql import SQLStore

@@ -18,10 +18,10 @@ import torch
 
 from agentrt.adapters.apply import LoraStep
 from agentrt.engine.clock import Clock
+from agentrt.kv.store import KVStore
 from agentrt.kv.tier import HostTier
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.graphs import StepGraphs, graphable, is_short
-from agentrt.model.kv import KVStore
 from agentrt.model.staging import HostStaging
 
 log = structlog.get_logger("agentrt.engine")

@@ -13,6 +13,7 @@ import anyio
 from agentrt.checks import check_int, check_optional_str, check_timeout
 from agentrt.errors import ConfigError, SnapshotMismatch
 from agentrt.kv import snapshot
+from agentrt.model.fingerprint import model_fingerprint
 
 
 class Session:
@@ -78,7 +79,7 @@ class Session:
         path = snapshot.check_target(path)
         engine = self._engine
         data = await engine.run_in_step_thread(lambda: engine.core.branching.export(self._es))
-        fingerprint = await anyio.to_thread.run_sync(snapshot.model_fingerprint, engine.model)
+        fingerprint = await anyio.to_thread.run_sync(model_fingerprint, engine.model)
         return await anyio.to_thread.run_sync(snapshot.write_snapshot, path, data, fingerprint)
 
     async def fork(self, tag: str | None = None, timeout: float | None = None) -> "Session":
@@ -108,7 +109,7 @@ async def restore_session(engine, path, tag: str | None, cache_salt: str | None,
     path = snapshot.check_path(path)
 
     def read() -> dict:
-        return snapshot.read_snapshot(path, snapshot.model_fingerprint(engine.model))
+        return snapshot.read_snapshot(path, model_fingerprint(engine.model))
 
     data = await anyio.to_thread.run_sync(read)
     adapter = data.get("adapter")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from agentrt.kv.identity import BASE, Adapted
 from agentrt.kv.pages import PageAllocator
-from agentrt.model.kv import KVStore
+from agentrt.kv.store import KVStore
 
 
 @dataclass(eq=False)

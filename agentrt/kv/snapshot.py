@@ -4,7 +4,7 @@ A snapshot holds one `torch.save` body of plain values only (a dict of str/int/f
 tensors), so it loads with `torch.load(weights_only=True)`: reading a file never runs code from
 it. It holds the token ids a session's KV covers, that KV per token ([layers, tokens, Hkv, D],
 independent of the page size of the engine that wrote it) and the *fingerprint* of the model
-that computed it. KV is only meaningful for the exact model and dtype that produced it: restored
+that computed it (model/fingerprint.py). KV is only meaningful for the exact model and dtype that produced it: restored
 on another one, generation would go on silently wrong. So reading compares fingerprints and
 refuses any difference with SnapshotMismatch, naming what differs.
 
@@ -17,7 +17,6 @@ KV would otherwise restore silently and the next turn would run on corrupted KV.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import os
@@ -27,13 +26,11 @@ from typing import Any
 import torch
 
 from agentrt.errors import ConfigError, SnapshotMismatch
-from agentrt.model.quant import QEmbedding, QLinear
 from agentrt.state.records import atomic_write
 
 FORMAT = "agentrt-session-snapshot"
 VERSION = 2  # 2: framed with a checksum
 MAGIC = b"agentrt-session-snapshot/2 blake2b-128 "  # then the body's hex digest, a newline, the body
-_SLICE = 32  # elements hashed at the start, middle and end of every weight tensor
 
 
 def check_path(path: Any) -> Path:
@@ -53,40 +50,6 @@ def check_target(path: Any) -> Path:
         raise ConfigError(f"cannot write a snapshot to {path}: the directory {path.parent} does not exist; "
                           "create it first")
     return path
-
-
-def model_fingerprint(model) -> dict:
-    """What a snapshot's KV depends on: the architecture (model.cfg), the dtype, and a short
-    sha256 over deterministic slices of every weight. The digest tells apart two models with
-    identical configs (two fine-tunes, two random initialisations) at a cost of microseconds."""
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model.cfg).items()}
-    return {"config": config, "dtype": str(model.dtype).removeprefix("torch."),
-            "kv_dtype": str(model.kv_dtype).removeprefix("torch."),
-            "weights": _weights_digest(model)}
-
-
-def _weights_digest(model) -> str:
-    h = hashlib.sha256()
-    for name, t in _weight_tensors(model):
-        flat = t.detach().reshape(-1)
-        n, mid = flat.numel(), flat.numel() // 2
-        picks = torch.cat([flat[:_SLICE], flat[mid:mid + _SLICE], flat[max(0, n - _SLICE):]])
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(picks.cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def _weight_tensors(model):
-    """Parameters and buffers by name, then packed quantized weights (not registered tensors)."""
-    yield from model.state_dict().items()
-    for mname, mod in model.named_modules():
-        parts = mod.parts if isinstance(mod, QLinear) else [mod.packed] if isinstance(mod, QEmbedding) else []
-        for i, pw in enumerate(parts):
-            for field in ("q", "s", "m"):
-                t = getattr(pw, field)
-                if isinstance(t, torch.Tensor):
-                    yield f"{mname}.packed{i}.{field}", t
 
 
 def write_snapshot(path: Any, data: dict, fingerprint: dict) -> Path:

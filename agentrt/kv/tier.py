@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrt.model.kv import KVStore
+from agentrt.kv.store import KVStore
 
 
 @dataclass(eq=False)

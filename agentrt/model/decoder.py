@@ -18,10 +18,10 @@ from agentrt.errors import ModelLoadError
 from agentrt.kernels.backends import KernelBackend, get_backend
 from agentrt.kernels.base import SHORT_QUERIES, AttentionMeta
 from agentrt.kernels.packing import QuantMatrix, pack
+from agentrt.kv.store import KVStore
 from agentrt.model import device_quant, fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.dense import Dense
-from agentrt.model.kv import KVStore
 from agentrt.model.loaders.lazy import LazyQuant, materialize
 from agentrt.model.moe import MoE
 from agentrt.model.quant import HEAD_REFINE, QEmbedding, QLinear, linear_from

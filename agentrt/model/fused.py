@@ -31,7 +31,7 @@ from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.base import AttentionMeta
 from agentrt.kernels.reference import paged_attention_rows
-from agentrt.model.kv import KV_MODES, kv_mode
+from agentrt.kv.store import KV_MODES, kv_mode
 from agentrt.model.moe import MoE
 from agentrt.model.moe import describe as describe_moe
 from agentrt.model.moe import run_native as run_moe

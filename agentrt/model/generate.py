@@ -9,9 +9,9 @@ import torch
 
 from agentrt.adapters.apply import LoraStep
 from agentrt.errors import ConfigError, ContextLengthExceeded
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
 from agentrt.model.decoder import DecoderModel
-from agentrt.model.kv import KVStore
 from agentrt.model.staging import HostStaging
 from agentrt.sampling import SamplingParams, make_generator, sample_row
 from agentrt.sampling.penalties import penalize

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from agentrt.kernels.base import SHORT_QUERIES, AttentionMeta
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk
-from agentrt.model.kv import KVStore
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 FIELDS = 6  # ids, positions, slots, seq, kv_lens, logits rows

@@ -162,8 +162,8 @@ def calibrate(lm, quick: bool = False, name: str | None = None, loaded_s: float 
 
 
 def _tier_copy_s(model) -> float:
+    from agentrt.kv.store import KVStore
     from agentrt.kv.tier import HostTier
-    from agentrt.model.kv import KVStore
 
     store = KVStore.allocate(model.cfg, 16, 16, model.kv_dtype, device=model.device)
     return statistics.median(HostTier(store, 1 << 30).copy_s_per_page for _ in range(3))

@@ -18,9 +18,9 @@ import torch
 
 from agentrt.engine.clock import LoopClock
 from agentrt.engine.executor import StepOutput
+from agentrt.kv.store import KVStore
 from agentrt.kv.tier import HostTier
 from agentrt.model.config import ModelConfig
-from agentrt.model.kv import KVStore
 from agentrt.sim.costs import StepCosts
 from agentrt.sim.loop import SimSteps
 from agentrt.sim.scripts import ScriptBook

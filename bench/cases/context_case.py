@@ -25,8 +25,8 @@ import anyio
 import torch
 
 from agentrt import Engine, EngineConfig, SamplingParams, load_model  # noqa: E402
+from agentrt.kv.store import KVStore  # noqa: E402
 from agentrt.model.batch import SeqChunk, build_batch  # noqa: E402
-from agentrt.model.kv import KVStore  # noqa: E402
 from bench.common import RESULTS, ROOT, machine, print_table, write_results  # noqa: E402
 
 PAGE = 16

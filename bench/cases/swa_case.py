@@ -69,8 +69,8 @@ class Ours:
         self.model = model
 
     def decode_round(self, steps: int) -> float:
+        from agentrt.kv.store import KVStore
         from agentrt.model.batch import SeqChunk, build_batch
-        from agentrt.model.kv import KVStore
 
         m = self.model
         pages = list(range(-(-(CTX + steps + 1) // PS)))
@@ -112,7 +112,7 @@ def session_kv_bytes(model) -> tuple[int, int]:
     layers of the pages that still have their local page."""
     from agentrt.config import EngineConfig
     from agentrt.engine.core import EngineCore
-    from agentrt.model.kv import KVStore
+    from agentrt.kv.store import KVStore
     from agentrt.sampling import SamplingParams
 
     core = EngineCore(model, EngineConfig(kv_cache_tokens=16384, response_cache_size=0))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from agentrt.kv.store import KVStore
 from agentrt.model.batch import SeqChunk, build_batch
-from agentrt.model.kv import KVStore
 
 PS, CTX, TOKEN = 16, 128, 7  # page size, decode context, the fixed input token of every step
 

@@ -1,5 +1,6 @@
 """The paged KV store: per-layer K and V tensors allocated once. Which page belongs to which
-sequence is the cache manager's business (agentrt.kv); the model only reads page tables.
+sequence is the cache manager's business (kv_manager.py); the model only reads page tables.
+The store knows of a model only its KV shape (`KVShape`: ModelConfig is one).
 
 Sliding-window layers may keep their pages apart (kv/window.py): `local_of` maps a logical page
 to its row in those layers' tensors (-1: released), and they hold `num_local` rows."""
@@ -7,12 +8,23 @@ to its row in those layers' tensors (-1: released), and they hold `num_local` ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from agentrt.errors import ConfigError
 from agentrt.kernels.reference import kv_groups
-from agentrt.model.config import ModelConfig
+
+
+class KVShape(Protocol):
+    """What a store's layout depends on (model/config.py::ModelConfig has it)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def window(self, layer: int) -> int: ...  # the layer's sliding window (0: full attention)
+
 
 KV_MODES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernels' kv_mode
 
@@ -60,7 +72,7 @@ class KVStore:
         return self.local_of[pages].clamp(min=0) if self.is_local(layer) else pages
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, num_pages: int, page_size: int,
+    def allocate(cls, cfg: KVShape, num_pages: int, page_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  num_local: int | None = None) -> "KVStore":
         """`num_local`: rows of the sliding-window layers' own pool (None: those layers index
@@ -82,7 +94,7 @@ class KVStore:
         return cls(k, v, page_size, local, local_of, window)
 
     @staticmethod
-    def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.float32, local: bool | None = None) -> int:
+    def bytes_per_token(cfg: KVShape, dtype: torch.dtype = torch.float32, local: bool | None = None) -> int:
         """KV bytes per token of every layer (local=True: of the sliding-window layers only;
         False: of the others)."""
         elem = torch.empty((), dtype=dtype).element_size()
