@@ -241,8 +241,8 @@ class CallContainer:
             return self._invalid(slot, InvalidKind.BAD_CALL,
                                  f"duplicate key {slot.duplicate!r} in the tool call", raw)
         if slot.name is None:
-            why = "'name' must be a string" if slot.name_not_string else "the call has no 'name'"
-            return self._invalid(slot, InvalidKind.MISSING_NAME, why, raw)
+            missing = "'name' must be a string" if slot.name_not_string else "the call has no 'name'"
+            return self._invalid(slot, InvalidKind.MISSING_NAME, missing, raw)
         arguments, why = self._arguments(slot, raw)
         if why is not None:
             return self._invalid(slot, InvalidKind.BAD_ARGUMENTS, why, raw)

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
-from agentrt.toolcall.parse_events import ParserState
-from agentrt.toolcall.tags import match_literal
+from abc import ABC, abstractmethod
+
+from agentrt.toolcall.parse_events import EventSink, ParserState
+from agentrt.toolcall.tags import match_literal, skip_ws
 
 _FENCE = "```"
 
 
-class FenceStates:
-    """Mixin: handlers for ParserState.FENCE_OPEN / FENCE_CLOSE (uses the parser's fields)."""
+class FenceStates(ABC):
+    """Handlers for ParserState.FENCE_OPEN / FENCE_CLOSE, a base of ToolCallParser.
+
+    The parser owns the fields and hooks declared here (set in its __init__); declaring them
+    states what the fence states read and write.
+    """
+
+    _matched: int  # characters of the literal being matched (``` here) but not yet decided
+    _fence: list[str]  # held fence text while undecided
+    _held_ws: list[str]  # leading whitespace while the format is undecided
+    _fenced: bool  # the current bare call sits in a fence
+    _verdicts: int  # calls ended so far
+    _out: EventSink
+
+    @abstractmethod
+    def _open_container(self, *, bare: bool) -> None: ...
+
+    @abstractmethod
+    def _enter(self, state: ParserState) -> None: ...
+
+    @abstractmethod
+    def _stop(self, end: int, reason: str) -> None: ...
 
     def _on_fence_open(self, s: str, i: int) -> int:
         """```, an optional language word, whitespace, then '{' or '[' opens a fenced call."""
@@ -42,7 +64,7 @@ class FenceStates:
 
     def _on_fence_close(self, s: str, i: int) -> int:
         if self._matched == 0:
-            i = self._skip_ws(s, i)
+            i = skip_ws(s, i)
             if i == len(s):
                 return i
         matched, j = match_literal(_FENCE, self._matched, s, i)

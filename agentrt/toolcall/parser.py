@@ -37,18 +37,16 @@ reaches it: it is a bad tool definition, not a bad model output.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from agentrt.errors import ConfigError
 from agentrt.toolcall.calls import CallContainer
 from agentrt.toolcall.fences import FenceStates
 from agentrt.toolcall.parse_events import CallInvalid, EarlyStop, Event, EventSink, ParserState, Verdict
 from agentrt.toolcall.specs import ToolSpec, load_tool_specs
-from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, match_literal
+from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, WS_RUN, match_literal, skip_ws
 
 WRAPPERS = ("hermes", "json", "auto")
-_WS_RUN = re.compile(r"[ \t\n\r]+")
 
 
 class ToolCallParser(FenceStates):
@@ -92,7 +90,7 @@ class ToolCallParser(FenceStates):
         self._base = 0  # stream offset of the current piece's first character
         self._stop_offset: int | None = None
         self._steps = 0  # parser loop iterations plus finished containers' scanner steps
-        self._handlers = {
+        self._handlers: dict[ParserState, Callable[[str, int], int]] = {
             ParserState.MESSAGE_START: self._on_message_start,
             ParserState.TEXT: self._on_text,
             ParserState.IN_CALL: self._on_in_call,
@@ -102,7 +100,7 @@ class ToolCallParser(FenceStates):
             ParserState.FENCE_OPEN: self._on_fence_open,
             ParserState.FENCE_CLOSE: self._on_fence_close,
         }
-        self._handler = self._handlers[self._state]  # None once stopped or closed
+        self._handler: Callable[[str, int], int] | None = self._handlers[self._state]  # None once stopped or closed
 
     # -- public --------------------------------------------------------------------------------
 
@@ -153,8 +151,9 @@ class ToolCallParser(FenceStates):
         elif state is ParserState.FENCE_OPEN and self._verdicts == 0:
             self._out.text("".join(self._held_ws + self._fence))
         elif state is ParserState.IN_CALL:
-            self._container.close()
-            self._end_container()
+            container = self._current()
+            container.close()
+            self._end_container(container)
         self._held_ws, self._matched = [], 0
         self._enter(ParserState.CLOSED)
         return self._out.take()
@@ -162,7 +161,7 @@ class ToolCallParser(FenceStates):
     # -- states --------------------------------------------------------------------------------
 
     def _on_message_start(self, s: str, i: int) -> int:
-        m = _WS_RUN.match(s, i)
+        m = WS_RUN.match(s, i)
         if m:
             self._held_ws.append(m.group())
             return m.end()
@@ -198,7 +197,7 @@ class ToolCallParser(FenceStates):
         return j
 
     def _on_in_call(self, s: str, i: int) -> int:
-        container = self._container
+        container = self._current()
         j = container.step(s, i, self._base)
         if not container.token:
             return j
@@ -207,13 +206,13 @@ class ToolCallParser(FenceStates):
         if self._state is ParserState.STOPPED:
             return j
         if container.failed:  # s[j], the offending character, is not consumed
-            self._end_container()
+            self._end_container(container)
             if self._bare or not self._close:
                 self._stop(container.trigger_end, "malformed bare JSON: no later call can be located")
             else:
                 self._enter(ParserState.SKIPPING)
         elif container.done:
-            self._end_container()
+            self._end_container(container)
             if not self._bare:
                 self._enter(ParserState.CLOSING_TAG if self._close else ParserState.BETWEEN_CALLS)
             elif self._fenced:
@@ -227,7 +226,7 @@ class ToolCallParser(FenceStates):
 
     def _on_closing_tag(self, s: str, i: int) -> int:
         if self._matched == 0:
-            i = self._skip_ws(s, i)
+            i = skip_ws(s, i)
             if i == len(s):
                 return i
         matched, j = match_literal(self._close, self._matched, s, i)
@@ -257,7 +256,7 @@ class ToolCallParser(FenceStates):
 
     def _on_between(self, s: str, i: int) -> int:
         if self._matched == 0:
-            i = self._skip_ws(s, i)
+            i = skip_ws(s, i)
             if i == len(s):
                 return i
             if self._bare:
@@ -286,18 +285,19 @@ class ToolCallParser(FenceStates):
         self._state = state
         self._handler = self._handlers.get(state)
 
-    @staticmethod
-    def _skip_ws(s: str, i: int) -> int:
-        m = _WS_RUN.match(s, i)
-        return m.end() if m else i
-
     def _open_container(self, *, bare: bool) -> None:
         self._bare = bare
         self._container = CallContainer(self._specs, self._out, self._next_index)
         self._enter(ParserState.IN_CALL)
 
-    def _end_container(self) -> None:
-        container, self._container = self._container, None
+    def _current(self) -> CallContainer:
+        """The open container: IN_CALL is only entered by _open_container, which sets one."""
+        if self._container is None:
+            raise RuntimeError("ToolCallParser: no open call container in state IN_CALL")
+        return self._container
+
+    def _end_container(self, container: CallContainer) -> None:
+        self._container = None
         self._next_index = container.next_index
         self._steps += container.steps
 
@@ -311,7 +311,7 @@ class ToolCallParser(FenceStates):
     def _stop(self, end: int, reason: str) -> None:
         """Stop at the piece-local index `end` (just past the triggering character)."""
         if self._container is not None:
-            self._end_container()
+            self._end_container(self._container)
         self._stop_offset = self._base + end
         self._enter(ParserState.STOPPED)
         self._out.emit(EarlyStop(reason))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 
 from agentrt.toolcall.strings import StringLexer
+from agentrt.toolcall.tags import skip_ws
 
 START, PIECE, END, ERROR = "start", "piece", "end", "error"
 
@@ -34,7 +35,6 @@ START, PIECE, END, ERROR = "start", "piece", "end", "error"
 VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER_VALUE = range(6)
 STRING, NUMBER, LITERAL, DONE, FAILED = range(6, 11)
 
-_WS_RUN = re.compile(r"[ \t\n\r]+")
 _PLAIN_RUN = re.compile(r'[^"\\\x00-\x1f]+')  # string content needing no attention
 _WS = " \t\n\r"
 _DIGITS = "0123456789"
@@ -119,7 +119,7 @@ class JsonScanner:
             elif mode >= DONE:
                 return i, None
             elif s[i] in _WS:
-                i = _WS_RUN.match(s, i).end()
+                i = skip_ws(s, i)  # s[i] is whitespace: the run is non-empty
                 continue
             else:
                 i, tok = self._structural(s, i)

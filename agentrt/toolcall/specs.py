@@ -81,8 +81,7 @@ def load_tool_specs(tools: object) -> Mapping[str, ToolSpec]:
 
 
 def _from_mapping_item(name: object, schema: object) -> tuple[str, str, object]:
-    _check_name(name, "tools mapping key")
-    return name, "", schema
+    return _check_name(name, "tools mapping key"), "", schema
 
 
 def _from_openai(position: int, tool: object) -> tuple[str, str, object]:
@@ -98,17 +97,18 @@ def _from_openai(position: int, tool: object) -> tuple[str, str, object]:
             raise ConfigError(f"{where} must be a dict with 'name' and 'parameters'")
     else:
         function = tool
-    name = function.get("name")
-    _check_name(name, f"{where}['name']")
+    name = _check_name(function.get("name"), f"{where}['name']")
     description = function.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"{where}['description'] of tool {name!r} must be a string")
     return name, description, function.get("parameters", _NO_PARAMETERS)
 
 
-def _check_name(name: object, where: str) -> None:
+def _check_name(name: object, where: str) -> str:
+    """name, checked to be a non-empty string."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where} must be a non-empty string, got {name!r}")
+    return name
 
 
 def _compile(name: str, description: str, parameters: object) -> ToolSpec:
