@@ -156,3 +156,26 @@ def test_a_simulation_is_deterministic_when_tasks_wake_at_one_instant():
     first = sim_run(main)
     assert len(first[0]) > 3
     assert all(sim_run(main) == first for _ in range(4))
+
+
+def test_the_simulated_tier_counts_the_real_page_size_and_charges_copies():
+    """A simulated engine with a tier (SimTier: entries of the real model's page size, no bytes)
+    demotes and promotes pages; its byte count is whole pages of the real model; every copy
+    adds its cost to the virtual time."""
+    from agentrt.kv.store import KVStore
+
+    model = SimModel(tiny_native("llama").cfg)
+    ex = SimExecutor(model, COSTS)
+    cfg = CFG.replace(kv_tier_bytes=1 << 22)
+
+    async def main():
+        async with Engine(model, cfg, executor=ex) as eng:
+            await _agents(eng, _histories(8), turns=3, tool_s=0.25, concurrent=True)
+            await eng.run_in_step_thread(eng.core.check_invariants)
+            return eng.stats()
+    st = sim_run(main)
+    page_bytes = KVStore.bytes_per_token(model.cfg, model.kv_dtype) * cfg.page_size
+    assert st.demoted_pages > 0 and st.promoted_pages > 0
+    assert st.tier_bytes == st.tier_pages * page_bytes
+    copies = (st.demoted_pages + st.promoted_pages) * COSTS.copy_s(1, cfg.page_size)
+    assert ex.busy_s >= ex.steps * (COSTS.base_s + COSTS.loop_s) + copies * (1 - 1e-9)

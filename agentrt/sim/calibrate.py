@@ -97,7 +97,9 @@ class _StepLog:
     followed a step with work still queued."""
 
     def __init__(self, core: EngineCore):
-        self.core, self.samples, self.gaps = core, [], []
+        self.core = core
+        self.samples: list[tuple[list[tuple[int, int]], float]] = []  # ([(start, n) per chunk], seconds)
+        self.gaps: list[float] = []
         self._end: float | None = None
 
     def __call__(self, chunks, seconds: float) -> None:

@@ -102,7 +102,8 @@ class StepCosts:
         coef = _nnls(x / y[:, None], np.ones_like(y))
         pred = x @ coef
         rel = np.abs(pred - y) / y
-        return cls(name, *map(float, coef), tier_copy_s_per_page=tier_copy_s_per_page,
+        base, per_seq, per_token, per_pair, per_key = (float(c) for c in coef)  # FEATURES' order
+        return cls(name, base, per_seq, per_token, per_pair, per_key, tier_copy_s_per_page=tier_copy_s_per_page,
                    page_tokens=page_tokens, loop_s=loop_s, source=source,
                    details={"fit_samples": len(samples), "fit_rel_err_mean": float(rel.mean()),
                             "fit_rel_err_max": float(rel.max())})

@@ -12,14 +12,15 @@ lets its virtual clock pass them."""
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
 from agentrt.engine.clock import LoopClock
+from agentrt.engine.core import EngineCore
 from agentrt.engine.executor import StepOutput
 from agentrt.kv.store import KVStore
-from agentrt.kv.tier import HostTier
+from agentrt.kv.tier import HostTier, TierEntry
 from agentrt.model.config import ModelConfig
 from agentrt.sim.costs import StepCosts
 from agentrt.sim.loop import SimSteps
@@ -37,42 +38,33 @@ class SimModel:
         self.cfg, self.kv_dtype, self.dtype = cfg, kv_dtype, torch.float32
 
 
-@dataclass(eq=False)
-class SimEntry:
-    """A demoted run of pages in the simulated tier: a size, no bytes."""
-
-    n_pages: int
-    page_bytes: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.n_pages * self.page_bytes
-
-    def split(self, i: int) -> tuple["SimEntry", "SimEntry"]:
-        return SimEntry(i, self.page_bytes), SimEntry(self.n_pages - i, self.page_bytes)
-
-
 class SimTier(HostTier):
-    """HostTier's budget and bookkeeping over SimEntry; copies cost time, not memory."""
+    """HostTier's budget and bookkeeping; copies cost time, not memory. Its entries are sizes
+    without bytes: TierEntry over `meta` tensors [1, n_pages, page_bytes / 2] of uint8, so
+    n_pages, nbytes and split are the real entry's."""
 
-    def __init__(self, page_bytes: int, budget_bytes: int, copy_s_per_page: float, charge):
-        self.store, self.budget, self.page_bytes, self.used = None, int(budget_bytes), page_bytes, 0
+    def __init__(self, store: KVStore, page_bytes: int, budget_bytes: int, copy_s_per_page: float,
+                 charge: Callable[[float], None]):
+        # (HostTier.__init__ is not called: it measures copies of real bytes)
+        self.store, self.budget, self.page_bytes, self.used = store, int(budget_bytes), page_bytes, 0
+        self.local, self._pin = None, False
         self.copy_s_per_page, self._charge = copy_s_per_page, charge
 
-    def save(self, pages: list[int]) -> SimEntry:
+    def save(self, pages: list[int]) -> TierEntry:
         self._charge(len(pages) * self.copy_s_per_page)
-        entry = SimEntry(len(pages), self.page_bytes)
+        half = (1, len(pages), self.page_bytes // 2)  # (page_bytes is K's and V's: even)
+        k, v = (torch.empty(half, dtype=torch.uint8, device="meta") for _ in range(2))
+        entry = TierEntry(k, v)
         self.used += entry.nbytes
         return entry
 
-    def load(self, entry: SimEntry, pages: list[int]) -> None:
+    def load(self, entry: TierEntry, pages: list[int]) -> None:
         self._charge(len(pages) * self.copy_s_per_page)
 
 
 class SimExecutor:
     simulated = True
     device_tail = False  # (rows are the host's)
-    make_steps = SimSteps  # the Engine's step loop: a task on the (virtual-time) event loop
 
     @staticmethod
     def clock() -> LoopClock:
@@ -85,6 +77,11 @@ class SimExecutor:
         self.pending_s = 0.0  # simulated seconds not yet passed on the clock
         self.busy_s, self.steps = 0.0, 0
         self._outputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> its script
+
+    def make_steps(self, core: EngineCore) -> SimSteps:
+        """The Engine's step loop: a task on the (virtual-time) event loop that passes the
+        seconds this executor charges."""
+        return SimSteps(core, self)
 
     def charge(self, seconds: float) -> None:
         self.pending_s += seconds
@@ -100,7 +97,7 @@ class SimExecutor:
     def tier(self, store: KVStore, budget_bytes: int) -> SimTier:
         ps = store.page_size
         page_bytes = KVStore.bytes_per_token(self.model.cfg, self.model.kv_dtype) * ps
-        return SimTier(page_bytes, budget_bytes, self.costs.copy_s(1, ps), self.charge)
+        return SimTier(store, page_bytes, budget_bytes, self.costs.copy_s(1, ps), self.charge)
 
     def run(self, plan: list, chunks: list, store: KVStore, page_size: int) -> StepOutput:
         seconds = self.costs.seconds(chunks)

@@ -10,15 +10,26 @@ Python bookkeeping allows."""
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import anyio
 
+from agentrt.engine.core import EngineCore
 from agentrt.engine.loop import StepThread, deliver_now
 
 
+class PendingSeconds(Protocol):
+    """What the loop reads of a simulated executor (sim/executor.py::SimExecutor)."""
+
+    def take_pending(self) -> float:
+        """Simulated seconds charged since the last call (steps and tier copies)."""
+        ...
+
+
 class SimSteps(StepThread):
-    def __init__(self, core):
+    def __init__(self, core: EngineCore, executor: PendingSeconds):
         super().__init__(core)
+        self._executor = executor  # core's executor, as the seconds it charges
         self._wake = anyio.Event()
         self._done = anyio.Event()
 
@@ -57,7 +68,7 @@ class SimSteps(StepThread):
             self._done.set()
 
     async def _serve_async(self) -> None:
-        executor = self.core.executor
+        executor = self._executor
         while True:
             if self._idle():
                 wake = self.core.idle()
