@@ -142,10 +142,11 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
     the call validates, while the model still writes the next one (pipelined tool execution)."""
     if isinstance(fn, str):
         raise ToolDefinitionError(f"@tool({fn!r}) is not supported; write @tool(name={fn!r})")
-    options = dict(name=name, description=description, timeout=timeout, retries=retries, strict=strict, pure=pure)
-    if fn is None:
-        return lambda f: Tool.from_function(f, **options)
-    return Tool.from_function(fn, **options)
+
+    def build(f: Callable[..., Any]) -> Tool:
+        return Tool.from_function(f, name=name, description=description, timeout=timeout, retries=retries,
+                                  strict=strict, pure=pure)
+    return build if fn is None else build(fn)
 
 
 def _check_settings(name: object, timeout: object, retries: object) -> None:
@@ -162,7 +163,8 @@ def _check_settings(name: object, timeout: object, retries: object) -> None:
 
 def _argument_model(fn: Callable[..., Any], name: str, doc_params: Mapping[str, str], strict: bool):
     """(pydantic model, ((param, field), ...), context parameter name or None) for `fn`."""
-    hints, definitions, fields, context_param = _type_hints(fn, name), {}, [], None
+    hints, definitions, context_param = _type_hints(fn, name), {}, None
+    fields: list[tuple[str, str]] = []  # (parameter name, model field name)
     for param in _signature(fn, name).parameters.values():
         hint = _hint(param, hints, name)
         if _is_context(hint):

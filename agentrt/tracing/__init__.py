@@ -20,9 +20,12 @@ which needs the `otel` extra.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrt.errors import ConfigError
+
+if TYPE_CHECKING:  # (spans.py imports OpenTelemetry: only enable() loads it)
+    from agentrt.tracing.spans import Spans
 
 __all__ = ["add_trace_ids", "disable", "enable", "ending", "is_enabled"]
 
@@ -64,13 +67,12 @@ class ending:  # noqa: N801 - named like contextlib.closing, which it mirrors
     def __enter__(self) -> Any:
         return self.span
 
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         try:
             if isinstance(error, Exception):
                 self.span.fail(error)
         finally:
             self.span.end()
-        return False
 
 
 class _Switch:
@@ -80,7 +82,7 @@ class _Switch:
     __slots__ = ("spans",)
 
     def __init__(self) -> None:
-        self.spans = None
+        self.spans: Spans | None = None
 
 
 SWITCH = _Switch()
