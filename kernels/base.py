@@ -10,6 +10,13 @@ import torch
 SHORT_QUERIES = 64  # rows of up to this many new tokens are attended token by token on a GPU
 
 
+def is_short_row(q_len: int, limit: int | None = SHORT_QUERIES) -> bool:
+    """The one definition of a short row: at most `limit` new tokens (None: every row, the
+    batch-invariant mode's, DecoderModel.short_limit). Short rows are attended token by token
+    (kernels/triton_attention.py, the CPU kernels' vector attention); the others row by row."""
+    return limit is None or q_len <= limit
+
+
 @dataclass(frozen=True)
 class AttentionMeta:
     """Forward-pass metadata of one flattened varlen batch (B sequences, T new tokens).

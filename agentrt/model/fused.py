@@ -29,7 +29,7 @@ import torch
 
 from agentrt.errors import ConfigError
 from agentrt.kernels import native
-from agentrt.kernels.base import AttentionMeta
+from agentrt.kernels.base import AttentionMeta, is_short_row
 from agentrt.kernels.reference import paged_attention_rows
 from agentrt.kv.store import KV_MODES, kv_mode
 from agentrt.model.moe import MoE
@@ -71,8 +71,8 @@ class _Step:
         self.local = model.rope_local  # (Gemma 3's sliding-window layers; else model.rope)
         self.meta = meta
         cut = None if model.batch_invariant else KERNEL_ATTENTION_MAX_Q
-        short = [b for b, q in enumerate(meta.q_lens) if cut is None or q <= cut]
-        self.long = tuple(b for b, q in enumerate(meta.q_lens) if cut is not None and q > cut)
+        short = [b for b, q in enumerate(meta.q_lens) if is_short_row(q, cut)]
+        self.long = tuple(b for b, q in enumerate(meta.q_lens) if not is_short_row(q, cut))
         self.short = torch.tensor(short, dtype=torch.int64)
         self.cu = torch.tensor(meta.cu_q, dtype=torch.int64)
         self.kv_lens = meta.kv_lens_t.to(torch.int64).contiguous()
