@@ -46,7 +46,7 @@ async def test_out_of_memory_fails_the_step_and_the_engine_goes_on_with_smaller_
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
     prompts = [list(range(5 + i, 30 + i)) for i in range(3)]
     async with eng:
-        n_batch = eng.core.cfg.n_batch
+        n_batch = eng.core.scheduler.sizes.n_batch
         results = [None] * 3
 
         async def one(i):
@@ -59,8 +59,8 @@ async def test_out_of_memory_fails_the_step_and_the_engine_goes_on_with_smaller_
                 tg.start_soon(one, i)
         failed = [r for r in results if isinstance(r, DeviceOutOfMemory)]
         assert failed and "retry the request" in str(failed[0])
-        assert eng.core.counters.oom_steps == 1 and eng.core.cfg.n_batch < n_batch
-        assert eng.core.scheduler.cfg is eng.core.cfg
+        assert eng.core.counters.oom_steps == 1 and eng.core.scheduler.sizes.n_batch < n_batch
+        assert eng.core.cfg.n_batch == n_batch  # (the engine's config is the user's, unchanged)
         # the engine serves on: the failed prompts again, each equal to naive decoding
         for i, r in enumerate(results):
             out = r if isinstance(r, list) else list((await eng.complete(prompts[i], sp)).token_ids)

@@ -42,7 +42,7 @@ from agentrt.records.request import Request
 from agentrt.sampling import SamplingParams
 from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
 from agentrt.scheduling.prefix import attach_prefix, group_new_requests
-from agentrt.scheduling.scheduler import Queues
+from agentrt.scheduling.queues import Queues
 
 PS, PAGES, TIER_PAGES, SESSIONS, TRANSIENT = 4, 16, 6, 4, 3
 CFG = ModelConfig(arch="llama", vocab_size=50, hidden_size=8, intermediate_size=16, num_layers=1,
@@ -73,7 +73,8 @@ class Room:
         self.cfg = EngineConfig(kv_cache_tokens=PAGES * PS, page_size=PS, max_session_seqs=SESSIONS)
         self.queues, self.clock, self.rids = Queues(), _Clock(), itertools.count(1)
         store = KVStore.allocate(CFG, PAGES, PS)
-        self.kv = KVRoom(self.cfg, store, make_policy(policy), Counters(), self.queues, self.clock, make_tier=_tier)
+        self.kv = KVRoom(self.cfg, store, make_policy(policy), Counters(), self.clock, make_tier=_tier)
+        self.kv.mem.consult(self)  # (what is queued: the scheduler's facts, as the core's scheduler tells them)
         self.hier = Hierarchy(self.kv)
         self.branching = Branching(self.kv, self.hier)
         self.free_sids = list(range(TRANSIENT, TRANSIENT + SESSIONS))
@@ -87,6 +88,16 @@ class Room:
     def open(self, tag, salt):
         if self.free_sids:
             return self.kv.open_session(self.free_sids.pop(), tag, salt)
+
+    # ---- the scheduler's facts (kv/memory.py::SchedulingFacts) -------------------------------
+    def queued_sessions(self) -> set[int]:
+        return self.queues.queued_sessions()
+
+    def kept_prefixes(self) -> None:
+        return None
+
+    def evicted(self, leaf) -> None:
+        return None
 
     def idle(self) -> list:
         return [s for s in self.kv.sessions.values() if not s.busy]
@@ -110,7 +121,7 @@ class Room:
         group_new_requests(reqs, PS)
         for r in sorted(reqs, key=lambda x: x.leader is not None):  # leaders first
             if r in self.queues.running:
-                resolve_followers(self.kv.mem)
+                resolve_followers(self.kv.mem, self.queues.running)
                 self.compute(r, len(r.prompt))
 
     def compute(self, r: Request, end: int) -> None:
@@ -118,7 +129,7 @@ class Room:
         if r.leader is not None:
             return  # (waits for its leader's block: a later resolve_followers aliases it)
         failed: list = []
-        if reserve(self.kv.mem, r, end, {}, True, failed):
+        if reserve(self.kv.mem, self.queues, r, end, {}, True, failed):
             r.seq.tokens = list(r.target[:end])
             r.computed_prompt = end
         for f, _ in failed:  # (could not fit even alone: out of the running list, its KV freed)
@@ -148,7 +159,7 @@ class Room:
             return
         r = run[i % len(run)]
         self.queues.running.remove(r)
-        drop_links(self.kv.mem, r)
+        drop_links(self.kv.radix, self.queues.running, r)
         self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag)
         if r.session is not None:
             r.session.busy, r.session.history = False, list(r.seq.tokens)

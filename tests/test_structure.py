@@ -156,24 +156,45 @@ def test_the_package_top_imports_no_subpackage():
     assert not any(upward.values()), f"upward imports: { {k: v for k, v in upward.items() if v} }"
 
 
-# The engine's rooms, lowest first: a room imports only rooms below it, no exception. kv/ holds,
-# matches, reclaims and moves pages (a session's KV state is its own: kv/sessions.py); records/ is
-# what the rooms above share (a request runs on a KV sequence; the constraint contract); constrain/
-# implements that contract (grammars, masks, forcing, fast-forward); scheduling/ decides (order,
-# admission sizing, preemption); engine/ runs the step over all of them.
-ROOMS = ("agentrt.kv", "agentrt.records", "agentrt.constrain", "agentrt.scheduling", "agentrt.engine")
+# Every folder of agentrt/ (kernels/ and integrations/ install under it) is a room, lowest first: a
+# room imports only rooms below it (and the top-level modules), no exception. kernels/ computes;
+# state/ stores records on disk and in SQL; toolcall/ parses; adapters/ reads LoRA files; kv/ holds,
+# matches, reclaims and moves pages (KVStore included: of a model it knows only the KV shape);
+# records/ is what the rooms above share (a request, its sampling parameters, the constraint
+# contract); sampling/ picks tokens; model/ runs the forward; constrain/ implements the constraint
+# contract; scheduling/ decides; engine/ runs the step over all of them; above it, the faces.
+ROOMS = ("agentrt.kernels", "agentrt.state", "agentrt.toolcall", "agentrt.tracing", "agentrt.adapters",
+         "agentrt.kv", "agentrt.records", "agentrt.sampling", "agentrt.model", "agentrt.constrain",
+         "agentrt.scheduling", "agentrt.engine", "agentrt.tools", "agentrt.conversation", "agentrt.runtime",
+         "agentrt.sim", "agentrt.dashboard", "agentrt.integrations.ray", "agentrt.server",
+         "agentrt.integrations.langgraph", "agentrt.cli")
 
 
-def test_the_engine_rooms_import_only_downward():
+def _room(name: str) -> str | None:
+    """The room a module belongs to (None: a top-level module or the package root)."""
+    parts = name.split(".")
+    if len(parts) < 3 and not (len(parts) == 2 and (ROOT / "agentrt" / parts[1]).is_dir()):
+        return None
+    return ".".join(parts[:3]) if parts[1] == "integrations" else ".".join(parts[:2])
+
+
+def test_every_folder_is_a_room():
+    folders = {_room(n) for n in modules()} - {None, "agentrt.integrations"}
+    assert folders == set(ROOMS), f"folders missing from ROOMS: {sorted(folders - set(ROOMS))}; " \
+                                  f"rooms without a folder: {sorted(set(ROOMS) - folders)}"
+
+
+def test_the_rooms_import_only_downward():
     known = modules()
     upward = {}
-    for level, room in enumerate(ROOMS):
-        above = ROOMS[level + 1:]
-        for name in (n for n in known if n == room or n.startswith(room + ".")):
-            bad = sorted(m for m in imports(name, known[name], known)
-                         if m in above or m.startswith(tuple(r + "." for r in above)))
-            if bad:
-                upward[name] = bad
+    for name, path in known.items():
+        room = _room(name)
+        if room not in ROOMS:
+            continue
+        above = ROOMS[ROOMS.index(room) + 1:]
+        bad = sorted(m for m in imports(name, path, known) if _room(m) in above)
+        if bad:
+            upward[name] = bad
     assert not upward, f"a room imports one above it: {upward}"
 
 

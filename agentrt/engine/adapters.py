@@ -13,6 +13,7 @@ import anyio
 
 from agentrt.adapters.registry import read_adapter
 from agentrt.checks import check_adapter_name
+from agentrt.engine.reads import EngineReads
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class AdapterInfo:
     dtype: str  # the precision it is kept in ("float32", "bfloat16")
 
 
-class EngineAdapters:
-    """Engine methods (a mixin of Engine: self.core, self.model, run_in_step_thread)."""
+class EngineAdapters(EngineReads):
+    """The engine's adapters, over the core and step loop of its base (EngineReads)."""
 
     async def load_adapter(self, name: str, path: str | Path, dtype: str | None = None) -> AdapterInfo:
         """Load the LoRA adapter at `path` (a PEFT directory) as `name`, replacing one of that
@@ -40,7 +41,7 @@ class EngineAdapters:
         model's on a GPU; bf16 halves the bytes a step reads). AdapterMismatch when it does not
         fit the model, UnsupportedAdapter for DoRA and other kinds."""
         self._check_open()
-        adapter = await anyio.to_thread.run_sync(read_adapter, name, path, self.model, dtype)
+        adapter = await anyio.to_thread.run_sync(read_adapter, name, path, self.core.model, dtype)
         await self.run_in_step_thread(lambda: self.core.adapters.add(adapter))
         return _info(adapter)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 
 import structlog
 import torch
@@ -14,18 +15,19 @@ from agentrt.adapters.registry import AdapterRegistry
 from agentrt.config import EngineConfig
 from agentrt.constrain.fast_forward import forced_start
 from agentrt.constrain.step_masks import MaskPrefetch
+from agentrt.engine.chunks import forward_chunks
 from agentrt.engine.clock import Clock, WallClock
 from agentrt.engine.durable import open_durable, turn_ended
 from agentrt.engine.event_log import EngineEvents
 from agentrt.engine.executor import Executor, ModelExecutor, StepOutput
 from agentrt.engine.faults import out_of_memory
 from agentrt.engine.postprocess import Postprocess
-from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, prefetch
+from agentrt.engine.prefetch import PAGES_IDLE, PAGES_PER_STEP, RETURN_PAGES_PER_STEP, Prefetcher
 from agentrt.engine.response_cache import ResponseCache
 from agentrt.engine.seq_ids import SequencePool
 from agentrt.engine.stats import Counters, EngineStats
-from agentrt.engine.validate import validate_request
-from agentrt.errors import AgentrtError, ConfigError
+from agentrt.engine.validate import check_against_core
+from agentrt.errors import AgentrtError, ConfigError, DeviceOutOfMemory
 from agentrt.kv.branching import Branching
 from agentrt.kv.hierarchy import Hierarchy
 from agentrt.kv.identity import BASE, Adapted, space
@@ -39,14 +41,13 @@ from agentrt.model.batch import SeqChunk
 from agentrt.model.decoder import DecoderModel
 from agentrt.records.request import Request, State, TokenEvent
 from agentrt.scheduling.policies import make_scheduling_policy
-from agentrt.scheduling.preemption import drop_links
-from agentrt.scheduling.scheduler import Queues, Scheduler
+from agentrt.scheduling.scheduler import Scheduler
 from agentrt.scheduling.tasks import TaskTracker
 
 log = structlog.get_logger("agentrt.engine")
 
 
-class EngineCore(Postprocess):
+class EngineCore:
     def __init__(self, model: DecoderModel, config: EngineConfig | None = None, policy=None,
                  eos_token_ids: tuple[int, ...] = (), *, executor: Executor | None = None,
                  clock: Clock | None = None):
@@ -55,18 +56,18 @@ class EngineCore(Postprocess):
         cfg = config or EngineConfig()
         self.model, self.eos = model, frozenset(eos_token_ids)
         path = None if cfg.forward_path == "auto" else cfg.forward_path
-        self.executor = executor if executor is not None else ModelExecutor(model, path, cfg.cuda_graphs)
+        self.executor: Executor = executor if executor is not None else ModelExecutor(model, path, cfg.cuda_graphs)
         # sliding-window layers' own pool (kv/window.py): the bytes saved hold more history
         self.cfg, num_local = (cfg, None) if self.executor.simulated else split_pool(cfg, model.cfg)
         cfg = self.cfg
         self.clock = clock if clock is not None else WallClock()
         self.pool = SequencePool(cfg.max_transient_seqs, cfg.max_session_seqs)
-        self.queues, self.counters, self.tasks = Queues(), Counters(), TaskTracker()
+        self.counters, self.tasks = Counters(), TaskTracker()
         # the KV room (kv/room.py): an explicit policy wins over cfg.eviction_policy
         tier_bytes = cfg.kv_tier_bytes
         self.kv = kv = KVRoom(cfg, self.executor.allocate(cfg.num_pages, cfg.page_size, num_local),
                                policy if policy is not None else make_policy(cfg.eviction_policy),
-                               self.counters, self.queues, self.clock,
+                               self.counters, self.clock,
                                make_tier=(lambda store: self.executor.tier(store, tier_bytes)) if tier_bytes else None)
         # (the core's shortcuts into it)
         self.alloc, self.kvm, self.radix, self.policy = kv.alloc, kv.kvm, kv.radix, kv.policy
@@ -77,13 +78,18 @@ class EngineCore(Postprocess):
         self.ticks = itertools.count(1)  # the logical clock: arrivals, admissions, sessions' last use
         self.events = EngineEvents(self.counters, kv)  # structlog events of state changes (off: ~free)
         self.scheduler = Scheduler(
-            cfg, self.queues, kv, self.hierarchy, self.tasks,
+            cfg, kv, self.hierarchy, self.tasks,
             make_scheduling_policy(cfg.scheduling_policy, aging_s=cfg.task_aging_s,
                                    exhaustive_agents=cfg.topas_exhaustive_agents, admission=cfg.topas_admission,
                                    switch_full=cfg.topas_switch_full),
             ticks=self.ticks, context=model.cfg.max_position_embeddings, clock=self.clock, events=self.events)
         self.responses = ResponseCache(cfg.response_cache_size) if cfg.response_cache_size else None
         self.masks = MaskPrefetch(self.counters, cfg.grammar_overlap and not self.executor.simulated)
+        self.postprocess = Postprocess(cfg, model.cfg.max_position_embeddings, self.counters, self.clock,
+                                       self.executor, self.kvm, self.fail, self._finish)
+        self.prefetch = Prefetcher(kv, self.hierarchy, self.retention, self.tasks, self.counters, self.clock,
+                                   lambda: self.scheduler.running, page_size=cfg.page_size,
+                                   return_prefetch=cfg.enable_return_prefetch)
         self.step_observers: list = []  # f(chunks, seconds) after every step (calibration, traces)
         self.adapters = AdapterRegistry()  # LoRA adapters by name (engine.load_adapter)
         # durable state (engine/durable.py): the state store and the disk KV tier (None: off)
@@ -91,12 +97,12 @@ class EngineCore(Postprocess):
         self._rids = itertools.count(1)
 
     @property
-    def waiting(self):
-        return self.queues.waiting
+    def waiting(self) -> deque[Request]:
+        return self.scheduler.waiting
 
     @property
     def running(self) -> list[Request]:
-        return self.queues.running
+        return self.scheduler.running
 
     # ---- sessions -------------------------------------------------------------------
     def open_session(self, seq_id: int, tag: str | None = None, cache_salt: str | None = None,
@@ -137,7 +143,7 @@ class EngineCore(Postprocess):
         if not self.cfg.enable_prefetch:
             return None
         with self.events.around():
-            return prefetch(self, PAGES_IDLE, PAGES_IDLE)
+            return self.prefetch(PAGES_IDLE, PAGES_IDLE)
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: list[int], params, emit, *, seq_id: int | None = None,
@@ -146,10 +152,11 @@ class EngineCore(Postprocess):
                     task: str | None = None, workflow: str | None = None, adapter: str | None = None,
                     restored=None) -> Request:
         """Queue a request. Transient requests bring a sequence id acquired from the pool;
-        session requests use the session's sequence. Validation raises before any work.
+        session requests use the session's sequence. Arguments come typed (Engine.generate checks
+        them: engine/validate.py); what only the core knows is checked here, before any work.
         `adapter`: a loaded adapter's name (None: the session's, else the base model).
         `restored`: its prefix's KV read from the disk tier (engine/durable.py::restore_for)."""
-        validate_request(self, prompt, params, seq_id, session, constraint)
+        check_against_core(self, prompt, params, seq_id, session)
         if session is not None and self.sessions.get(session.sid) is not session:
             raise ConfigError("this session belongs to another engine; open a session on this one")
         salt = cache_salt if session is None else session.cache_salt
@@ -165,6 +172,7 @@ class EngineCore(Postprocess):
             session.busy, seq = True, session.seq
             cache_salt, tag = session.cache_salt, tag or session.tag
         else:
+            assert seq_id is not None  # (check_against_core: a transient request brings its id)
             seq = Sequence(seq_id)
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos)
         req = Request(next(self._rids), list(prompt), params, seq, emit, session=session,
@@ -176,7 +184,7 @@ class EngineCore(Postprocess):
         self.waiting.append(req)
         if constraint is not None and (forced := forced_start(req, self.cfg, self.model.cfg.max_position_embeddings,
                                                               self.counters)):
-            self._emit_tokens(req, forced)
+            self.postprocess.emit_tokens(req, forced)
         return req
 
     def _answer_from_cache(self, prompt, params, hit, emit, seq_id) -> Request:
@@ -238,9 +246,9 @@ class EngineCore(Postprocess):
         try:
             chunks, out = self._run(plan.items)
         except torch.OutOfMemoryError as exc:  # (the step's requests fail; smaller steps go on)
-            out_of_memory(self, plan.items, exc)
+            self._out_of_memory(plan.items, exc)
             return 0
-        self._postprocess(plan.items, chunks, out.rows)
+        self.postprocess(plan.items, chunks, out.rows)
         self.kv.slide(self.running)
         dt = out.seconds if out.seconds is not None else time.perf_counter() - t0
         self.costs.observe(dt, prefill, len(plan.items))
@@ -251,15 +259,23 @@ class EngineCore(Postprocess):
             except Exception as e:  # an observer's fault is not the step's
                 log.warning("step observer failed", observer=repr(observe), error=repr(e))
         if self.cfg.enable_prefetch:  # a few copies per step (a decode-only step's slack for more)
-            prefetch(self, 0 if prefill else PAGES_PER_STEP, RETURN_PAGES_PER_STEP)
+            self.prefetch(0 if prefill else PAGES_PER_STEP, RETURN_PAGES_PER_STEP)
         self.counters.steps += 1
         if self.cfg.debug_invariants:
             self.check_invariants()
         return sum(n for _, n in plan.items)
 
+    def _out_of_memory(self, plan: list[tuple[Request, int]], exc: BaseException) -> None:
+        sizes, message = out_of_memory(sum(n for _, n in plan), len(plan), self.scheduler.sizes, self.cfg.chunk_min,
+                                       exc)
+        self.scheduler.shrink(sizes)
+        self.counters.oom_steps += 1
+        for r, _ in plan:
+            self.fail(r, DeviceOutOfMemory(message))
+
     def _run(self, plan: list[tuple[Request, int]]) -> tuple[list[SeqChunk], StepOutput]:
         """The executor's run of the planned chunks: (chunks, each chunk's logits rows)."""
-        chunks = [r.chunk(n) for r, n in plan]
+        chunks = forward_chunks(plan)
         return chunks, self.masks.beside(plan, chunks, lambda: self.executor.run(plan, chunks, self.kvm.store,
                                                                                   self.cfg.page_size))
 
@@ -276,7 +292,7 @@ class EngineCore(Postprocess):
         r.state, r.finish_reason, r.finished_s = State.FINISHED, reason, now
         if reason == "error":
             self.events.failed(r, error)
-        drop_links(self.mem, r)
+        self.scheduler.drop_links(r)
         if self.responses is not None:
             self.responses.record(r, reason)
         self.kv.insert_prefix(r.seq.tokens, r.seq.pages, r.cache_salt, r.tag, r.seq.adapted)
@@ -305,7 +321,7 @@ class EngineCore(Postprocess):
 
     # ---- observability --------------------------------------------------------------
     def stats(self) -> EngineStats:
-        return EngineStats.snapshot(self.counters, self.kv, self.queues, self.scheduler, self.retention,
+        return EngineStats.snapshot(self.counters, self.kv, self.scheduler.queues, self.scheduler, self.retention,
                                     len(self.tasks.tasks))
 
     def check_invariants(self) -> None:

@@ -36,7 +36,7 @@ def open_durable(cfg, model, kv, simulated: bool) -> tuple[SQLStore | None, Disk
     if simulated or not (cfg.state_dir or cfg.state_url):
         return None, None
     store = open_store(cfg.state_dir, cfg.state_url)
-    if not cfg.state_dir:
+    if not cfg.state_dir or store is None:  # (a state dir always opens a store)
         return store, None
     if kv.alloc.local is not None:
         log.info("disk KV tier off: this model's sliding-window layers keep their own pool", state_dir=cfg.state_dir)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 import anyio
+from anyio.from_thread import BlockingPortal
 
 from agentrt.checks import check_adapter_name
 from agentrt.config import EngineConfig
@@ -26,7 +27,6 @@ from agentrt.engine.core import EngineCore
 from agentrt.engine.durable import restore_for
 from agentrt.engine.lifetime import EngineHost
 from agentrt.engine.loop import StepThread
-from agentrt.engine.reads import EngineReads
 from agentrt.engine.session import Session, restore_session
 from agentrt.engine.shared import EngineShared
 from agentrt.engine.validate import check_generate_args, check_open_session_args
@@ -45,7 +45,7 @@ class Completion:
     usage: Usage
 
 
-class Engine(EngineReads, EngineAdapters):
+class Engine(EngineAdapters):
     alive = True  # (in process: never lost as a Ray replica can be; see `closed`)
 
     def __init__(self, model, config: EngineConfig | None = None, *, policy=None,
@@ -68,14 +68,15 @@ class Engine(EngineReads, EngineAdapters):
         self.config = config or EngineConfig()
         # the executor's clock (None: the wall clock) and step loop (None: a StepThread)
         clock = executor.clock() if executor is not None else None
-        self.core = EngineCore(self.model, self.config, policy, eos_token_ids, executor=executor, clock=clock)
+        core = EngineCore(self.model, self.config, policy, eos_token_ids, executor=executor, clock=clock)
         # the step loop: its thread (a task on the loop when simulated), inbox and outbox
         make_steps = executor.make_steps if executor is not None else None
-        self._steps = (make_steps or StepThread)(self.core)
+        super().__init__(core, (make_steps or StepThread)(core))
         if self.core.disk is not None:  # (its writer ranks records with the policy between two steps)
             self.core.disk.policy_lock = self._steps.lock
         self._loop_thread_id: int | None = None  # (set on entering)
-        self._portal, self._host = None, EngineHost()
+        self._portal: BlockingPortal | None = None
+        self._host = EngineHost()
         # what the layers above build once per engine and share (engine/shared.py)
         self.shared = EngineShared()
 
@@ -135,15 +136,6 @@ class Engine(EngineReads, EngineAdapters):
     async def close_session(self, es) -> None:
         """Release an engine session's sequence (a no-op once the engine is closed)."""
         await self._close_session(es)
-
-    async def run_in_step_thread(self, fn: Callable[[], object]) -> object:
-        """Run fn() in the step thread, between two steps (it never races the step loop), and
-        return its result or raise its exception. The wait is shielded from cancellation: fn's
-        effect is never lost. EngineClosed / EngineFailed when the engine cannot run it."""
-        return await self._steps.invoke(fn)
-
-    def _check_open(self) -> None:
-        self._steps.check_open()
 
     # ---- public API -----------------------------------------------------------------
     async def open_session(self, tag: str | None = None, cache_salt: str | None = None,
@@ -220,14 +212,14 @@ class Engine(EngineReads, EngineAdapters):
                 yield ev
 
     async def _events(self, prompt, params, collect: bool, *, session, cache_salt, tag, constraint, timeout,
-                      task, workflow, adapter=None) -> AsyncIterator[TokenEvent]:
+                      task, workflow, adapter=None) -> AsyncGenerator[TokenEvent, None]:
         """generate()'s stream; `collect`: the step thread gathers the tokens and hands over one
         event at the end (complete(): no wake-up of the caller per step)."""
         self._check_open()
         # types, finite ranges, a session of this engine: ConfigError before any work
         prompt, params = check_generate_args(self, prompt, params, session=session, cache_salt=cache_salt,
-                                             tag=tag, timeout=timeout, task=task, workflow=workflow)
-        check_adapter_name("adapter", adapter)
+                                             tag=tag, timeout=timeout, task=task, workflow=workflow,
+                                             constraint=constraint, adapter=adapter)
         task, workflow = task_of(task, workflow)
         seq_id = None
         if session is None:
@@ -302,7 +294,7 @@ class Engine(EngineReads, EngineAdapters):
         async with aclosing(self._events(prompt, params, True, **args)) as stream:
             async for ev in stream:
                 toks.extend(ev.token_ids)
-                if ev.finish_reason is not None:
+                if ev.finish_reason is not None and ev.usage is not None:  # (every final event has usage)
                     return Completion(toks, ev.finish_reason, ev.usage)
         raise AgentrtError("the request ended without a final event")
 

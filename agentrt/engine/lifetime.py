@@ -13,7 +13,8 @@ current cancel scope".)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import anyio
 import sniffio
@@ -40,7 +41,8 @@ class EngineHost:
                     end: Callable[[], Awaitable[None]]) -> BlockingPortal:
         """Start the host task; returns once `begin(portal)` returned there (raising what it
         raised). `end()` runs in the host task when stop() is called, before the portal closes."""
-        ready, self._stop, self._gone = anyio.Event(), anyio.Event(), anyio.Event()
+        ready, stop, gone = anyio.Event(), anyio.Event(), anyio.Event()
+        self._stop, self._gone = stop, gone
         failed: list[BaseException] = []
 
         async def host() -> None:
@@ -54,7 +56,7 @@ class EngineHost:
                     self.portal = portal
                     ready.set()
                     try:
-                        await self._stop.wait()
+                        await stop.wait()
                     finally:  # (at begin's nesting: what begin entered is left in its scope)
                         try:
                             await end()
@@ -62,19 +64,19 @@ class EngineHost:
                             self._ended.append(e)
             finally:
                 ready.set()
-                self._gone.set()
+                gone.set()
 
         self._task = _spawn(host)
         await ready.wait()
-        if failed:
-            await self._gone.wait()
-            raise failed[0]
+        if failed or self.portal is None:
+            await gone.wait()
+            raise failed[0] if failed else ConfigError("the engine's host task ended before it started")
         return self.portal
 
     async def stop(self) -> None:
         """End the host task (begin's counterpart, then the portal) and wait for it; idempotent,
         callable from any task on the engine's loop, shielded from the caller's cancellation."""
-        if self._gone is None:
+        if self._gone is None or self._stop is None:
             return
         with anyio.CancelScope(shield=True):
             self._stop.set()
@@ -83,7 +85,7 @@ class EngineHost:
             raise self._ended.pop()
 
 
-def _spawn(fn: Callable[[], Awaitable[None]]):
+def _spawn(fn: Callable[[], Coroutine[Any, Any, None]]):
     """Run fn() in a task that belongs to no caller's task group; returns the asyncio task
     (the caller keeps it alive) or None (trio's system tasks are the run's own)."""
     lib = sniffio.current_async_library()

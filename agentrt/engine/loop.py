@@ -11,9 +11,11 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import structlog
+from anyio.from_thread import BlockingPortal
 
 from agentrt.engine.core import EngineCore
 from agentrt.errors import ConfigError, EngineClosed, EngineFailed
@@ -22,6 +24,7 @@ from agentrt.records.request import TokenEvent
 
 log = structlog.get_logger("agentrt.engine")
 _NOTHING = object()  # sentinel: the inbox had no command
+T = TypeVar("T")
 
 
 class StepThread:
@@ -31,13 +34,13 @@ class StepThread:
         self.core = core
         # commands for the step thread: (run, fail) pairs; fail(error) answers the caller
         # instead when the engine dies before running it. None = shut down.
-        self._inbox: queue.SimpleQueue[tuple[Callable[[], None], Callable] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], object], Callable] | None] = queue.SimpleQueue()
         self._inbox_lock = threading.Lock()  # orders puts against close and death: none is lost
         self.failed: BaseException | None = None  # why the step thread died
-        self._outbox: list[tuple[Callable, object]] = []
+        self._outbox: list[tuple[Callable[[Any], object], object]] = []
         self.lock = threading.Lock()  # held by the step thread while it mutates the core
         self._thread: threading.Thread | None = None
-        self._portal = None
+        self._portal: BlockingPortal | None = None
         self.closed = False
 
     # ---- lifecycle (event loop side) -------------------------------------------------
@@ -66,7 +69,8 @@ class StepThread:
         self._notify()
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     async def wait_closed(self) -> None:
         """After close(): wait (off the event loop) until the thread has shut down."""
@@ -131,6 +135,7 @@ class StepThread:
             if self._idle():
                 with self.lock:  # idle: time for prefetch before blocking (until the next is due)
                     wake = self.core.idle()
+            cmd: object
             try:
                 cmd = self._inbox.get(block=not self.core.has_work(), timeout=wake)
             except queue.Empty:
@@ -188,14 +193,15 @@ class StepThread:
     def _flush(self) -> None:
         if self._outbox:
             batch, self._outbox = self._outbox, []
+            assert self._portal is not None  # (set by start(), before the thread runs)
             self._portal.start_task_soon(_deliver, batch)
 
     # ---- commands ---------------------------------------------------------------------
-    def post(self, fn: Callable[[object], object], arg: object = None) -> None:
+    def post(self, fn: Callable[[T], object], arg: T) -> None:
         """In the step thread: have fn(arg) run on the event loop after this step (batched)."""
         self._outbox.append((fn, arg))
 
-    def submit(self, cmd: Callable[[], None], fail: Callable[[BaseException], None] = lambda e: None) -> None:
+    def submit(self, cmd: Callable[[], object], fail: Callable[[BaseException], None] = lambda e: None) -> None:
         """Queue cmd for the step thread; if the thread dies first, fail(EngineFailed) runs there
         instead (it must answer its caller through the outbox)."""
         with self._inbox_lock:
@@ -203,7 +209,7 @@ class StepThread:
             self._inbox.put((cmd, fail))
         self._notify()
 
-    def submit_cleanup(self, cmd: Callable[[], None]) -> None:
+    def submit_cleanup(self, cmd: Callable[[], object]) -> None:
         """Queue a cleanup command; dropped once the engine is closed or dead."""
         with self._inbox_lock:
             if not self.closed and self.failed is None:
@@ -218,7 +224,7 @@ class StepThread:
         `undo` the wait is shielded (fn's effect must not be lost). With it, the caller's
         cancellation or timeout ends the wait at once and undo(box) runs in the step thread
         after fn (the inbox is FIFO): box holds fn's "value" or "error"."""
-        done, box = anyio.Event(), {}
+        done, box = anyio.Event(), dict[str, Any]()
 
         def answer() -> None:
             self._outbox.append((lambda _: done.set(), None))

@@ -1,37 +1,65 @@
-"""The step's third phase (schedule -> run -> postprocess), a part of EngineCore: account each
+"""The step's third phase (schedule -> run -> postprocess), EngineCore's collaborator: account each
 chunk's tokens, verify drafts (sampling/speculative.py), mask constrained rows
 (constrain/step_masks.py), sample every row at once (engine/sample_step.py), advance constraints,
 fast-forward forced ids (constrain/fast_forward.py) and emit; a request whose part raises fails
-alone (EngineCore.fail)."""
+alone (the core's `fail`); a request that ends goes to the core's `finish`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from agentrt.config import EngineConfig
 from agentrt.constrain.fast_forward import fast_forward
 from agentrt.constrain.step_masks import mask_row
+from agentrt.engine.clock import Clock
 from agentrt.engine.device_tail import NaNLogits, StepFetch, choose
+from agentrt.engine.executor import Executor
 from agentrt.engine.sample_step import finish_reason, sample_rows
+from agentrt.engine.stats import Counters
+from agentrt.kv.kv_manager import KVManager
 from agentrt.model.batch import SeqChunk
 from agentrt.records.request import Request, State, TokenEvent
 from agentrt.sampling.penalties import penalize
-from agentrt.sampling.speculative import accept_greedy, counted, verify_draft
+from agentrt.sampling.speculative import accept_greedy, verify
+
+
+def verify_draft(r: Request, logits: torch.Tensor, argmax) -> list[int]:
+    """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1), counted
+    for r's acceptance rate (which caps its next drafts)."""
+    return counted(r, verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator, argmax=argmax))
+
+
+def counted(r: Request, accepted: list[int]) -> list[int]:
+    """`accepted` (from r's draft), counted for r's acceptance rate; returned."""
+    r.spec_proposed += len(r.draft)
+    r.spec_accepted += len(accepted) - 1
+    return accepted
 
 
 class Postprocess:
-    """EngineCore's post-processing (a mixin: it uses the core's cfg, model, kvm, counters,
-    clock, executor, fail and _finish)."""
+    """EngineCore's post-processing, told what it uses: the config (fast-forward's caps), the
+    model's context, the counters, clock, executor (argmax, device tail) and KV manager (a
+    rejected draft's rollback), and the core's two exits: `fail(r, exc)` and `finish(r, reason,
+    last)`."""
 
-    def _postprocess(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
+    def __init__(self, cfg: EngineConfig, context: int, counters: Counters, clock: Clock, executor: Executor,
+                 kvm: KVManager, fail: Callable[[Request, BaseException], None],
+                 finish: Callable[..., None]):
+        self.cfg, self.context, self.counters, self.clock = cfg, context, counters, clock
+        self.executor, self.kvm, self.fail, self.finish = executor, kvm, fail, finish
+
+    def __call__(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """Account, verify drafts, mask, sample and emit; one request's failure fails it only."""
         if self.executor.device_tail:
-            return self._postprocess_on_device(plan, chunks, rows)
+            return self._on_device(plan, chunks, rows)
         plain, plain_rows = self._split(plan, chunks, rows, lambda r, ch, lg: self._accept(
             r, ch, verify_draft(r, lg, self.executor.argmax)))
         if plain:
             self._sample_and_emit(plain, torch.cat(plain_rows))
 
-    def _postprocess_on_device(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
+    def _on_device(self, plan: list[tuple[Request, int]], chunks: list[SeqChunk], rows) -> None:
         """The same decisions with the rows on the model's device (engine/device_tail.py): a
         greedy draft's argmax and every plain row's token chosen there, fetched with the rows of
         host-verified drafts (sampled or constrained) in one wait; then accepted and emitted in
@@ -88,7 +116,7 @@ class Postprocess:
         self.counters.spec_proposed += len(r.draft)
         self.counters.spec_accepted += len(accepted) - 1
         r.draft, r.forced = [], 0
-        self._emit_tokens(r, self._jump(r, accepted))
+        self.emit_tokens(r, self._jump(r, accepted))
 
     def _account(self, r: Request, ch: SeqChunk) -> None:
         in_prompt = max(0, min(len(r.prompt), ch.start + len(ch.tokens)) - ch.start)
@@ -114,20 +142,20 @@ class Postprocess:
             try:
                 if r.constraint is not None:
                     r.constraint.advance(t)
-                self._emit_tokens(r, self._jump(r, [t]))
+                self.emit_tokens(r, self._jump(r, [t]))
             except Exception as e:
                 self.fail(r, e)
 
     def _jump(self, r: Request, toks: list[int]) -> list[int]:
-        return fast_forward(r, toks, self.cfg, self.model.cfg.max_position_embeddings, self.counters)
+        return fast_forward(r, toks, self.cfg, self.context, self.counters)
 
-    def _emit_tokens(self, r: Request, toks: list[int]) -> None:
-        """Append sampled tokens, stopping at the first that finishes the request."""
+    def emit_tokens(self, r: Request, toks: list[int]) -> None:
+        """Append sampled (or forced) tokens, stopping at the first that finishes the request."""
         for i, t in enumerate(toks):
             r.output.append(t)
             if r.ngrams is not None:
                 r.ngrams.extend([t])
-            reason = finish_reason(r, t, i == len(toks) - 1, self.model.cfg.max_position_embeddings)
+            reason = finish_reason(r, t, i == len(toks) - 1, self.context)
             if reason is not None:
-                return self._finish(r, reason, last=tuple(toks[:i + 1]))
+                return self.finish(r, reason, last=tuple(toks[:i + 1]))
         r.emit(TokenEvent(r.rid, tuple(toks)))

@@ -1,6 +1,7 @@
-"""What the Engine facade reads of its core from any thread, under the step lock (a part of
-`Engine`, engine/engine.py): a session's tokens, the context limit, stats, the decision trace, a
-read for observers (agentrt.dashboard), the cached prefix of a prompt (cache-aware routing)."""
+"""The base of the Engine facade (engine/engine.py): its core and step loop, what runs in the step
+thread, and what it reads of the core from any thread under the step lock: a session's tokens, the
+context limit, stats, the decision trace, a read for observers (agentrt.dashboard), the cached
+prefix of a prompt (cache-aware routing)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,26 @@ from collections.abc import Callable
 from agentrt.checks import check_optional_str
 from agentrt.engine.context_length import context_limit
 from agentrt.engine.core import EngineCore
+from agentrt.engine.loop import StepThread
 from agentrt.engine.validate import check_prompt
 from agentrt.errors import ConfigError
 
 
 class EngineReads:
-    """Reads between two steps (a mixin: it uses the engine's `core` and `_steps`)."""
+    """The engine's core and its step loop (a StepThread, or the simulator's), and reads between
+    two steps."""
+
+    def __init__(self, core: EngineCore, steps: StepThread):
+        self.core, self._steps = core, steps
+
+    async def run_in_step_thread(self, fn: Callable[[], object]) -> object:
+        """Run fn() in the step thread, between two steps (it never races the step loop), and
+        return its result or raise its exception. The wait is shielded from cancellation: fn's
+        effect is never lost. EngineClosed / EngineFailed when the engine cannot run it."""
+        return await self._steps.invoke(fn)
+
+    def _check_open(self) -> None:
+        self._steps.check_open()
 
     def session_tokens(self, es) -> list[int]:
         """A copy of the token ids whose KV an engine session holds (read under the step lock)."""

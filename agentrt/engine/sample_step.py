@@ -17,7 +17,8 @@ def sample_rows(reqs: list[Request], logits, argmax, fail) -> list[int | None]:
     if greedy:
         try:
             rows = logits if len(greedy) == len(reqs) else logits[greedy]  # (all greedy: no copy)
-            ids = sample_batch(rows, [reqs[i].params for i in greedy], [None] * len(greedy), argmax)
+            ids: list[int | None] = list(sample_batch(rows, [reqs[i].params for i in greedy], [None] * len(greedy),
+                                                      argmax))
         except Exception:  # find the failing row: argmax is per row, the others are unchanged
             ids = [_sample_one(reqs[i], logits[i], argmax, fail) for i in greedy]
         for i, t in zip(greedy, ids):

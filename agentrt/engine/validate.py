@@ -1,13 +1,15 @@
-"""Checks a request must pass before the engine does any work for it: the public entry points
-(`check_generate_args`, in the caller's task) and the core (`validate_request`, in the step thread,
-for whoever calls `EngineCore.add_request`) run the same `check_params` / `check_prompt`."""
+"""Checks a request must pass before the engine does any work for it, each once: its arguments'
+types and ranges at the public entry point (`check_generate_args`, in the caller's task), then
+what only the core knows (`check_against_core`, in the step thread at `EngineCore.add_request`:
+the vocabulary, the context, the KV pool, the session's state). A caller of the core itself
+(the simulator, tests) brings arguments of the right types."""
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from agentrt.checks import check_optional_str, check_timeout
+from agentrt.checks import check_adapter_name, check_optional_str, check_timeout
 from agentrt.engine.context_length import context_overflow, kv_limit
 from agentrt.engine.session import Session
 from agentrt.errors import ConfigError, OutOfKVMemory
@@ -28,16 +30,15 @@ def check_params(params, *, allow_none: bool = True) -> SamplingParams:
 
 def check_prompt(prompt, vocab: int | None = None) -> list[int]:
     """A non-empty list or tuple of int token ids -> a new list of Python ints, each in
-    [0, vocab) when `vocab` is given (the core knows it: validate_request)."""
+    [0, vocab) when `vocab` is given (else the core checks the range: check_against_core)."""
     if isinstance(prompt, str):
         raise ConfigError("the prompt must be token ids, not text: encode it first "
                           "(engine.tokenizer.encode(text)) or use a Conversation / Agent")
     if not isinstance(prompt, (list, tuple)):
         # (the error's hint only: what the wrong value looks like, a tensor / array or an iterable)
-        if hasattr(prompt, "tolist") and hasattr(prompt, "shape"):
+        if type(prompt).__module__.split(".")[0] in ("torch", "numpy"):
             hint = "; pass a list of ints, e.g. prompt.tolist() of a 1-D tensor or array"
-        # (a public input: an iterator / iterable by duck type, for the hint)
-        elif hasattr(prompt, "__next__") or hasattr(prompt, "__iter__"):
+        elif isinstance(prompt, Iterable):
             hint = "; pass a list of ints, e.g. list(prompt)"
         else:
             hint = ""
@@ -46,10 +47,16 @@ def check_prompt(prompt, vocab: int | None = None) -> list[int]:
         raise ConfigError("the prompt is empty; give at least one token")
     # (the common case, plain ints, stays at C speed: prompts reach tens of thousands of tokens)
     out = list(prompt) if all(type(t) is int for t in prompt) else [_token_id(i, t) for i, t in enumerate(prompt)]
-    if vocab is not None and (min(out) < 0 or max(out) >= vocab):
-        i = next(i for i, t in enumerate(out) if not 0 <= t < vocab)
-        raise ConfigError(f"prompt token ids must be ints in [0, {vocab}); prompt[{i}] is {out[i]}")
+    if vocab is not None:
+        check_token_range(out, vocab)
     return out
+
+
+def check_token_range(prompt: list[int], vocab: int) -> None:
+    """Every id of a (non-empty, int) prompt in [0, vocab)."""
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        i = next(i for i, t in enumerate(prompt) if not 0 <= t < vocab)
+        raise ConfigError(f"prompt token ids must be ints in [0, {vocab}); prompt[{i}] is {prompt[i]}")
 
 
 def _token_id(i: int, t) -> int:
@@ -62,12 +69,15 @@ def _token_id(i: int, t) -> int:
 
 
 def check_generate_args(engine, prompt, params, *, session=None, cache_salt=None, tag=None,
-                        timeout=None, task=None, workflow=None) -> tuple[list[int], SamplingParams]:
+                        timeout=None, task=None, workflow=None, constraint=None,
+                        adapter=None) -> tuple[list[int], SamplingParams]:
     """Engine.generate / complete arguments, checked before any work: (prompt as a list of
     ints, params) or ConfigError. Call it first thing in Engine.generate."""
     params = check_params(params)
     prompt = check_prompt(prompt)
     check_session(engine, session)
+    check_constraint(constraint)
+    check_adapter_name("adapter", adapter)
     check_optional_str("cache_salt", cache_salt)
     check_optional_str("tag", tag)
     for name, v in (("task", task), ("workflow", workflow)):
@@ -102,13 +112,10 @@ def check_constraint(constraint) -> None:
                           f"it: each method has a default), got {type(constraint).__name__}")
 
 
-def validate_request(core, prompt, params, seq_id, session, constraint=None) -> None:
-    """EngineCore.add_request's arguments against the core: types, the token range, the context
-    (ContextLengthExceeded) and the KV pool (OutOfKVMemory), the session's state, the constraint's
-    interface."""
-    check_params(params, allow_none=False)
-    check_constraint(constraint)
-    check_prompt(prompt, core.model.cfg.vocab_size)
+def check_against_core(core, prompt: list[int], params: SamplingParams, seq_id: int | None, session) -> None:
+    """EngineCore.add_request's (already typed) arguments against the core: the token range, the
+    context (ContextLengthExceeded) and the KV pool (OutOfKVMemory), the session's state."""
+    check_token_range(prompt, core.model.cfg.vocab_size)
     overflow = context_overflow(len(prompt), params.max_tokens, core.model.cfg.max_position_embeddings,
                                 what="the model's context", hint="; shorten the conversation or lower max_tokens")
     if overflow is not None:

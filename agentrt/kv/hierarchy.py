@@ -118,11 +118,12 @@ class Hierarchy:
             radix.unlock(path[-1])
         return end
 
-    def prefetch_returning(self, due: list, max_pages: int, hold=None) -> int:
+    def prefetch_returning(self, due: list, max_pages: int, hold=None, growth: int = 0) -> int:
         """Promote back the cut histories of the sessions in `due` (waiting on tools that may
         return now; soonest first), each at most once per wait, about `max_pages` per call
         (one session at least); `hold(es)` re-pins a session brought back, which holds it
-        (kv/memory.py::held) until that pin ends; returns pages promoted."""
+        (kv/memory.py::held) until that pin ends; `growth`: pages the running requests' next
+        tokens need, left free; returns pages promoted."""
         radix, done = self.kv.radix, 0
         if radix is None or radix.tier is None or not radix.tier.used:
             return 0
@@ -131,7 +132,7 @@ class Hierarchy:
             if done and done + n > max_pages:
                 break  # (the next call goes on: one session per call at least, whatever its size)
             es.prefetch_from, es.prefetch_pages = len(es.seq.pages), 0  # (tried in this wait)
-            room = self._headroom() if n else 0
+            room = self._headroom(growth) if n else 0
             if room <= 0:
                 continue
             self.restore_tail(es, pinned=False, max_pages=room)  # (its history's head, where all of it does not fit)
@@ -183,15 +184,13 @@ class Hierarchy:
                 break
         return done
 
-    def _headroom(self) -> int:
+    def _headroom(self, growth: int) -> int:
         """Pages a return prefetch may fill and keep: free pages and what it may take (unpinned
         candidates), less the high-water gap and the running requests' remaining prompts. Filling
         the reserve too only lent the pages: the running requests' growth may take held pages
         (HELD), so pages prefetched into their reserve left the pool unused. (Before sessions were
         held, every prefetched page that left unused in bench_agents' long case was taken back by
         another agent's admission promoting its own history: attach_prefix -> promote_prefix.)"""
-        ps = self.kv.cfg.page_size
-        growth = sum(-(-(r.remaining + 1) // ps) for r in self.kv.queues.running)
         taken = sum(len(x.pages) for x in self.kv.mem.candidates(0, None))
         return self.kv.alloc.num_free + taken - self._gap() - growth
 

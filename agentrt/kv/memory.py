@@ -23,7 +23,9 @@ or, last, by recompute."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
+from typing import Protocol
 
 # protection levels (passes of reclaim), each including those below it: what a prefetch may
 # take (UNPINNED), then the pinned, the queued, and last the held (an admission's or growth's)
@@ -35,18 +37,45 @@ def held(s, now: float) -> bool:
     return bool(s.prefetch_pages) and now < s.pin_until
 
 
+class SchedulingFacts(Protocol):
+    """What making room asks of whoever owns the request queues (scheduling/scheduler.py), as
+    plain facts: the memory manager holds none of the scheduler's structures."""
+
+    def queued_sessions(self) -> set[int]:
+        """ids of the sessions whose request is queued and not attached yet."""
+        ...
+
+    def kept_prefixes(self) -> Mapping[str, int] | None:
+        """agent -> tokens of its static prefix, evicted last (the scheduling policy's keep)."""
+        ...
+
+    def evicted(self, leaf) -> None:
+        """A leaf taken out of the pool (for the decision trace)."""
+        ...
+
+
+class NoFacts:
+    """Nothing queued, nothing kept, no one told: a memory manager no scheduler consults."""
+
+    def queued_sessions(self) -> set[int]:
+        return set()
+
+    def kept_prefixes(self) -> Mapping[str, int] | None:
+        return None
+
+    def evicted(self, leaf) -> None:
+        return None
+
+
 class MemoryManager:
     """Explicit collaborators, one direction: the allocator, KV manager, radix tree, eviction
-    policy, counters, the engine's sessions and its request queues (`queues.waiting`,
-    `queues.running`: the scheduler). It frees memory and returns what must fail; the core
-    finishes those requests."""
+    policy, counters, the engine's sessions and clock; the scheduler's facts (`consult`). It frees
+    memory and returns what must fail; the scheduler and the core finish those requests."""
 
-    def __init__(self, cfg, alloc, kvm, radix, policy, counters, sessions: dict, queues, clock):
+    def __init__(self, cfg, alloc, kvm, radix, policy, counters, sessions: dict, clock):
         self.cfg, self.alloc, self.kvm, self.radix, self.clock = cfg, alloc, kvm, radix, clock
-        self.policy, self.counters, self.sessions, self.queues = policy, counters, sessions, queues
-        # the scheduler's kept prefixes, evicted last: agent -> tokens of its static prefix
-        self.keep: dict[str, int] | None = None
-        self.trace = None  # the scheduler's decision trace (scheduling/trace.py), told what leaves go
+        self.policy, self.counters, self.sessions = policy, counters, sessions
+        self.facts: SchedulingFacts = NoFacts()
         # within one planning pass (None: outside one) the index is refreshed once and each
         # level's eligible session ids are found once: who is idle does not change inside a pass
         # (a preempted request's session had no pages left to count), and what idle sessions
@@ -58,6 +87,10 @@ class MemoryManager:
         # idle sessions' pages: page -> [(session, index)], and id(session) -> (session, pages)
         self._index: dict[int, list] = {}
         self._held: dict[int, tuple] = {}
+
+    def consult(self, facts: SchedulingFacts) -> None:
+        """From now on, ask `facts` what is queued and kept (the scheduler, once, at its start)."""
+        self.facts = facts
 
     @contextmanager
     def planning(self):
@@ -145,7 +178,7 @@ class MemoryManager:
         `level`, what may give up pages: UNPINNED neither pinned by a TTL, nor queued, nor held;
         PINNED also the pinned; QUEUED also those with a request queued; HELD also those a return
         prefetch brought back and holds (`held`)."""
-        queued = {id(r.session) for r in self.queues.waiting if r.session is not None and not r.attached}
+        queued = self.facts.queued_sessions()
         now = self.clock.now()
         return [s for s in self.sessions.values() if s.seq.pages and (not s.busy or id(s) in queued)
                 and (level >= HELD or not held(s, now))
@@ -183,8 +216,7 @@ class MemoryManager:
                     self.counters.detached_sessions += 1
             if not leaf.resident or any(self.alloc.refcount(p) != 1 for p in leaf.pages):
                 continue
-            if self.trace is not None:
-                self.trace.evicted(leaf)
+            self.facts.evicted(leaf)
             self.counters.evicted_pages += self.radix.discard(leaf)
             took = True
             if self.alloc.num_free >= n_pages:
@@ -196,7 +228,7 @@ class MemoryManager:
         policy keeps (scheduling/policies.py: Decision.keep) after every other leaf. Only nodes that
         begin inside an agent's prefix are kept: its requests' own tails are not."""
         order = self.policy.victim_order(leaves)
-        keep = self.keep
+        keep = self.facts.kept_prefixes()
         if not keep:
             return order
         first, kept = [], []

@@ -5,8 +5,8 @@ model, and the memory manager that makes room among them.
 
 What reads it: the memory hierarchy (kv/hierarchy.py), tool-aware retention (kv/retention.py),
 branching (kv/branching.py), admission's prefix reuse (scheduling/prefix.py) and the core's
-post-processing. The request queues and the clock are the scheduler's and the engine's; the room
-keeps references to them because making room ranks the idle sessions against what is queued.
+post-processing. The request queues are the scheduler's: making room asks it what is queued and
+kept through plain facts (kv/memory.py::SchedulingFacts), and holds none of its structures.
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ from agentrt.kv.memory import MemoryManager
 from agentrt.kv.pages import PageAllocator
 from agentrt.kv.radix import RadixCache
 from agentrt.kv.sessions import EngineSession
-from agentrt.kv.tier import CostModel
+from agentrt.kv.store import KVStore
+from agentrt.kv.tier import CostModel, HostTier
 from agentrt.kv.window import LocalPages, slide
 
 
 class KVRoom:
-    def __init__(self, cfg: EngineConfig, store, policy, counters, queues, clock,
-                 make_tier: Callable[[object], object] | None = None):
+    def __init__(self, cfg: EngineConfig, store: KVStore, policy, counters, clock,
+                 make_tier: Callable[[KVStore], HostTier] | None = None):
         """`store`: the executor's KV store; `make_tier(store)`: the second tier over it (None:
         no tier); `policy`: the eviction policy (kv/registry.py)."""
-        self.cfg, self.counters, self.queues, self.clock = cfg, counters, queues, clock
+        self.cfg, self.counters, self.clock = cfg, counters, clock
         local = None
         if store.local_of is not None:  # (the sliding-window layers' own pool: kv/window.py)
             rows = store.k[store.local_layers.index(True)].shape[0]
@@ -45,7 +46,7 @@ class KVRoom:
         self.costs = CostModel()
         self.sessions: dict[int, EngineSession] = {}
         self.mem = MemoryManager(cfg, self.alloc, self.kvm, self.radix, policy, counters,
-                                 self.sessions, queues, clock)
+                                 self.sessions, clock)
 
     @property
     def tier(self):

@@ -1,25 +1,25 @@
 """The request records every engine room shares (mutated only by the engine's step thread): a
 request's state (`Request`, `State`), what it reports (`Usage`, `TokenEvent`). A session's KV state
-(`EngineSession`) is the KV room's own (kv/sessions.py)."""
+(`EngineSession`) is the KV room's own (kv/sessions.py); the forward chunk a request feeds in a
+step is built by the engine's run phase (engine/chunks.py)."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from agentrt.adapters.lora import LoraAdapter
+from agentrt.kv.disk import DiskHit
 from agentrt.kv.identity import BASE, Adapted, KVSpace, space
 from agentrt.kv.kv_manager import Sequence
+from agentrt.kv.radix import Node
 from agentrt.kv.sessions import EngineSession
-from agentrt.model.batch import SeqChunk
 from agentrt.records.constraint import LogitsConstraint
-from agentrt.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from agentrt.kv.disk import DiskHit
+from agentrt.records.params import SamplingParams
 
 
 class State(enum.Enum):
@@ -57,6 +57,14 @@ class TokenEvent:
     error: BaseException | None = None
 
 
+class Drafter(Protocol):
+    """A request's draft source over its target (sampling/speculative.py::NgramIndex)."""
+
+    def extend(self, tokens: list[int]) -> None: ...
+
+    def draft(self, k: int) -> list[int]: ...
+
+
 @dataclass(eq=False)
 class Request:
     rid: int
@@ -68,7 +76,7 @@ class Request:
     cache_salt: str | None = None
     tag: str | None = None
     constraint: LogitsConstraint | None = None  # (agentrt/records/constraint.py)
-    adapter: object | None = None  # the LoraAdapter its rows run from adapted.start (None: base)
+    adapter: LoraAdapter | None = None  # its rows run this LoRA from adapted.start (None: base)
     adapted: Adapted = BASE  # its KV's identity (kv/identity.py)
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
@@ -80,16 +88,16 @@ class Request:
     computed_prompt: int = 0
     finish_reason: str | None = None
     # prefix-grouped prefill: wait for `leader` to hold positions [0, share_end), then alias
-    leader: "Request | None" = None
+    leader: Request | None = None
     share_end: int = 0
     draft: list[int] = field(default_factory=list)  # this step's speculative tokens
-    ngrams: object | None = None  # NgramIndex over target, built at the first decode
+    ngrams: Drafter | None = None  # an index over target, built at its first decode
     spec_proposed: int = 0
     spec_accepted: int = 0
     forced: int = 0  # fast-forwarded ids after the next token to feed (they ride its decode step)
     attached: bool = False  # prefix reuse done for the current admission
     preemptions: int = 0  # times its KV was dropped for memory (scheduling/preemption.py)
-    lock_node: object | None = None  # radix node locked while this request uses its pages
+    lock_node: Node | None = None  # radix node locked while this request uses its pages
     # workflow facts (agentrt/workflow.py): the task it serves; its stage is `tag`
     task: str | None = None
     workflow: str | None = None
@@ -97,7 +105,7 @@ class Request:
     admitted_s: float = 0.0  # ... at its (latest) admission
     promoted: int = 0  # prompt tokens promoted from the KV tier at its first admission
     promote_s: float = 0.0  # ... their copy time, estimated from the tier's cost per page
-    restored: "DiskHit | None" = None  # its prefix's KV read from the disk tier, adopted at admission
+    restored: DiskHit | None = None  # its prefix's KV read from the disk tier, adopted at admission
     overtook: int = 0  # earlier arrivals still waiting when it was (last) admitted
     first_token_s: float = 0.0  # ... when its first token was sampled (0: none yet)
     finished_s: float = 0.0  # ... when it finished
@@ -123,17 +131,6 @@ class Request:
         if start >= p:
             return self.output[start - p:start - p + n]
         return self.prompt[start:start + n] + self.output[:max(0, start + n - p)]
-
-    def chunk(self, n: int) -> SeqChunk:
-        """This step's forward chunk of n tokens from the KV's end: prefill (logits at the
-        prompt's end), a decode (its next token and any forced ids after it), or those plus its
-        draft (logits from the last fed token on)."""
-        c = self.seq.num_cached
-        if self.draft:
-            return SeqChunk(self.target_slice(c, n - len(self.draft)) + self.draft, c, self.seq.pages,
-                            1 + len(self.draft), self.adapter, self.adapted.start)
-        return SeqChunk(self.target_slice(c, n), c, self.seq.pages, int(c + n == self.target_len), self.adapter,
-                        self.adapted.start)
 
     @property
     def remaining(self) -> int:

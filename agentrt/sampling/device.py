@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agentrt.sampling.params import SamplingParams
+from agentrt.records.params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

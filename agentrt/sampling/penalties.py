@@ -1,4 +1,4 @@
-"""Repetition penalties on a logits row, in place, on whatever device the row is (sampling/params.py
+"""Repetition penalties on a logits row, in place, on whatever device the row is (records/params.py
 gives the rules): OpenAI's presence and frequency penalties over the generated tokens, and the
 CTRL / Hugging Face repetition penalty over the prompt and the generated tokens. Applied before
 temperature, masks and sampling, to greedy rows too; nothing here reads the row back to the host."""
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from agentrt.sampling.params import SamplingParams
+from agentrt.records.params import SamplingParams
 
 
 def penalize(row: torch.Tensor, p: SamplingParams, output: Sequence[int], prompt: Sequence[int] = ()) -> torch.Tensor:

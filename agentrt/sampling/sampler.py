@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.sampling.params import SamplingParams
+from agentrt.records.params import SamplingParams
 
 
 def adjusted_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

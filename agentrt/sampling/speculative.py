@@ -6,8 +6,8 @@ history (prompt + output); the tokens that followed their latest earlier occurre
 draft. Tool calls repeat names, keys and values that are already in the prompt, so drafts are
 often long and right. An index of every n-gram's two latest end positions makes a lookup O(1).
 
-Verification (`verify`, the one entry point; `verify_draft` for a request in the engine's step,
-counting what it accepts): the draft tokens are extra query positions of their
+Verification (`verify`, the one entry point, on plain arguments; the engine's step counts what a
+request accepts): the draft tokens are extra query positions of their
 sequence in the same batch. Greedy: accept the longest draft prefix equal to the argmax, plus the
 model's own next token. Constrained (a grammar; greedy only): the same, each position masked by
 the grammar state after the tokens accepted before it. Sampling: the draft is a point mass
@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 
 from agentrt.records.constraint import LogitsConstraint
-from agentrt.records.request import Request
-from agentrt.sampling.params import SamplingParams
+from agentrt.records.params import SamplingParams
 from agentrt.sampling.sampler import adjusted_probs
 
 
@@ -56,19 +55,6 @@ class NgramIndex:
             if prev > 0:
                 return self.tokens[prev:min(prev + k, end)]
         return []
-
-
-def verify_draft(r: Request, logits: torch.Tensor, argmax) -> list[int]:
-    """Tokens r accepts this step from logits [1 + len(draft), V] (1 .. len(draft) + 1), counted
-    for r's acceptance rate (which caps its next drafts)."""
-    return counted(r, verify(logits, r.draft, r.params, constraint=r.constraint, generator=r.generator, argmax=argmax))
-
-
-def counted(r: Request, accepted: list[int]) -> list[int]:
-    """`accepted` (from r's draft), counted for r's acceptance rate; returned."""
-    r.spec_proposed += len(r.draft)
-    r.spec_accepted += len(accepted) - 1
-    return accepted
 
 
 def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, *,

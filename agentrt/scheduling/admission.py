@@ -5,8 +5,18 @@ budget (`Footprint`), how many prompt tokens each prefill gets (adaptive chunkin
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from agentrt.config import EngineConfig
 from agentrt.records.request import Request
+
+
+class StepSizes(NamedTuple):
+    """A step's token budget and a prefill chunk's cap (EngineConfig.n_batch / chunk_max; the
+    scheduler's own, halved after a device out-of-memory)."""
+
+    n_batch: int
+    chunk_max: int
 
 
 def projected_cells(r: Request) -> int:

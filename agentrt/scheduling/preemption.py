@@ -7,19 +7,24 @@ makes room among cached leaves and idle sessions, and only frees pages).
 - `preempt`: drop a running request's KV and queue it again at the head of the waiting queue.
 - `drop_links` / `resolve_followers`: a request that follows a leader's shared prefill
   (scheduling/prefix.py::group_new_requests) aliases the leader's block once it is computed.
-All of it runs in the engine's step thread, over the memory manager's collaborators."""
+All of it runs in the engine's step thread, over the scheduler's queues and the KV room's memory
+manager, both given explicitly."""
 
 from __future__ import annotations
 
 from agentrt.errors import OutOfKVMemory
+from agentrt.kv.memory import MemoryManager
+from agentrt.kv.radix import RadixCache
 from agentrt.records.request import Request, State
+from agentrt.scheduling.queues import Queues
 
 
-def reserve(mem, r: Request, end: int, plan: dict, may_preempt: bool, failed: list) -> bool:
+def reserve(mem: MemoryManager, queues: Queues, r: Request, end: int, plan: dict, may_preempt: bool,
+            failed: list) -> bool:
     """Make r's positions up to `end` writable. With may_preempt, younger running requests
     (then r itself) are preempted until it fits; preempted requests leave `plan`, and those
     that must fail instead go to `failed` as (request, error) for the caller to finish."""
-    running = mem.queues.running
+    running = queues.running
     while True:
         if mem.reclaim(mem.kvm.write_cost(r.seq, end)):
             mem.kvm.prepare_write(r.seq, end)
@@ -27,7 +32,7 @@ def reserve(mem, r: Request, end: int, plan: dict, may_preempt: bool, failed: li
         if not may_preempt:
             return False
         victim = max(running, key=lambda x: x.admitted_at)
-        err = preempt(mem, victim, alone=len(running) == 1)
+        err = preempt(mem, queues, victim, alone=len(running) == 1)
         if err is not None:
             failed.append((victim, err))
         plan.pop(victim, None)
@@ -35,7 +40,7 @@ def reserve(mem, r: Request, end: int, plan: dict, may_preempt: bool, failed: li
             return False
 
 
-def preempt(mem, r: Request, alone: bool = False) -> OutOfKVMemory | None:
+def preempt(mem: MemoryManager, queues: Queues, r: Request, alone: bool = False) -> OutOfKVMemory | None:
     """Drop r's KV and queue it again: it waits for room (admitted again only alone,
     admission.Footprint, so it is never the youngest again while others run, and preemption
     cannot loop). `alone`: r was the only running request and still could not get its pages;
@@ -46,8 +51,8 @@ def preempt(mem, r: Request, alone: bool = False) -> OutOfKVMemory | None:
     finish it with."""
     r.preemptions += 1  # (its pages were no idle session's: the cached owners stay true)
     mem.counters.preemptions += 1
-    mem.queues.running.remove(r)
-    drop_links(mem, r)
+    queues.running.remove(r)
+    drop_links(mem.radix, queues.running, r)
     mem.kvm.release(r.seq)
     if alone and r.preemptions > 1:
         alloc = mem.alloc
@@ -57,25 +62,26 @@ def preempt(mem, r: Request, alone: bool = False) -> OutOfKVMemory | None:
             "once its own were dropped, after evicting every cached page it could); raise "
             "EngineConfig.kv_cache_tokens, lower max_tokens, or close idle sessions")
     r.state, r.attached = State.WAITING, False
-    mem.queues.waiting.appendleft(r)
+    queues.waiting.appendleft(r)
     return None
 
 
-def drop_links(mem, r: Request) -> None:
+def drop_links(radix: RadixCache | None, running: list[Request], r: Request) -> None:
     """Unlock r's radix path and cut leader/follower links that involve it."""
     if r.lock_node is not None:
-        mem.radix.unlock(r.lock_node)
+        assert radix is not None  # (a request locks a node only in a radix cache)
+        radix.unlock(r.lock_node)
         r.lock_node = None
     r.leader = None
-    for f in mem.queues.running:
+    for f in running:
         if f.leader is r:
             f.leader = None
 
 
-def resolve_followers(mem) -> None:
+def resolve_followers(mem: MemoryManager, running: list[Request]) -> None:
     """A follower whose leader now holds the shared block aliases it (metadata only)."""
     kvm = mem.kvm
-    for f in mem.queues.running:
+    for f in running:
         lead = f.leader
         if lead is None or lead.seq.num_cached < f.share_end:
             continue

@@ -22,6 +22,7 @@ what the core must do comes back in the Plan.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,21 +32,17 @@ from agentrt.kv.room import KVRoom
 from agentrt.prefixes import common_prefix
 from agentrt.records.request import Request, State
 from agentrt.scheduling import admission
+from agentrt.scheduling.admission import StepSizes
 from agentrt.scheduling.policies import FCFS
 from agentrt.scheduling.policy_base import Ready, SchedulingView
 from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
 from agentrt.scheduling.prefix import attach_prefix, group_new_requests
+from agentrt.scheduling.queues import Queues
 from agentrt.scheduling.speculation import choose_draft
 from agentrt.scheduling.trace import DecisionTrace
 
 REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
 UPCOMING_S = 2.0  # a task whose last request ended this recently is expected back (a tool call)
-
-
-@dataclass
-class Queues:
-    waiting: deque = field(default_factory=deque)  # of Request, arrival order
-    running: list = field(default_factory=list)
 
 
 @dataclass
@@ -60,11 +57,12 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, cfg, queues: Queues, kv: KVRoom, hierarchy: Hierarchy, tasks, policy, *,
+    def __init__(self, cfg, kv: KVRoom, hierarchy: Hierarchy, tasks, policy, *,
                  ticks, context: int, clock, events=None):
         """`ticks`: the engine's logical clock (an iterator of ints, shared with the core);
         `events`: the core's state-change events (engine/event_log.py; admissions and preemptions)."""
-        self.cfg, self.queues, self.kv, self.hierarchy = cfg, queues, kv, hierarchy
+        self.cfg, self.kv, self.hierarchy = cfg, kv, hierarchy
+        self.queues = Queues()  # (its own: the core and the KV room ask, never hold them)
         self.mem, self.kvm, self.radix = kv.mem, kv.kvm, kv.radix
         self.tasks, self.policy, self.ticks = tasks, policy, ticks
         self.context, self.clock, self.events = context, clock, events
@@ -72,8 +70,30 @@ class Scheduler:
         self._last: tuple | None = None  # (queue signature, time, order)
         # the per-decision trace (EngineConfig.decision_trace; None: off), and this pass's record
         self.trace = DecisionTrace(cfg.decision_trace) if cfg.decision_trace else None
-        self.mem.trace = self.trace
         self._record = None
+        # the static prefixes the policy keeps, evicted last: agent -> tokens (None: none kept)
+        self.keep: dict[str, int] | None = None
+        self.mem.consult(self)  # (what making room asks of the queues: the facts below)
+
+    # ---- the facts making room asks for (kv/memory.py::SchedulingFacts) ------------------
+    def queued_sessions(self) -> set[int]:
+        return self.queues.queued_sessions()
+
+    def kept_prefixes(self) -> dict[str, int] | None:
+        return self.keep
+
+    def evicted(self, leaf) -> None:
+        if self.trace is not None:
+            self.trace.evicted(leaf)
+
+    @property
+    def sizes(self) -> StepSizes:
+        """The step's token budget and a prefill chunk's cap, as now (halved by shrink)."""
+        return StepSizes(self.cfg.n_batch, self.cfg.chunk_max)
+
+    def shrink(self, sizes: StepSizes) -> None:
+        """Plan steps of these sizes from now on (after a device out-of-memory: engine/faults.py)."""
+        self.cfg = dataclasses.replace(self.cfg, n_batch=sizes.n_batch, chunk_max=sizes.chunk_max)
 
     @property
     def waiting(self) -> deque:
@@ -153,7 +173,7 @@ class Scheduler:
         self.decision_us.append((time.perf_counter() - t0) * 1e6)
         if self.trace is not None:
             self._record = self.trace.record(view, decision, self.policy.name)
-        self.mem.keep = None if decision.keep is None else {a: self.tasks.prefix_len(a) for a in decision.keep}
+        self.keep = None if decision.keep is None else {a: self.tasks.prefix_len(a) for a in decision.keep}
         self._last = (sig, now, decision.order)
         first = decision.order[0] if decision.order else None
         for r in self.waiting:  # a request attached earlier and not first now lets go of its match
@@ -161,8 +181,12 @@ class Scheduler:
                 self._detach(r)
         return decision.order
 
+    def drop_links(self, r: Request) -> None:
+        """Unlock r's radix path and cut the leader/follower links that involve it (r ends)."""
+        drop_links(self.radix, self.running, r)
+
     def _detach(self, r: Request) -> None:
-        drop_links(self.mem, r)
+        drop_links(self.radix, self.running, r)
         if r.session is None:
             self.kvm.release(r.seq)
         r.attached = False
@@ -215,7 +239,7 @@ class Scheduler:
         return plan
 
     def _plan(self) -> Plan:
-        resolve_followers(self.mem)
+        resolve_followers(self.mem, self.running)
         decodes = [r for r in self.running if not r.in_prefill]
         prefills = [r for r in self.running if r.in_prefill and r.leader is None]
         plan: dict[Request, int] = {}
@@ -235,7 +259,7 @@ class Scheduler:
                 self.mem.counters.deferred_chunks += 1
                 break
             n = min(r.remaining, chunk)
-            if not reserve(self.mem, r, r.seq.num_cached + n, plan, not plan, failed):
+            if not reserve(self.mem, self.queues, r, r.seq.num_cached + n, plan, not plan, failed):
                 self.mem.counters.deferred_chunks += 1
                 break
             plan[r] = n
@@ -251,8 +275,8 @@ class Scheduler:
             return
         # a draft never preempts anyone: without room it is dropped, then the token is reserved
         # (a decode feeds its next token and the ids fast-forwarded after it: r.remaining)
-        if r.draft and not reserve(self.mem, r, r.seq.num_cached + r.remaining + len(r.draft), plan, False, failed):
+        if r.draft and not reserve(self.mem, self.queues, r, r.seq.num_cached + r.remaining + len(r.draft), plan, False, failed):
             r.draft = []
-        if r.draft or reserve(self.mem, r, r.seq.num_cached + r.remaining, plan, True, failed):
+        if r.draft or reserve(self.mem, self.queues, r, r.seq.num_cached + r.remaining, plan, True, failed):
             if r.state is State.RUNNING and r in self.running:
                 plan[r] = r.remaining + len(r.draft)
