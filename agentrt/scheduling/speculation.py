@@ -1,6 +1,7 @@
 """Speculation in the scheduler's plan: each decoder's draft this step (its n-gram index, the
 cap from the decoders and the token budget, the grammar's prefix). Verification of the drafts
-after the forward is sampling's (`sampling/speculative.py::verify_draft`)."""
+after the forward is sampling's (`sampling/speculative.py::verify`), counted by the step
+(engine/postprocess.py::verify_draft)."""
 
 from __future__ import annotations
 
