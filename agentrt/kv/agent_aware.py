@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agentrt.errors import ConfigError
-from agentrt.kv.eviction import EvictableNode, EvictionPolicyBase, IdleSession
+from agentrt.kv.eviction import EvictableNode, EvictionPolicyBase, N, S
 
 T = TypeVar("T")
 
@@ -157,14 +157,19 @@ class AgentAwarePolicy(EvictionPolicyBase):
     def _order(self, items: list[T], tag: Callable[[T], str | None],
                recency: Callable[[T], int]) -> list[T]:
         dist = self.distances()
-        far = len(dist) + 1  # past every predicted use
-        return sorted(items, key=lambda x: (-dist.get(tag(x), far), recency(x)))
+        far = len(dist) + 1  # past every predicted use (an untagged item's too)
 
-    def victim_order(self, leaves: list[EvictableNode]) -> list[EvictableNode]:
+        def rank(x: T) -> tuple[int, int]:
+            t = tag(x)
+            return -(far if t is None else dist.get(t, far)), recency(x)
+
+        return sorted(items, key=rank)
+
+    def victim_order(self, leaves: list[N]) -> list[N]:
         """Radix leaves, the first evicted first."""
         return self._order(leaves, lambda n: n.tag, lambda n: n.last_access)
 
-    def order_sessions(self, sessions: list[IdleSession]) -> list[IdleSession]:
+    def order_sessions(self, sessions: list[S]) -> list[S]:
         """Idle sessions, the first detached first."""
         return self._order(sessions, lambda s: s.tag, lambda s: s.last_used)
 

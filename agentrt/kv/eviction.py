@@ -5,26 +5,47 @@ detach under memory pressure, kv/memory.py). Policies by name: registry.py."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from agentrt.errors import ConfigError
 
 
 @runtime_checkable
 class EvictableNode(Protocol):
-    """What a policy may read of a radix node."""
+    """What a policy may read of a radix node (read-only: the tree writes its nodes)."""
 
-    last_access: int  # tree clock at the last match/insert touching this node
-    tag: str | None  # who inserted it (agent / session name), for agent-aware policies
-    num_pages: int
+    @property
+    def last_access(self) -> int:
+        """The tree clock at the last match/insert touching this node."""
+        ...
+
+    @property
+    def tag(self) -> str | None:
+        """Who inserted it (agent / session name), for agent-aware policies."""
+        ...
+
+    @property
+    def num_pages(self) -> int: ...
 
 
 @runtime_checkable
 class IdleSession(Protocol):
-    """What a policy may read of an idle engine session."""
+    """What a policy may read of an idle engine session (read-only)."""
 
-    last_used: int  # engine clock when its last request finished
-    tag: str | None  # the agent / session name
+    @property
+    def last_used(self) -> int:
+        """The engine clock when its last request finished."""
+        ...
+
+    @property
+    def tag(self) -> str | None:
+        """The agent / session name."""
+        ...
+
+
+# what a policy ranks comes back in its own type (the caller's nodes or sessions, reordered)
+N = TypeVar("N", bound=EvictableNode)
+S = TypeVar("S", bound=IdleSession)
 
 
 class EvictionPolicy(Protocol):
@@ -43,11 +64,11 @@ class EvictionPolicy(Protocol):
 
     def on_access(self, node: EvictableNode) -> None: ...
 
-    def victim_order(self, leaves: list[EvictableNode]) -> list[EvictableNode]:
+    def victim_order(self, leaves: list[N]) -> list[N]:
         """`leaves` reordered: the first is evicted first."""
         ...
 
-    def order_sessions(self, sessions: list[IdleSession]) -> list[IdleSession]:
+    def order_sessions(self, sessions: list[S]) -> list[S]:
         """`sessions` reordered: the first is detached first."""
         ...
 
@@ -74,10 +95,10 @@ class EvictionPolicyBase:
     def on_access(self, node: EvictableNode) -> None:
         pass
 
-    def victim_order(self, leaves: list[EvictableNode]) -> list[EvictableNode]:
+    def victim_order(self, leaves: list[N]) -> list[N]:
         return sorted(leaves, key=lambda n: n.last_access)
 
-    def order_sessions(self, sessions: list[IdleSession]) -> list[IdleSession]:
+    def order_sessions(self, sessions: list[S]) -> list[S]:
         return sorted(sessions, key=lambda s: s.last_used)
 
     def distances(self) -> dict[str, int]:
@@ -89,26 +110,28 @@ class EvictionPolicyBase:
 
 class _UserPolicy(EvictionPolicyBase):
     """A user-supplied policy object that is not an EvictionPolicyBase: its own hooks, the
-    defaults for those it leaves out (looked up once, here)."""
+    defaults for those it leaves out. Such an object is duck-typed by design (any object with a
+    victim_order), so its hooks are looked up here, once: the engine never probes it again."""
 
-    def __init__(self, policy):
+    HOOKS = ("on_request", "on_insert", "on_access", "victim_order", "order_sessions", "distances",
+             "check_invariants")
+
+    def __init__(self, policy: object):
         self.inner = policy
-        self.name = str(getattr(policy, "name", type(policy).__name__))
-        for hook in ("on_request", "on_insert", "on_access", "victim_order", "order_sessions", "distances",
-                     "check_invariants"):
-            own = getattr(policy, hook, None)
-            if own is not None:
-                setattr(self, hook, own)
+        self.name = str(getattr(policy, "name", type(policy).__name__))  # (the user's object: optional)
+        own = {hook: fn for hook in self.HOOKS if (fn := getattr(policy, hook, None)) is not None}  # (ditto)
+        if not callable(own.get("victim_order")):
+            raise ConfigError(f"an eviction policy needs victim_order(leaves); {type(policy).__name__} has none "
+                              "(subclass agentrt.kv.eviction.EvictionPolicyBase for the defaults)")
+        for hook, fn in own.items():
+            setattr(self, hook, fn)
 
 
-def as_eviction_policy(policy) -> EvictionPolicy:
+def as_eviction_policy(policy: object) -> EvictionPolicy:
     """`policy` with every hook callable: itself when it subclasses EvictionPolicyBase, else
     wrapped. It must rank leaves (victim_order) at least."""
     if isinstance(policy, EvictionPolicyBase):
         return policy
-    if not callable(getattr(policy, "victim_order", None)):
-        raise ConfigError(f"an eviction policy needs victim_order(leaves); {type(policy).__name__} has none "
-                          "(subclass agentrt.kv.eviction.EvictionPolicyBase for the defaults)")
     return _UserPolicy(policy)
 
 

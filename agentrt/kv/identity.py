@@ -16,6 +16,7 @@ too. Two sequences' KV agree up to `shared_until(held, wanted)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,12 @@ class KVSpace:
     start: int = 0
 
 
-def space(salt: str | None, adapted: Adapted) -> str | KVSpace | None:
+# a radix root's key (and the response cache's, a prefix group's): the tenant salt alone for the
+# base model's KV (None: no tenant), a KVSpace for an adapter's
+RootKey: TypeAlias = str | KVSpace | None
+
+
+def space(salt: str | None, adapted: Adapted) -> RootKey:
     """The key KV of this identity is cached under (the salt alone for the base model)."""
     return salt if adapted.fingerprint is None else KVSpace(salt, adapted.fingerprint, adapted.start)
 

@@ -21,36 +21,16 @@ tree are ranked together; `evict()` is the tree-only form of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from agentrt.kv.eviction import EvictionPolicy, LRUPolicy
+from agentrt.kv.identity import RootKey
 from agentrt.kv.pages import PageAllocator
+from agentrt.kv.radix_node import Node
 from agentrt.kv.radix_tier import TierMoves
 from agentrt.kv.tier import HostTier, TierEntry
 from agentrt.prefixes import common_prefix
-
-
-@dataclass(eq=False)
-class Node:
-    key: list[int] = field(default_factory=list)  # tokens; a whole number of pages
-    pages: list[int] = field(default_factory=list)  # pool pages ([] while demoted)
-    parent: "Node | None" = None
-    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)  # by first page
-    lock_ref: int = 0
-    last_access: int = 0
-    tag: str | None = None
-    start: int = 0  # token offset of key[0] in the sequence (the node's depth)
-    host: TierEntry | None = field(default=None, repr=False)  # the tier copy (demoted, or promoted and kept)
-    prefetched: bool = False  # promoted by prefetch and not matched by a request since
-
-    @property
-    def num_pages(self) -> int:
-        return len(self.pages)
-
-    @property
-    def resident(self) -> bool:
-        return bool(self.pages)
 
 
 class PrefixMatch(NamedTuple):
@@ -65,28 +45,30 @@ class RadixCache(TierMoves):
         self.alloc, self.ps = allocator, allocator.page_size
         self.policy = policy or LRUPolicy()
         self.tier = tier
-        self._roots: dict[str | None, Node] = {}
+        self._roots: dict[RootKey, Node] = {}
         self._clock = 0
         self.demoted_pages = self.dropped_pages = 0  # counters (pages moved out / lost)
         self.prefetch_used_pages = 0  # prefetched pages a match reached (counted once)
 
-    def _root(self, salt: str | None) -> Node:
+    def _root(self, salt: RootKey) -> Node:
         return self._roots.setdefault(salt, Node())
 
     def _tick(self, node: Node) -> None:
         self._clock += 1
-        while node is not None:
-            node.last_access = self._clock
-            node = node.parent
+        up: Node | None = node
+        while up is not None:
+            up.last_access = self._clock
+            up = up.parent
 
     def _page_match(self, tokens: list[int], pos: int, key: list[int], kpos: int) -> int:
         """Equal tokens of tokens[pos:] and key[kpos:] within one page (0..page_size)."""
         return common_prefix(tokens[pos:pos + self.ps], key[kpos:kpos + self.ps])
 
-    def match_prefix(self, tokens: list[int], salt: str | None = None) -> PrefixMatch:
+    def match_prefix(self, tokens: list[int], salt: RootKey = None) -> PrefixMatch:
         """Longest cached prefix of `tokens`. Does not change the tree's shape; refreshes the
         access time of the matched path. Pages are valid only while the caller holds refs."""
-        node, pos, pages = self._root(salt), 0, []
+        node, pos = self._root(salt), 0
+        pages: list[int] = []
         while True:
             child = node.children.get(tuple(tokens[pos:pos + self.ps]))
             if child is None or not child.resident:
@@ -106,7 +88,7 @@ class RadixCache(TierMoves):
                 pos, i = pos + self.ps, i + 1
             node = child
 
-    def peek(self, tokens: list[int], salt: str | None = None) -> int:
+    def peek(self, tokens: list[int], salt: RootKey = None) -> int:
         """Tokens of `tokens` whose KV the pool holds now, in whole pages. A read: no access
         time changes, nothing is locked (schedulers ask it of requests they may not admit)."""
         node, pos, ps = self._roots.get(salt), 0, self.ps
@@ -120,7 +102,7 @@ class RadixCache(TierMoves):
             node = child if i == child.num_pages else None
         return pos
 
-    def _finish_partial(self, tokens, pos, pages, node) -> PrefixMatch:
+    def _finish_partial(self, tokens: list[int], pos: int, pages: list[int], node: Node) -> PrefixMatch:
         best, best_child = 0, None
         for child in node.children.values():
             if not child.resident:
@@ -135,7 +117,7 @@ class RadixCache(TierMoves):
         self.policy.on_access(node)
         return PrefixMatch(pos + best, pages, node)
 
-    def insert(self, tokens: list[int], pages: list[int], salt: str | None = None,
+    def insert(self, tokens: list[int], pages: list[int], salt: RootKey = None,
                tag: str | None = None) -> int:
         """Cache the full pages of `tokens` (pages[i] holds tokens [i*ps, (i+1)*ps)). Pages the
         tree already has for the same tokens are kept; the tree increfs the ones it adopts (a
@@ -161,11 +143,7 @@ class RadixCache(TierMoves):
         self._tick(node)
         return 0
 
-    def _size(self, node: Node) -> int:
-        """The node's length in pages, resident or not."""
-        return len(node.key) // self.ps
-
-    def _add_leaf(self, parent: Node, key: list[int], pages: list[int], tag) -> int:
+    def _add_leaf(self, parent: Node, key: list[int], pages: list[int], tag: str | None) -> int:
         leaf = Node(key=list(key), pages=list(pages), parent=parent, tag=tag,
                     start=parent.start + len(parent.key))
         parent.children[tuple(key[:self.ps])] = leaf
@@ -175,16 +153,19 @@ class RadixCache(TierMoves):
         return len(key)
 
     def _split(self, node: Node, i: int) -> Node:
-        """Split `node` after its i-th page; returns the new upper half."""
+        """Split `node` (not a root) after its i-th page; returns the new upper half."""
+        assert node.parent is not None, "a radix root has no key to split"
         cut = i * self.ps
         upper = Node(key=node.key[:cut], pages=node.pages[:i], parent=node.parent,
                      lock_ref=node.lock_ref, last_access=node.last_access, tag=node.tag, start=node.start,
                      prefetched=node.prefetched)
         if node.host is not None:
-            self.tier.release(node.host)
+            tier = self.tier
+            assert tier is not None, "a node has a tier copy only in a tree with a tier"
+            tier.release(node.host)
             upper.host, node.host = node.host.split(i)
-            self.tier.adopt(upper.host)
-            self.tier.adopt(node.host)
+            tier.adopt(upper.host)
+            tier.adopt(node.host)
         node.parent.children[tuple(upper.key[:self.ps])] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[i:], upper
         node.start = upper.start + cut
@@ -203,16 +184,18 @@ class RadixCache(TierMoves):
         return node
 
     def lock(self, node: Node) -> None:
-        while node is not None:
-            node.lock_ref += 1
-            node = node.parent
+        up: Node | None = node
+        while up is not None:
+            up.lock_ref += 1
+            up = up.parent
 
     def unlock(self, node: Node) -> None:
-        while node is not None:
-            if node.lock_ref <= 0:
+        up: Node | None = node
+        while up is not None:
+            if up.lock_ref <= 0:
                 raise RuntimeError("radix unlock without lock")
-            node.lock_ref -= 1
-            node = node.parent
+            up.lock_ref -= 1
+            up = up.parent
 
     def evict(self, num_pages: int) -> int:
         """Tree-only eviction: unlocked resident leaves that would free a page, in policy order,
@@ -236,14 +219,14 @@ class RadixCache(TierMoves):
         return [n for n in self._nodes() if n.parent is not None and n.resident and n.lock_ref == 0
                 and not any(c.resident for c in n.children.values())]
 
-    def _nodes(self):
+    def _nodes(self) -> Iterator[Node]:
         stack = list(self._roots.values())
         while stack:
             n = stack.pop()
             yield n
             stack.extend(n.children.values())
 
-    def nodes(self):
+    def nodes(self) -> Iterator[Node]:
         """Every node, roots included (read-only use: policies, the engine's memory manager)."""
         return self._nodes()
 
@@ -256,7 +239,8 @@ class RadixCache(TierMoves):
                    for p in n.pages if self.alloc.refcount(p) == 1)
 
     def check_invariants(self) -> None:
-        entries, owner = [], {}
+        entries: list[TierEntry] = []
+        owner: dict[int, Node] = {}
         for n in self._nodes():
             for p in n.pages:  # a page holds one run of tokens: one node lists it
                 if owner.setdefault(p, n) is not n:
