@@ -102,7 +102,7 @@ class ModelExecutor:
         if not (self.cuda_graphs and graphable(self.model, store)):
             return None
         if self.graphs is None or not self.graphs.matches(store):  # (a new pool: capture again)
-            self.graphs = StepGraphs(self.model, store, scratch=store.num_pages - 1)
+            self.graphs = StepGraphs(self.model, store, scratch=store.num_pages - 1, staging=self.staging)
         return self.graphs
 
     def run(self, plan: list, chunks: list[SeqChunk], store: KVStore, page_size: int) -> StepOutput:
@@ -113,7 +113,7 @@ class ModelExecutor:
         if logits is not None:
             kind, rows = "graph", tuple(self._rows(logits).split([c.want_logits for c in chunks]))
         else:
-            fb = build_batch(chunks, page_size, store.local_of, self.model.short_limit).to(self.device, self.staging)
+            fb = build_batch(chunks, page_size, store.local_host, self.model.short_limit).to(self.device, self.staging)
             extra = {} if lora is None else {"lora": lora}
             logits = self.model(fb.input_ids, fb.positions, store, fb.meta, fb.logits_rows, path=self.path, **extra)
             kind, rows = "eager", tuple(self._rows(logits).split(list(fb.logits_count)))

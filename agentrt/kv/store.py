@@ -3,7 +3,10 @@ sequence is the cache manager's business (kv_manager.py); the model only reads p
 The store knows of a model only its KV shape (`KVShape`: ModelConfig is one).
 
 Sliding-window layers may keep their pages apart (kv/window.py): `local_of` maps a logical page
-to its row in those layers' tensors (-1: released), and they hold `num_local` rows."""
+to its row in those layers' tensors (-1: released), and they hold `num_local` rows. The map is
+kept twice: on the store's device, where the tier and snapshots index it with device tensors,
+and on the host, where the allocator's bookkeeping and the batch builder read it without a
+device sync; every write goes to both (`PageMap.set`)."""
 
 from __future__ import annotations
 
@@ -17,11 +20,14 @@ from agentrt.kernels.reference import kv_groups
 
 
 class KVShape(Protocol):
-    """What a store's layout depends on (model/config.py::ModelConfig has it)."""
+    """What a store's layout depends on (model/config.py::ModelConfig has it: read-only here)."""
 
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
     def window(self, layer: int) -> int: ...  # the layer's sliding window (0: full attention)
 
@@ -41,6 +47,41 @@ def head_width(head_dim: int, dtype: torch.dtype) -> int:
     return head_dim + 4 * kv_groups(head_dim) if dtype == torch.int8 else head_dim
 
 
+class PageMap:
+    """Logical page -> row of the sliding-window layers' own tensors (-1: none), on the host
+    (`host`: reads without a device sync) and on the store's device (`device_map`: indexed by
+    device tensors). Written only through `set`, which keeps the two equal."""
+
+    def __init__(self, num_pages: int, device: torch.device):
+        self.host = torch.full((num_pages,), -1, dtype=torch.int64)  # [num_pages], on the host
+        self._np = self.host.numpy()  # (the same memory: scalar reads at numpy's cost)
+        # [num_pages] on the store's device (the host copy itself for a CPU store)
+        self.device_map = self.host if device.type == "cpu" else self.host.to(device)
+
+    def __len__(self) -> int:
+        return self.host.shape[0]
+
+    def __getitem__(self, page: int) -> int:
+        return int(self._np[page])
+
+    def set(self, pages: list[int], rows: list[int]) -> None:
+        """local_of[pages[i]] = rows[i], on the host and on the device (one copy there)."""
+        self._np[pages] = rows
+        if self.device_map is not self.host:
+            dev = self.device_map.device
+            self.device_map[torch.tensor(pages, dtype=torch.int64, device=dev)] = \
+                torch.tensor(rows, dtype=torch.int64, device=dev)
+
+    def rows(self, pages: torch.Tensor) -> torch.Tensor:
+        """The local rows of `pages` (on the store's device), -1 where released."""
+        return self.device_map[pages]
+
+    def check(self) -> None:
+        """The device copy equals the host copy (a debug check: it syncs; `meta` holds no data)."""
+        if self.device_map.device.type != "meta" and not torch.equal(self.device_map.cpu(), self.host):
+            raise AssertionError("the device copy of the local page map differs from its host copy")
+
+
 @dataclass(frozen=True)
 class KVStore:
     """k[layer], v[layer]: [num_pages, page_size, Hkv, D] ([num_local, ...] on the local layers
@@ -53,23 +94,44 @@ class KVStore:
     v: tuple[torch.Tensor, ...]
     page_size: int
     local_layers: tuple[bool, ...] = ()  # per layer: its pages are local ones (with local_of)
-    local_of: torch.Tensor | None = None  # [num_pages] int64: logical page -> local row, -1 none
+    local_of: PageMap | None = None  # [num_pages]: logical page -> local row, -1 none
     window: int = 0  # the local layers' largest window (with local_of)
 
     @property
+    def device(self) -> torch.device:
+        """Where every tensor of the store (and local_of's device copy) lives."""
+        return self.k[0].device
+
+    @property
+    def host_device(self) -> torch.device:
+        """Where copies of the store's KV taken out of it live (tier entries, snapshots): host
+        memory; a store on `meta` (no data: the tests' stand-in for a GPU) keeps them there."""
+        return self.device if self.device.type == "meta" else torch.device("cpu")
+
+    @property
     def num_pages(self) -> int:
-        return self.k[0].shape[0] if self.local_of is None else self.local_of.shape[0]
+        return self.k[0].shape[0] if self.local_of is None else len(self.local_of)
+
+    @property
+    def local_host(self) -> torch.Tensor | None:
+        """local_of's host copy [num_pages] (the batch builder's), None without local pages."""
+        return None if self.local_of is None else self.local_of.host
 
     def is_local(self, layer: int) -> bool:
         return self.local_of is not None and self.local_layers[layer]
 
     def row(self, layer: int, page: int) -> int:
         """The row of `layer`'s tensors holding logical page `page` (0 for a released one:
-        never read, since no window reaches it)."""
-        return max(0, int(self.local_of[page])) if self.is_local(layer) else page
+        never read, since no window reaches it). Reads the host copy: no device sync."""
+        if self.local_of is None or not self.local_layers[layer]:
+            return page
+        return max(0, self.local_of[page])
 
     def rows(self, layer: int, pages: torch.Tensor) -> torch.Tensor:
-        return self.local_of[pages].clamp(min=0) if self.is_local(layer) else pages
+        """row() of each of `pages` [n] (on the store's device), on the store's device."""
+        if self.local_of is None or not self.local_layers[layer]:
+            return pages
+        return self.local_of.rows(pages).clamp(min=0)
 
     @classmethod
     def allocate(cls, cfg: KVShape, num_pages: int, page_size: int,
@@ -84,12 +146,12 @@ class KVStore:
             raise ConfigError(f"a local KV pool needs num_local >= 1 and sliding-window layers, got {num_local}")
 
         def one(layer: int) -> torch.Tensor:
-            rows = num_local if local and local[layer] else num_pages
+            rows = num_local if num_local is not None and local[layer] else num_pages
             width = head_width(cfg.head_dim, dtype)
             return torch.zeros((rows, page_size, cfg.num_kv_heads, width), dtype=dtype, device=device)
         k = tuple(one(i) for i in range(cfg.num_layers))
         v = tuple(one(i) for i in range(cfg.num_layers))
-        local_of = torch.full((num_pages,), -1, dtype=torch.int64) if local else None
+        local_of = PageMap(num_pages, torch.device(device)) if local else None
         window = max((cfg.window(i) for i in range(cfg.num_layers)), default=0) if local else 0
         return cls(k, v, page_size, local, local_of, window)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrt.kv.store import KVStore
+from agentrt.kv.window import LocalPages
 
 
 @dataclass(eq=False)
@@ -58,8 +59,8 @@ class HostTier:
         k0 = store.k[0]
         self.page_bytes = 2 * len(store.k) * k0[0].numel() * k0.element_size()
         self.used = 0  # bytes held by live entries
-        self._pin = k0.device.type == "cuda"
-        self.local = None  # the sliding-window layers' pool (kv/window.py), set by its owner
+        self._pin = store.device.type == "cuda"
+        self.local: LocalPages | None = None  # the sliding-window layers' pool (kv/window.py), set by its owner
         self.copy_s_per_page = self._measure_copy()
 
     @property
@@ -71,10 +72,11 @@ class HostTier:
 
     def save(self, pages: list[int]) -> TierEntry:
         """Copy pool pages into a new entry (the caller made room: free_pages() >= len(pages))."""
-        idx = torch.tensor(pages, dtype=torch.long, device=self.store.k[0].device)
-        shape = (len(self.store.k), len(pages), *self.store.k[0].shape[1:])
-        k = torch.empty(shape, dtype=self.store.k[0].dtype, pin_memory=self._pin)
-        v = torch.empty(shape, dtype=self.store.k[0].dtype, pin_memory=self._pin)
+        store = self.store
+        idx = torch.tensor(pages, dtype=torch.long, device=store.device)  # (store.rows indexes on the device)
+        shape = (len(store.k), len(pages), *store.k[0].shape[1:])  # [layers, n, page_size, Hkv, D]
+        k = torch.empty(shape, dtype=store.k[0].dtype, device=store.host_device, pin_memory=self._pin)
+        v = torch.empty(shape, dtype=store.k[0].dtype, device=store.host_device, pin_memory=self._pin)
         for layer, (kl, vl) in enumerate(zip(self.store.k, self.store.v)):
             rows = self.store.rows(layer, idx)
             k[layer].copy_(kl.index_select(0, rows), non_blocking=self._pin)
@@ -86,13 +88,14 @@ class HostTier:
 
     def load(self, entry: TierEntry, pages: list[int]) -> None:
         """Copy an entry back into pool pages (len(pages) == entry.n_pages)."""
-        idx = torch.tensor(pages, dtype=torch.long, device=self.store.k[0].device)
+        idx = torch.tensor(pages, dtype=torch.long, device=self.store.device)
         for layer, (kl, vl) in enumerate(zip(self.store.k, self.store.v)):
             rows = self.store.rows(layer, idx)
             kl.index_copy_(0, rows, entry.k[layer].to(kl.device, non_blocking=self._pin))
             vl.index_copy_(0, rows, entry.v[layer].to(vl.device, non_blocking=self._pin))
         for i in entry.absent:  # (released before it left: released again, never read)
-            self.local.detach(pages[i])
+            if self.local is not None:  # (an entry has absent pages only with a local pool)
+                self.local.detach(pages[i])
 
     def adopt(self, entry: TierEntry) -> None:
         """Count an entry made outside save() (a split's halves)."""

@@ -33,10 +33,9 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable
 
-import torch
-
 from agentrt.errors import ConfigError
 from agentrt.kv.pages import OutOfPages
+from agentrt.kv.store import PageMap
 
 BLOCK = 16  # the attention kernels start a window's sums at this alignment
 
@@ -49,7 +48,7 @@ def window_start(n: int, window: int) -> int:
 class LocalPages:
     """The local pool: `num_local` pages and the map from logical pages to them."""
 
-    def __init__(self, local_of: torch.Tensor, num_local: int, page_size: int, window: int):
+    def __init__(self, local_of: PageMap, num_local: int, page_size: int, window: int):
         self.local_of, self.page_size, self.window = local_of, page_size, window  # (the store's map)
         self.num_local = num_local
         self._free: deque[int] = deque(range(num_local))
@@ -60,21 +59,20 @@ class LocalPages:
         return len(self._free)
 
     def present(self, page: int) -> bool:
-        return int(self.local_of[page]) >= 0
+        return self.local_of[page] >= 0  # (the host copy: no device sync)
 
     def attach(self, pages: list[int]) -> None:
         """Fresh logical pages get local pages (the caller checked num_free)."""
         if len(pages) > len(self._free):
             raise OutOfPages(f"need {len(pages)} local pages, {len(self._free)} free")
-        for p in pages:
-            self.local_of[p] = self._free.popleft()
+        self.local_of.set(pages, [self._free.popleft() for _ in pages])
 
     def detach(self, page: int) -> None:
         """A logical page was freed (or slid out): its local page returns to the pool."""
-        q = int(self.local_of[page])
+        q = self.local_of[page]
         if q >= 0:
             self._free.append(q)
-            self.local_of[page] = -1
+            self.local_of.set([page], [-1])
 
     def release_early(self, page: int) -> None:
         if self.present(page):
@@ -97,8 +95,10 @@ class LocalPages:
         return 0
 
     def check_invariants(self, num_pages: int, refcount) -> None:
-        """Local pages free xor mapped from exactly one live logical page."""
-        mapped = [(p, int(q)) for p, q in enumerate(self.local_of.tolist()) if q >= 0]
+        """Local pages free xor mapped from exactly one live logical page; the map's device
+        copy equals its host copy."""
+        self.local_of.check()
+        mapped = [(p, q) for p, q in enumerate(self.local_of.host.tolist()) if q >= 0]
         used = [q for _, q in mapped]
         if len(set(used)) != len(used) or set(used) & set(self._free):
             raise AssertionError("a local page is mapped twice, or mapped and free")
