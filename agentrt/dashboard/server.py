@@ -29,7 +29,6 @@ class DashboardServer:
         config = uvicorn.Config(build_app(dashboard), log_level=log_level, lifespan="off",
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # not the main thread
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
                                         name="agentrt-dashboard", daemon=True)
 

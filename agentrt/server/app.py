@@ -68,18 +68,18 @@ def _lifespan(state: ServerState, model, engine_config):
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async with _engines(model, config, engine_config) as engines:
-            state.backends = Backends(engines, policy)
-            cfg = engine_config or getattr(engines[0], "config", None)
-            store = open_store(cfg.state_dir, cfg.state_url) if cfg is not None else None
-            state.responses.attach(store, cfg.state_dir if cfg is not None else None)
+            state.backends = backends = Backends(engines, policy)
+            cfg = engine_config or engines[0].config  # (an Engine's or a replica's: both EngineLike)
+            store = open_store(cfg.state_dir, cfg.state_url)
+            state.responses.attach(store, cfg.state_dir)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_sweep_idle, state)
+                tg.start_soon(_sweep_idle, backends, config.session_ttl_s)
                 try:
                     yield
                 finally:
                     tg.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True):
-                        await state.backends.release_all()
+                        await backends.release_all()
                     if store is not None:
                         store.close()
 
@@ -123,8 +123,8 @@ async def _engines(model, config: ServerConfig, engine_config) -> AsyncIterator[
         yield cluster.replicas
 
 
-async def _sweep_idle(state: ServerState) -> None:
+async def _sweep_idle(backends: Backends, ttl_s: float) -> None:
     """Close sessions idle past their TTL even when no request comes to trigger it."""
     while True:
-        await anyio.sleep(min(30.0, state.config.session_ttl_s / 4))
-        await state.backends.release_idle()
+        await anyio.sleep(min(30.0, ttl_s / 4))
+        await backends.release_idle()

@@ -50,7 +50,8 @@ def error_response(e: ApiError) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Failures outside a route's handler (an unknown route, a bug in the app) as OpenAI error bodies."""
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    # (starlette types every handler as taking Exception; this one only gets HTTPException)
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _any_error)
 
 

@@ -14,7 +14,7 @@ are ignored, as OpenAI-compatible servers do (clients send vendor extensions).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -52,18 +52,26 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
-    """The fields a chat and a completions request share: sampling, stop strings, streaming, the
-    features refused (`unsupported`) and vLLM's extensions."""
+class RequestBody(BaseModel):
+    """A wire protocol's request body (what `parse` reads): unknown fields are ignored, and
+    `unsupported` refuses the known ones the server does not implement."""
 
     model_config = ConfigDict(extra="ignore")
+
+    def unsupported(self) -> None:
+        """ApiError for what the server does not implement (here: nothing)."""
+
+
+class SamplingRequest(RequestBody):
+    """The fields a chat and a completions request share: sampling, stop strings, streaming, the
+    features refused (`unsupported`) and vLLM's extensions."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
-    stop: str | list[str] | None = Field(default=None, validate_default=True)
+    stop: list[str] = Field(default_factory=list)  # OpenAI's str | list[str] | null, as a list
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -79,10 +87,14 @@ class SamplingRequest(BaseModel):
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: a prefix-cache namespace
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: object) -> object:
+        return [v] if isinstance(v, str) else [] if v is None else v
+
     @field_validator("stop")
     @classmethod
-    def _stop(cls, v):
-        stops = [v] if isinstance(v, str) else list(v or ())
+    def _stop(cls, stops: list[str]) -> list[str]:
         if len(stops) > 4 or not all(stops):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
@@ -120,7 +132,10 @@ class ChatRequest(SamplingRequest):
     prompt_cache_key: str | None = Field(default=None, min_length=1, max_length=256)
 
 
-def parse(model: type[BaseModel], raw: bytes) -> Any:
+_Req = TypeVar("_Req", bound=RequestBody)
+
+
+def parse(model: type[_Req], raw: bytes) -> _Req:
     """The request body as `model`, or ApiError (400) saying which field is wrong."""
     try:
         data = json.loads(raw)
@@ -168,7 +183,7 @@ def to_messages(raw: list[Message]) -> list[dict[str, Any]]:
         if m.tool_calls:
             msg["tool_calls"] = [_call(c) for c in m.tool_calls]
             names.update({c.id: c.function.name for c in m.tool_calls})
-        if m.role == "tool":
+        if m.role == "tool" and m.tool_call_id is not None:  # (a tool message has one: Message checks)
             msg["tool_call_id"] = m.tool_call_id
             if name := m.name or names.get(m.tool_call_id):
                 msg["name"] = name
@@ -211,7 +226,7 @@ def json_schema_of(fmt: ResponseFormat | None) -> Any:
     """response_format -> the JSON schema the output is decoded under (None: free text)."""
     if fmt is None or fmt.type == "text":
         return None
-    if fmt.type == "json_object":
+    if fmt.type == "json_object" or fmt.json_schema is None:  # (json_schema has one: ResponseFormat checks)
         return {"type": "object"}
     return dict(fmt.json_schema.schema_ or {"type": "object"})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -57,7 +57,7 @@ def prepare(req: ChatRequest, key: str | None, model: str, salt: str | None = No
                     key, model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), salt)
 
 
-async def run(call: ChatCall, state) -> AsyncIterator[Any]:
+async def run(call: ChatCall, state) -> AsyncGenerator[Any, None]:
     """The round's parser events, then its RoundEnd (ApiError before any event when the request
     cannot be served: over the limits, or no room in the context). On replicas, a replica lost
     before the first event is replaced by a live one (the history is in the call)."""
@@ -76,7 +76,7 @@ async def run(call: ChatCall, state) -> AsyncIterator[Any]:
                 raise
 
 
-async def _round(call: ChatCall, state, engine, router) -> AsyncIterator[Any]:
+async def _round(call: ChatCall, state, engine, router) -> AsyncGenerator[Any, None]:
     req = call.req
     async with routed_conversation(router, call.key, call.messages, call.tools, tag=call.key,
                                    cache_salt=call.salt) as (conv, _):
@@ -159,7 +159,7 @@ class Body:
         return [self.make(end)]
 
 
-async def respond(ex: Exchange, events: AsyncIterator[Any], renderer: Renderer, *, stream: bool,
+async def respond(ex: Exchange, events: AsyncGenerator[Any, None], renderer: Renderer, *, stream: bool,
                   named: bool = False) -> Response:
     """The response to a prepared run (`events`: its events, its RoundEnd last): a stream of what
     `renderer` makes of them (`named`: SSE events with their type, see sse.EventStream), or the
@@ -171,12 +171,12 @@ async def respond(ex: Exchange, events: AsyncIterator[Any], renderer: Renderer, 
     return Response(status_code=499) if out is None else JSONResponse(out[-1])
 
 
-async def _drain(items: AsyncIterator[dict]) -> list[dict]:
+async def _drain(items: AsyncGenerator[dict, None]) -> list[dict]:
     async with aclosing(items):
         return [item async for item in items]
 
 
-async def _rendered(ex: Exchange, events: AsyncIterator[Any], renderer: Renderer) -> AsyncIterator[dict]:
+async def _rendered(ex: Exchange, events: AsyncGenerator[Any, None], renderer: Renderer) -> AsyncGenerator[dict, None]:
     """What `renderer` makes of the run, under the caller's concurrency slot; the run counted in
     the metrics (time to first token: to the first event it renders)."""
     async with ex.state.slot(ex.caller):
@@ -195,6 +195,8 @@ async def _rendered(ex: Exchange, events: AsyncIterator[Any], renderer: Renderer
                     first_at = time.perf_counter()
                 for item in made:
                     yield item
+        if end is None:  # (every run yields its RoundEnd last: round_runner.run, TextRun.events)
+            raise RuntimeError("the run ended without its RoundEnd")
         observe(ex.state, end.usage, ex.t0, first_at)
         for item in renderer.last(end):
             yield item

@@ -33,7 +33,6 @@ class ServerThread:
                  log_level: str = "warning", start_timeout: float = 120.0) -> None:
         self.config = config or ServerConfig(port=0)
         self.server = _server(model, self.config, engine_config, log_level)
-        self.server.install_signal_handlers = lambda: None  # not the main thread
         self._thread = threading.Thread(target=self.server.run, name="agentrt-server", daemon=True)
         self._start_timeout = start_timeout
 

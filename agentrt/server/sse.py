@@ -9,7 +9,7 @@ not at the next token write.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -42,9 +42,11 @@ async def until_disconnect(request: Request, work: Callable[[], Awaitable[Any]])
 
 
 def _single(group: BaseExceptionGroup) -> BaseException:
-    while isinstance(group, BaseExceptionGroup) and len(group.exceptions) == 1:
-        group = group.exceptions[0]
-    return group
+    """The one error inside nested groups of one (else the innermost group of several)."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 class EventStream(Response):
@@ -52,12 +54,12 @@ class EventStream(Response):
     completions). `named`: each event also carries `event: <its "type">` and no [DONE] follows
     (the Responses and Messages APIs)."""
 
-    def __init__(self, first: dict, rest: AsyncIterator[dict], named: bool = False) -> None:
+    def __init__(self, first: dict, rest: AsyncGenerator[dict, None], named: bool = False) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.first, self.rest, self.named = first, rest, named
 
     @classmethod
-    async def start(cls, items: AsyncIterator[dict], named: bool = False) -> "EventStream":
+    async def start(cls, items: AsyncGenerator[dict, None], named: bool = False) -> "EventStream":
         """The stream, once its first item exists: an error raised before it (bad input, a
         limit) propagates here, so the caller answers it as a plain error response."""
         try:

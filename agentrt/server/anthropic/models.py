@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agentrt.conversation.conversation import RoundEnd
 
 from ..chat_parts import NAME
-from ..protocol import ApiError, ChatRequest, first_error, parse
+from ..protocol import ApiError, ChatRequest, RequestBody, first_error, parse
 
 
 class _Model(BaseModel):
@@ -68,7 +68,7 @@ class SystemBlock(_Model):
     text: str
 
 
-class MessagesRequest(_Model):
+class MessagesRequest(RequestBody):
     model: str
     max_tokens: int = Field(ge=1)
     messages: list[Message] = Field(min_length=1)
@@ -92,14 +92,11 @@ class MessagesRequest(_Model):
         return uid if isinstance(uid, str) and uid else None
 
 
-class CountRequest(_Model):
+class CountRequest(RequestBody):
     model: str
     messages: list[Message] = Field(min_length=1)
     system: str | list[SystemBlock] | None = None
     tools: list[Tool] | None = None
-
-    def unsupported(self) -> None:
-        """(count_tokens takes every field it knows)"""
 
 
 def parse_messages(raw: bytes) -> MessagesRequest:
@@ -118,7 +115,7 @@ def chat_messages(req: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": text})
     for m in req.messages:
         blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) else m.content
-        text = "".join(b.text for b in blocks if b.type == "text")
+        text = "".join(b.text for b in blocks if b.type == "text" and b.text is not None)  # (Block checks it)
         if m.role == "assistant":
             calls = [{"id": b.id, "type": "function", "function": {
                 "name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}} for b in blocks if b.type == "tool_use"]

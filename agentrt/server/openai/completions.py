@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -69,9 +69,11 @@ class TextRun:
         adapter = state.config.adapter_of(model)  # (a LoRA served as a model of its own)
         self.extra = {} if adapter is None else {"adapter": adapter}
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        self.text, self.ids, self.finish, self.usage, self.stopped = "", [], None, None, False
+        self.text, self.usage, self.stopped = "", None, False
+        self.ids: list[int] = []  # the generated token ids
+        self.finish: str | None = None  # "stop" or "length" once the engine's last event came
 
-    async def events(self) -> AsyncIterator[Any]:
+    async def events(self) -> AsyncGenerator[Any, None]:
         """The run as the round runner takes it: "" first (the prompt passed the checks, so a
         stream's first chunk goes out before the engine admits it), the pieces, then a RoundEnd."""
         yield ""
@@ -79,7 +81,7 @@ class TextRun:
             yield piece
         yield RoundEnd(self.text, [], [], list(self.ids), self.usage, self.finish, self.stopped)
 
-    async def pieces(self) -> AsyncIterator[str]:
+    async def pieces(self) -> AsyncGenerator[str, None]:
         """New text as it decodes (cut before a stop string); sets finish and usage at the end."""
         dec = IncrementalDecoder(self.engine.tokenizer)
         async with aclosing(self.engine.generate(self.prompt, self.params, cache_salt=self.salt, **self.extra)) as events:

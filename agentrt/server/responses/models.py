@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..chat_parts import NAME
-from ..protocol import ApiError, ChatRequest, first_error, parse
+from ..protocol import ApiError, ChatRequest, RequestBody, first_error, parse
 
 
 class _Model(BaseModel):
@@ -71,7 +71,7 @@ class TextConfig(_Model):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(_Model):
+class ResponsesRequest(RequestBody):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
@@ -90,9 +90,6 @@ class ResponsesRequest(_Model):
     prompt_cache_key: str | None = Field(default=None, min_length=1, max_length=256)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)  # (vLLM's extension)
-
-    def unsupported(self) -> None:
-        """Nothing beyond the model's checks (the shared name with protocol.parse)."""
 
     def format_json(self) -> dict | None:
         fmt = self.text.format if self.text is not None else None

@@ -45,10 +45,10 @@ class Events:
         if self.thought is not None and isinstance(ev, (TextDelta, CallStarted)):
             return self._close_thought() + self.event(ev)
         if isinstance(ev, TextDelta) and ev.text:
-            out = [] if self.text is not None else self._open_text()
-            self.text["content"][0]["text"] += ev.text
-            return out + [self.emit("response.output_text.delta", item_id=self.text["id"],
-                                    output_index=self.text["index"], content_index=0, delta=ev.text, logprobs=[])]
+            text, out = (self.text, []) if self.text is not None else self._open_text()
+            text["content"][0]["text"] += ev.text
+            return out + [self.emit("response.output_text.delta", item_id=text["id"],
+                                    output_index=text["index"], content_index=0, delta=ev.text, logprobs=[])]
         if isinstance(ev, CallStarted):
             out = self._close_text()
             cid = call_id(self.run.call.call_prefix, ev.index)
@@ -87,16 +87,17 @@ class Events:
                           text=t["text"]),
                 self.emit("response.output_item.done", output_index=t["index"], item=item)]
 
-    def _open_text(self) -> list[dict]:
+    def _open_text(self) -> tuple[dict, list[dict]]:
+        """(the new open message item, the events opening it)."""
         k = sum(1 for i in self.items if i["type"] == "message")
-        self.text = {**self.run.message_item(k, "", "in_progress"), "index": len(self.items)}
-        self.text["content"] = [{"type": "output_text", "text": "", "annotations": []}]
-        self.items.append(self.text)
+        self.text = t = {**self.run.message_item(k, "", "in_progress"), "index": len(self.items)}
+        t["content"] = [{"type": "output_text", "text": "", "annotations": []}]
+        self.items.append(t)
         part = {"type": "output_text", "text": "", "annotations": []}
-        added = {**_bare(self.text), "content": []}
-        return [self.emit("response.output_item.added", output_index=self.text["index"], item=added),
-                self.emit("response.content_part.added", item_id=self.text["id"], output_index=self.text["index"],
-                          content_index=0, part=part)]
+        added = {**_bare(t), "content": []}
+        return t, [self.emit("response.output_item.added", output_index=t["index"], item=added),
+                   self.emit("response.content_part.added", item_id=t["id"], output_index=t["index"],
+                             content_index=0, part=part)]
 
     def _close_text(self) -> list[dict]:
         t, self.text = self.text, None

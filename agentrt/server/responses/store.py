@@ -64,7 +64,7 @@ class ResponseStore:
             left = any(x.session_key == s.session_key for x in self._items.values())
         else:
             self.backend.delete_response(tenant, rid)
-            left = bool(s.session_key) and self.backend.responses_of_session(s.session_key) > 0
+            left = bool(s.session_key and self.backend.responses_of_session(s.session_key) > 0)
             if s.session_key and not left:
                 forget_session(self.backend, self.state_dir, s.session_key)
         return s.session_key if s.session_key and not left else None
