@@ -14,6 +14,7 @@ from agentrt.conversation.overflow import ContextPolicy
 from agentrt.conversation.repeats import CallLimits
 from agentrt.engine.adapters import AdapterInfo
 from agentrt.engine.engine import Completion, Engine
+from agentrt.engine.like import EngineLike
 from agentrt.engine.session import Session
 from agentrt.engine.stats import EngineStats
 from agentrt.kv.agent_aware import AgentAwarePolicy
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "Engine",
     "EngineConfig",
+    "EngineLike",
     "EngineStats",
     "EvictionPolicy",
     "LRUPolicy",

@@ -13,7 +13,7 @@ from agentrt import errors
 
 PUBLIC = [
     "ActorRef", "AdapterInfo", "Agent", "AgentAwarePolicy", "AgentSpec", "CallLimits", "ChatFormat", "Completion", "ContextPolicy", "Conversation",
-    "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineStats", "EvictionPolicy", "LRUPolicy",
+    "DEFAULT_MODEL", "Engine", "EngineConfig", "EngineLike", "EngineStats", "EvictionPolicy", "LRUPolicy",
     "LoadedModel", "ModelConfig", "RoundEnd", "Runtime", "SamplingParams", "Session", "Supervision",
     "TokenEvent", "Tool", "ToolCallParser", "ToolContext", "ToolFormat", "ToolResult", "Toolset",
     "TurnResult", "Usage", "Workflow", "current_task", "dashboard", "detect_tool_format", "errors", "load_model",

@@ -18,6 +18,7 @@ from typing import Any
 
 from agentrt.engine.shared import EngineShared
 from agentrt.errors import ConfigError, ReplicaLost
+from agentrt.workflow import Workflow
 
 from .replica import ConstraintSpec
 
@@ -71,9 +72,15 @@ class RemoteEngine:
         # the chat format from the replica, grammars built there (conversation/engine_text.py reads these)
         self.shared = EngineShared(chat_format=chat, grammars=RemoteGrammars())
 
-    started = True
+    started = True  # (the replica entered its engine; entering this handle does nothing)
     closed = False  # (a replica is lost, not closed: see alive)
     model_name = None  # (traces name a replica's model "local")
+
+    async def __aenter__(self) -> "RemoteEngine":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None  # (the cluster shuts its replicas down)
 
     async def call(self, method: str, *args: Any) -> Any:
         """await handle.method.remote(*args), with a dead replica as ReplicaLost."""
@@ -141,6 +148,10 @@ class RemoteEngine:
 
     def stop(self, request_id: int) -> None:
         self.handle.stop.remote(request_id)
+
+    def declare_workflow(self, workflow: Workflow) -> None:
+        """Engine.declare_workflow on the replica (sent, not awaited, as `stop` is)."""
+        self.handle.declare_workflow.remote(workflow)
 
     async def load(self) -> dict[str, Any]:
         return await self.call("load")

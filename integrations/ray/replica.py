@@ -40,6 +40,8 @@ class ModelSpec:
     def load(self) -> Any:
         if self.factory is not None:
             return self.factory()
+        if self.source is None:  # (__post_init__ leaves one of the two)
+            raise ConfigError("ModelSpec has neither a source nor a factory")
         from agentrt.model.loaders.load import load_model
 
         return load_model(self.source, **self.load_kwargs)
@@ -119,6 +121,9 @@ class EngineReplica:
 
     def stop(self, request_id: int) -> None:
         self.engine.stop(request_id)
+
+    def declare_workflow(self, workflow: Any) -> None:
+        self.engine.declare_workflow(workflow)
 
     async def open_session(self, tag: str | None = None, timeout: float | None = None,
                            cache_salt: str | None = None, adapter: str | None = None, key: str | None = None) -> int:
