@@ -6,6 +6,7 @@ through the real tokenizer, chat format and parser); the real-model figure is me
 
 from __future__ import annotations
 
+import types
 from typing import Literal
 
 import anyio
@@ -21,9 +22,14 @@ from tests.conftest import smol_tokenizer
 
 
 class ScriptedEngine:
-    state_store = None  # (no durable state: agentrt/runtime/persist.py)
+    """The engine interface an Agent uses (agentrt.EngineLike), answering each round with the next
+    scripted text."""
 
-    """The engine interface an Agent uses, answering each round with the next scripted text."""
+    state_store = None  # (no durable state: agentrt/runtime/persist.py)
+    model = types.SimpleNamespace(cfg=None)  # (no model: nothing reads its config here)
+    model_name = None
+    closed, alive = False, True
+    portal = loop_thread_id = None
 
     def __init__(self, replies: list[str], tokenizer=None) -> None:
         self.tokenizer = tokenizer or smol_tokenizer()
@@ -35,13 +41,22 @@ class ScriptedEngine:
         self.started = True
         self.config = EngineConfig()  # (what the session leases and the rounds read)
 
-    async def open_session(self, tag=None, cache_salt=None, timeout=None, key=None):
+    async def __aenter__(self) -> ScriptedEngine:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    async def open_session(self, tag=None, cache_salt=None, timeout=None, adapter=None, key=None):
         return _Session()
 
     def stop(self, request_id: int) -> None:
         self.stopped.append(request_id)
 
-    async def generate(self, prompt, params, session=None, constraint=None):
+    def declare_workflow(self, workflow) -> None:
+        return None
+
+    async def generate(self, prompt, params, *, session=None, constraint=None, **request):
         ids = self.tokenizer.encode(self.replies.pop(0)) + [self.tokenizer.eos_token_ids[0]]
         for tok in ids:
             await anyio.sleep(0.001)  # a decode step: other tasks run

@@ -9,8 +9,6 @@ the prefix `call` or `call_<scope>` (`scoped`). Who uses which scope:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from agentrt.fingerprint import fnv1a
 
 CALL = "call"  # the prefix of every tool-call id agentrt makes
@@ -26,7 +24,7 @@ def call_id(prefix: str, index: int) -> str:
     return f"{prefix}_{index}"
 
 
-def call_prefix(prompt: Sequence[int]) -> str:
+def call_prefix(prompt: list[int]) -> str:
     """`call_<12 hex digits>` from the FNV-1a hash of the round's prompt: derived from the prompt,
     so the streamed and the non-streamed request of one prompt name their calls alike."""
     return scoped(f"{fnv1a(prompt) & 0xFFFFFFFFFFFF:012x}")

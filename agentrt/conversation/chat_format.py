@@ -296,7 +296,7 @@ def build_chat_format(tokenizer: Any, config: Any = None) -> "ChatFormat":
     from agentrt.toolcall.formats import FORMATS
 
     name, bare = (config.tool_format, config.bare_tool_calls) if config is not None else (None, None)
-    chat = ChatFormat(tokenizer, tool_format=FORMATS.get(name))
+    chat = ChatFormat(tokenizer, tool_format=FORMATS.get(name) if name is not None else None)
     if bare is not None:
         chat = chat.with_tool_format(dataclasses.replace(chat.tool_format, bare=bare))
     return chat

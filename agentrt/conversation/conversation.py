@@ -33,8 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,11 +49,24 @@ from agentrt.conversation.repeats import CallLimits
 from agentrt.conversation.round_state import RoundState, TextOnly
 from agentrt.conversation.schema_hint import hinted_prompt
 from agentrt.engine.context_length import context_overflow
+from agentrt.engine.like import EngineLike, SessionLike
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
+from agentrt.records.request import TokenEvent
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.toolcall.formats import keep_token_ids
+
+
+@contextlib.asynccontextmanager
+async def _closing(events: AsyncIterator[TokenEvent]) -> AsyncGenerator[AsyncIterator[TokenEvent], None]:
+    """aclosing() of an engine's stream (EngineLike types it an AsyncIterator; both engines' are
+    async generators): leaving it early cancels the request."""
+    try:
+        yield events
+    finally:
+        if isinstance(events, AsyncGenerator):
+            await events.aclose()
 
 
 @dataclass
@@ -83,7 +95,8 @@ class RoundEnd:
 class Conversation:
     """Messages + the tokens the session's KV holds + the engine session (None: transient)."""
 
-    def __init__(self, engine: Any, *, tools: Sequence[Mapping[str, Any]] | None = None, session: Any = None,
+    def __init__(self, engine: EngineLike, *, tools: Sequence[Mapping[str, Any]] | None = None,
+                 session: SessionLike | None = None,
                  chat: Any = None, policy: ContextPolicy | None = None, cache_salt: str | None = None,
                  adapter: str | None = None) -> None:
         """`adapter`: the LoRA adapter (a name loaded on the engine) its rounds run by default."""
@@ -91,7 +104,8 @@ class Conversation:
             raise ConfigError(f"policy must be a ContextPolicy, got {type(policy).__name__}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or session is not None):
             raise ConfigError("cache_salt is a str, for a transient conversation (a session has its own salt)")
-        self.engine, self.session, self.cache_salt = engine, session, cache_salt
+        self.engine, self.cache_salt = engine, cache_salt
+        self.session: SessionLike | None = session
         self.adapter = check_adapter_name("adapter", adapter)
         self.policy = policy or ContextPolicy()
         self.originals: list[dict] = []  # messages as given (before tool results were cut)
@@ -193,7 +207,7 @@ class Conversation:
                     content: Callable[[str], str] = lambda text: text, reasoning: bool = False,
                     tag: str | None = None, task: str | None = None, workflow: str | None = None,
                     limits: CallLimits | None = None, schema_hint: bool = True,
-                    trace_context: Any = None, adapter: str | None = None) -> AsyncIterator[Any]:
+                    trace_context: Any = None, adapter: str | None = None) -> AsyncGenerator[Any, None]:
         """Generate the next assistant message: parser events, then one RoundEnd (see the module
         docstring). `call_id(index)` names the message's calls; `content(text)` gives its text;
         reasoning=True also streams a leading <think> block as ReasoningDelta events. `tag` (the
@@ -214,11 +228,9 @@ class Conversation:
             engine = self.engine
             state, dec, constraint, prompt = self._plan(params, tool_choice, parallel_tool_calls, constrained,
                                                         json_schema, tuple(stop), reasoning, limits, schema_hint)
-            request = {k: v for k, v in (("tag", tag), ("task", task), ("workflow", workflow),
-                                         ("cache_salt", self.cache_salt), ("adapter", adapter or self.adapter))
-                       if v is not None}
-            async with aclosing(engine.generate(prompt or self.tokens, params, session=self.session,
-                                                constraint=constraint, **request)) as events:
+            async with _closing(engine.generate(prompt or self.tokens, params, session=self.session,
+                                                constraint=constraint, tag=tag, task=task, workflow=workflow,
+                                                cache_salt=self.cache_salt, adapter=adapter or self.adapter)) as events:
                 async for ev in events:
                     for tok in ev.token_ids if not state.stopped else ():
                         state.generated.append(tok)

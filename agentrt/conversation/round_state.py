@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from agentrt.conversation.repeats import RepeatGuard
+from agentrt.records.request import Usage
 from agentrt.toolcall import CallComplete, CallInvalid, TextDelta
 from agentrt.toolcall.parse_events import InvalidKind
 from agentrt.toolcall.think import ReasoningDelta, ThinkSplitter
@@ -44,7 +45,9 @@ class RoundState:
         self.calls: list[CallComplete] = []
         self.invalid: list[CallInvalid] = []
         self.generated: list[int] = []
-        self.usage, self.finish, self.stopped = None, None, False
+        self.usage: Usage | None = None  # the engine's, from the final event
+        self.finish: str | None = None  # the engine's finish reason (then early_stop where the parser stopped it)
+        self.stopped = False
         self._held = ""  # text that may be the start of a stop string: emitted once it is not
         self._said = False  # some non-whitespace text went out (a marker then ends the reply)
 

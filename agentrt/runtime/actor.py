@@ -28,10 +28,11 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import structlog
+from anyio.streams.memory import MemoryObjectSendStream
 from structlog.contextvars import bound_contextvars
 
 from agentrt import tracing
@@ -51,23 +52,52 @@ from agentrt.workflow import TaskContext, current_task, new_task_id, task_scope
 log = structlog.get_logger("agentrt.runtime")
 # the actors whose handlers wait, through asks, on the code running now (outermost first)
 _ASKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("agentrt_ask_chain", default=())
+_Reply = tuple[str, Any]  # (kind, value) to an asker: ("ok" | "error" | "event" | "end", value)
 
 
+@runtime_checkable
 class Behavior(Protocol):
-    """What an actor does. `handle` answers one message; `stream` (optional) yields events for
-    a streaming ask. `start`/`stop` bracket the actor's life (and each restart)."""
+    """What an actor does: `handle` answers one message. The optional hooks are protocols of their
+    own, which the actor checks a behaviour against (`isinstance`): `Streams`, `Starts`, `Stops`."""
 
-    async def start(self, ctx: "ActorContext") -> None: ...
+    async def handle(self, message: Any, ctx: ActorContext) -> Any: ...
 
-    async def handle(self, message: Any, ctx: "ActorContext") -> Any: ...
 
-    async def stop(self, ctx: "ActorContext", restarting: bool) -> None: ...
+@runtime_checkable
+class Streams(Protocol):
+    """Yields events for a streaming ask (`ask_stream`); without it the one answer is the stream."""
+
+    def stream(self, message: Any, ctx: ActorContext) -> AsyncIterator[Any]: ...
+
+
+@runtime_checkable
+class Starts(Protocol):
+    """Runs when the actor starts, and on each restart."""
+
+    async def start(self, ctx: ActorContext) -> None: ...
+
+
+@runtime_checkable
+class Stops(Protocol):
+    """Runs when the actor stops (`restarting`: supervision will start it again)."""
+
+    async def stop(self, ctx: ActorContext, restarting: bool) -> None: ...
+
+
+@runtime_checkable
+class Forkable(Behavior, Protocol):
+    """A behaviour `Runtime.fork` can branch (an Agent): a sibling not yet started, and how to
+    release what that sibling holds if it never runs."""
+
+    async def fork(self, name: str) -> Forkable: ...
+
+    async def passivate(self) -> None: ...
 
 
 @dataclass
 class ActorContext:
     name: str
-    runtime: Any
+    runtime: Any  # the Runtime (runtime.py imports this module)
     restarts: int = 0
     reset_state: bool = False  # set on a restart whose policy is session="reset"
 
@@ -89,7 +119,7 @@ def message_task(workflow: str | None = None) -> TaskContext:
 @dataclass(eq=False)
 class Envelope:
     message: Any
-    reply: Any = None  # memory object send stream for ask/ask_stream; None for tell
+    reply: MemoryObjectSendStream[_Reply] | None = None  # for ask/ask_stream; None for tell
     streaming: bool = False
     settled: bool = field(default=False)
     task: TaskContext | None = None  # the task the message belongs to (None: no task)
@@ -112,7 +142,7 @@ class Envelope:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
-    def _send(self, item) -> None:
+    def _send(self, item: _Reply) -> None:
         if self.reply is None or self.settled:
             return
         self.settled = True
@@ -167,7 +197,7 @@ class ActorRef:
         """Send and wait for the answer; AskTimeout after `timeout` s (the message is cancelled).
         `workflow`: the workflow of the fresh task a message from outside any task starts."""
         task, chain = message_task(workflow), self._chain()
-        send, recv = anyio.create_memory_object_stream(1)
+        send, recv = anyio.create_memory_object_stream[_Reply](1)
         env = Envelope(message, send, task=task, chain=chain, trace=tracing.capture())
         await self._put(env)
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
@@ -184,7 +214,7 @@ class ActorRef:
     async def ask_stream(self, message: Any, *, workflow: str | None = None) -> AsyncIterator[Any]:
         """Send and yield the behaviour's events as they come; ends with the final answer."""
         task, chain = message_task(workflow), self._chain()
-        send, recv = anyio.create_memory_object_stream(math.inf)
+        send, recv = anyio.create_memory_object_stream[_Reply](math.inf)
         env = Envelope(message, send, streaming=True, task=task, chain=chain, trace=tracing.capture())
         await self._put(env)
         async with recv:
@@ -257,8 +287,7 @@ class ActorRef:
         that fails is a crash too (the runtime and the other actors go on). The behaviour's stop
         hears `restarting=True` only when supervision will restart it: a crash past the restart
         budget stops it for good, and it releases what it holds (an agent's session)."""
-        # a user-supplied behaviour: start is an optional hook (Behavior)
-        if hasattr(self.behavior, "start"):
+        if isinstance(self.behavior, Starts):  # (an optional hook)
             try:
                 await self.behavior.start(ctx)
             except Exception as e:
@@ -273,8 +302,7 @@ class ActorRef:
                     return True
             return False
         finally:
-            # a user-supplied behaviour: stop is an optional hook (Behavior)
-            if hasattr(self.behavior, "stop"):
+            if isinstance(self.behavior, Stops):  # (an optional hook)
                 # shielded (a cancelled actor still releases what it holds), but bounded
                 bound = ctx.runtime.shutdown_timeout
                 with anyio.CancelScope(shield=True, deadline=anyio.current_time() + bound) as scope:
@@ -289,8 +317,7 @@ class ActorRef:
         with anyio.CancelScope() as scope, task, tracing.attached(env.trace), bound_contextvars(**ids):
             self._scope = scope
             try:
-                # a user-supplied behaviour: stream is an optional hook (Behavior)
-                if env.streaming and hasattr(self.behavior, "stream"):
+                if env.streaming and isinstance(self.behavior, Streams):  # (an optional hook)
                     async for ev in self.behavior.stream(env.message, ctx):
                         env.event(ev)
                     env.finish_stream()

@@ -24,7 +24,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -33,9 +33,11 @@ from agentrt.conversation import timeline
 from agentrt.conversation.call_ids import call_id as make_call_id
 from agentrt.conversation.call_ids import scoped
 from agentrt.conversation.conversation import Conversation, RoundEnd
-from agentrt.errors import ConfigError, PoolExhausted
+from agentrt.engine.like import EngineLike, SessionLike
+from agentrt.errors import ActorError, ConfigError, PoolExhausted
 from agentrt.runtime import persist
 from agentrt.runtime.failed_calls import FailedCalls
+from agentrt.runtime.leases import SessionLeases
 from agentrt.runtime.spec import AgentSpec
 from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
@@ -93,14 +95,16 @@ class Agent:
 
     def __init__(self, name: str, instructions: str = "", tools: Iterable[Tool | Callable] = (), **definition: Any):
         """`definition`: AgentSpec's keyword fields (engine, settings, tool_choice, ...), checked there."""
-        self.spec = AgentSpec(name, instructions, tools, **definition)
+        # (AgentSpec takes tools as any iterable of Tools or functions and holds them as a tuple of Tool)
+        self.spec = AgentSpec(name, instructions, cast(tuple[Tool, ...], tools), **definition)
         # where it runs: the spec's engine, else the Runtime's (set at start) or a replica a cluster picks
-        self.engine = self.spec.engine
+        self.engine: EngineLike | None = self.spec.engine
         self.tools = {t.name: t for t in self.spec.tools}
-        self.session = None
+        self.session: SessionLike | None = None
         self.conversation: Conversation | None = None
         self._call_ids = itertools.count(1)
-        self._leases = None  # the Runtime's session leases (runtime/leases.py), set at start
+        self._leases: SessionLeases | None = None  # the Runtime's session leases (runtime/leases.py), set at start
+        self._limiter: anyio.CapacityLimiter | None = None  # the Runtime's sync-tool threads, set at start
 
     @classmethod
     def from_spec(cls, spec: AgentSpec) -> "Agent":
@@ -146,22 +150,35 @@ class Agent:
         if self.engine is None:
             raise ConfigError(f"agent {self.spec.name!r} has no engine: pass engine= or give the Runtime one")
         self._limiter = ctx.runtime.tool_limiter
-        self._leases = ctx.runtime.sessions
+        self._leases = leases = ctx.runtime.sessions
         if self.conversation is None or ctx.reset_state:
             await self._reset(resume=not ctx.reset_state)
-        await self._leases.acquire(self)  # a session now (passivating an idle agent if ids ran out)
-        self._leases.release(self)
+        await leases.acquire(self)  # a session now (passivating an idle agent if ids ran out)
+        leases.release(self)
 
     async def stop(self, ctx, restarting: bool) -> None:
         """The session is released when the agent stops, and on a restart that resets it."""
         if not (restarting and self._keeps_session(ctx)):
-            self._leases.forget(self)
+            if self._leases is not None:
+                self._leases.forget(self)
             if self.session is not None:
                 await self.passivate()
 
-    def attach(self, session) -> None:
+    def attach(self, session: SessionLike) -> None:
         """Run on `session` from now on (a new one after passivation, or a moved one)."""
-        self.session = self.conversation.session = session
+        self.session = self._conversation().session = session
+
+    def _conversation(self) -> Conversation:
+        """The conversation, which exists from the agent's start on."""
+        if self.conversation is None:
+            raise ActorError(f"agent {self.spec.name!r} has no conversation yet: spawn it first")
+        return self.conversation
+
+    def _runtime_parts(self) -> tuple[EngineLike, SessionLeases, anyio.CapacityLimiter]:
+        """The engine, session leases and tool threads it runs with, set at its start."""
+        if self.engine is None or self._leases is None or self._limiter is None:
+            raise ActorError(f"agent {self.spec.name!r} has not started: spawn it on a Runtime")
+        return self.engine, self._leases, self._limiter
 
     async def passivate(self) -> None:
         """Close the session between turns; the conversation keeps the history for the next one.
@@ -184,55 +201,61 @@ class Agent:
         """A new conversation; with `resume`, the one the engine's state store kept under the
         agent's name, if any (runtime/persist.py), else it is forgotten there too."""
         await self.passivate()  # (a new conversation: nothing of the old session is reused)
-        self.conversation = Conversation(self.engine, tools=self.spec.tool_schemas(), policy=self.spec.context_policy,
-                                         adapter=self.spec.adapter)
-        saved = await persist.load(self.engine, self.spec.name) if resume else None
+        engine = self._runtime_parts()[0]
+        self.conversation = conversation = Conversation(
+            engine, tools=self.spec.tool_schemas(), policy=self.spec.context_policy, adapter=self.spec.adapter)
+        saved = await persist.load(engine, self.spec.name) if resume else None
         if not resume:
-            await persist.forget(self.engine, self.spec.name)
+            await persist.forget(engine, self.spec.name)
         if saved:
-            persist.resume(self.conversation, saved, self.spec.instructions)
+            persist.resume(conversation, saved, self.spec.instructions)
             self._call_ids = itertools.count(int(saved["next_call_id"]))
         elif self.spec.instructions:
-            self.conversation.append([{"role": "system", "content": self.spec.instructions}])
+            conversation.append([{"role": "system", "content": self.spec.instructions}])
 
     @property
     def messages(self) -> list[dict]:
-        return self.conversation.messages
+        return self._conversation().messages
 
     @property
     def tokens(self) -> list[int]:
         """What the agent's session KV holds (or will, once the next round prefills)."""
-        return self.conversation.tokens
+        return self._conversation().tokens
 
     # ---- one turn ----------------------------------------------------------------------
     async def handle(self, message: Any, ctx) -> TurnResult:
         result = None
         async for ev in self.stream(message, ctx):
             result = ev
+        if not isinstance(result, TurnResult):  # (a turn's last event is its TurnResult)
+            raise ActorError(f"agent {self.spec.name!r}: the turn ended without a result")
         return result
 
     async def stream(self, message: Any, ctx) -> AsyncIterator[Any]:
         messages = as_messages(message)
-        span = tracing.agent_turn(self.spec.name, self.engine)  # (a child of the message's sender)
-        log, task = timeline.timeline_of(self.engine), current_task()
-        timing = timeline.TurnBuilder(self.spec.name, task and task.task_id) if log is not None else None
-        await self._leases.acquire(self)
+        engine, leases, _ = self._runtime_parts()
+        span = tracing.agent_turn(self.spec.name, engine)  # (a child of the message's sender)
+        log, task = timeline.timeline_of(engine), current_task()
+        timing = timeline.TurnBuilder(self.spec.name, task.task_id if task is not None else None) \
+            if log is not None else None
+        await leases.acquire(self)
         try:
             with tracing.ending(span):
                 async for ev in self._turn(messages, span.context, timing):
                     yield ev
                 span.add(ev)  # the TurnResult
-                await persist.save(self.engine, self.spec.name, self.conversation, next(copy.copy(self._call_ids)))
+                await persist.save(engine, self.spec.name, self._conversation(), next(copy.copy(self._call_ids)))
         finally:
-            self._leases.release(self)
-            if timing is not None:
+            leases.release(self)
+            if log is not None and timing is not None:
                 log.add(timing)
 
     async def _turn(self, messages: list[dict], trace: Any = None,
                     timing: timeline.TurnBuilder | None = None) -> AsyncIterator[Any]:
         """`trace`: the OpenTelemetry context of the turn's span (None: tracing is off);
         `timing`: where the rounds' and tools' times go (conversation/timeline.py)."""
-        await self.conversation.add(messages)
+        conversation = self._conversation()
+        await conversation.add(messages)
         turn: list[dict] = []
         results: list[ToolResult] = []
         usage, text, failed = [], "", FailedCalls()
@@ -243,9 +266,11 @@ class Agent:
 
             def call_id(index: int, base: int = base) -> str:
                 return make_call_id(scoped(self.spec.name), base + index)
-            end, done, started = None, {}, timeline.now()
+            end: RoundEnd | None = None
+            done: dict[int, ToolResult | None] = {}  # call index -> its result (None: running)
+            started = ended = timeline.now()
             async with _call_group() as tg:  # pure calls start mid-round
-                async for ev in self.conversation.round(
+                async for ev in conversation.round(
                         self.spec.settings, tool_choice=self._choice(rnd), parallel_tool_calls=self.spec.parallel_tool_calls,
                         constrained=self.spec.constrained, call_id=call_id, content=clean_text, limits=self.spec.call_limits,
                         trace_context=trace):
@@ -257,6 +282,8 @@ class Agent:
                     if isinstance(ev, CallComplete) and self._is_pure(ev.name):
                         self._start_calls(tg, [ev], call_id, done, trace, failed)
                     yield ev
+            if end is None:  # (a round's stream ends with its RoundEnd)
+                raise ActorError(f"agent {self.spec.name!r}: a round ended without its RoundEnd")
             if timing is not None:
                 timing.round(started, ended, end.usage)
                 if end.calls:
@@ -270,14 +297,14 @@ class Agent:
                 yield TurnResult(text, turn, results, usage, rnd + 1)
                 return
             round_results = self._gather(end, done, call_id)
-            repeated = failed.end_round([(i, done[i]) for i in sorted(done) if done[i] is not None])
+            repeated = failed.end_round([(i, r) for i in sorted(done) if (r := done[i]) is not None])
             for r in round_results:
                 yield ToolResultEvent(r)
             results += round_results
             tool_msgs = [{"role": "tool", "tool_call_id": r.call_id, "name": r.name, "content": r.content}
                          for r in round_results]
             turn += tool_msgs
-            await self.conversation.add(tool_msgs)  # big results: cut, and encoded off the event loop
+            await conversation.add(tool_msgs)  # big results: cut, and encoded off the event loop
             stopper = next((r.name for r in round_results if r.name in self.spec.stop_at_tools and not r.is_error), None)
             if stopper is not None or repeated is not None:
                 yield TurnResult(text, turn, results, usage, rnd + 1, stopped_by_tool=stopper,
@@ -296,13 +323,13 @@ class Agent:
 
     def mark(self) -> tuple[int, Any]:
         """Where the agent stands between turns (messages held, call-id counter), for `rewind`."""
-        return len(self.conversation.messages), copy.copy(self._call_ids)
+        return len(self._conversation().messages), copy.copy(self._call_ids)
 
     def rewind(self, mark: tuple[int, Any]) -> None:
         """Forget a turn that failed after `mark` (its replica died, say): the messages it added
         and the call ids it used, so asking again continues as if it had never run."""
         count, ids = mark
-        self.conversation.rewind(count)
+        self._conversation().rewind(count)
         self._call_ids = copy.copy(ids)
 
     def _skip_ids(self, end: RoundEnd) -> None:

@@ -17,10 +17,12 @@ from collections.abc import Callable
 
 import anyio
 import structlog
+from anyio.abc import TaskGroup
 
 from agentrt.conversation.engine_text import grammars_of
+from agentrt.engine.like import EngineLike
 from agentrt.errors import ActorError, ActorStopped, ConfigError, SessionBusy
-from agentrt.runtime.actor import ActorContext, ActorRef, Behavior
+from agentrt.runtime.actor import ActorContext, ActorRef, Behavior, Forkable, Streams
 from agentrt.runtime.leases import SessionLeases
 from agentrt.runtime.supervision import Supervision
 
@@ -45,7 +47,7 @@ class Runtime:
     """`shutdown_timeout`: seconds that leaving `async with` waits for running messages (tools
     included) before cancelling them; also bounds each behaviour's `stop`."""
 
-    def __init__(self, engine=None, *, default_mailbox: int = 64,
+    def __init__(self, engine: EngineLike | None = None, *, default_mailbox: int = 64,
                  default_supervision: Supervision | None = None, tool_threads: int = 8,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT):
         if default_supervision is not None and not isinstance(default_supervision, Supervision):
@@ -58,29 +60,30 @@ class Runtime:
         self.tool_limiter = anyio.CapacityLimiter(_positive_int("tool_threads", tool_threads))
         self.sessions = SessionLeases()  # agents' session ids; idle agents passivated when they run out
         self._actors: dict[str, ActorRef] = {}
-        self._tg = None
+        self._tg: TaskGroup | None = None  # set while the runtime is entered
         self._owns_engine = False
 
     async def __aenter__(self) -> "Runtime":
         if self.engine is not None and not self.engine.started:
             await self.engine.__aenter__()
             self._owns_engine = True
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        self._tg = tg = anyio.create_task_group()
+        await tg.__aenter__()
         return self
 
     async def __aexit__(self, *exc) -> None:
+        tg = self._group()
         try:
             for ref in list(self._actors.values()):
                 ref.close()  # finish what is queued, then stop
             if exc[1] is None:  # (on an error the task group cancels everything anyway)
                 await self._wait_for_actors()
         finally:
-            self._tg.cancel_scope.cancel()  # whatever still runs past the bound
+            tg.cancel_scope.cancel()  # whatever still runs past the bound
             try:
-                await self._tg.__aexit__(*exc)
+                await tg.__aexit__(*exc)
             finally:
-                if self._owns_engine:
+                if self._owns_engine and self.engine is not None:
                     await self.engine.__aexit__(None, None, None)
 
     async def _wait_for_actors(self) -> None:
@@ -92,19 +95,20 @@ class Runtime:
             log.warning("runtime shutdown: cancelling actors still running after shutdown_timeout",
                         actors=stuck, shutdown_timeout=self.shutdown_timeout)
 
-    def _check(self) -> None:
+    def _group(self) -> TaskGroup:
+        """The task group the actors run in (ConfigError outside `async with`)."""
         if self._tg is None:
             raise ConfigError("use the runtime inside `async with Runtime(...) as rt:`")
+        return self._tg
 
     async def spawn(self, behavior: Behavior, *, name: str | None = None,
                     mailbox_size: int | None = None, supervision: Supervision | None = None) -> ActorRef:
         """Start an actor; names are unique while the actor lives."""
-        self._check()
+        tg = self._group()
         if isinstance(behavior, type):
             raise ConfigError(f"spawn() takes a behaviour instance, got the class {behavior.__name__}; "
                               f"call it: spawn({behavior.__name__}(...))")
-        # a user-supplied behaviour (public input): handle or stream, checked before it runs
-        if not callable(getattr(behavior, "handle", None)) and not callable(getattr(behavior, "stream", None)):
+        if not isinstance(behavior, (Behavior, Streams)):  # (a public input, checked before it runs)
             raise ConfigError(f"spawn() takes a behaviour with an async handle(message, ctx) method, "
                               f"got {type(behavior).__name__}")
         if name is not None and (not isinstance(name, str) or not name):
@@ -126,7 +130,7 @@ class Runtime:
             started.set()
             await ref.run(ActorContext(name, self))
 
-        self._tg.start_soon(run)
+        tg.start_soon(run)
         await started.wait()
         return ref
 
@@ -136,20 +140,20 @@ class Runtime:
         a fork of the source's (KV pages shared copy-on-write), so parallel sub-agents can each
         explore a branch of one history while prefilling only their own new messages. The source
         must be between messages (SessionBusy otherwise); supervision defaults to the source's."""
-        self._check()
+        self._group()
         ref = self.get(source) if isinstance(source, str) else source
         if not isinstance(ref, ActorRef):
             raise ConfigError(f"fork() takes an ActorRef or an actor name, got {type(source).__name__}")
         if ref.stopped:
             raise ActorStopped(f"actor {ref.name!r} has stopped; fork a running agent")
-        # any behaviour: only agents (and user behaviours that choose to) can fork
-        if not callable(getattr(ref.behavior, "fork", None)):
+        behavior = ref.behavior
+        if not isinstance(behavior, Forkable):  # (agents, and user behaviours that choose to)
             raise ConfigError(f"fork() forks agent actors; {ref.name!r} runs a {type(ref.behavior).__name__}")
         if not isinstance(name, str) or not name or (name in self._actors and not self._actors[name].stopped):
             raise ConfigError(f"the fork needs a new non-empty actor name, got {name!r}")
         if ref.busy:
             raise SessionBusy(f"actor {ref.name!r} is handling a message; fork it once its turn has finished")
-        child = await ref.behavior.fork(name)
+        child = await behavior.fork(name)
         try:
             return await self.spawn(child, name=name, mailbox_size=mailbox_size,
                                     supervision=supervision or ref.supervision)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from agentrt.checks import check_adapter_name, check_bool, check_int, check_tool_choice, set_frozen
 from agentrt.conversation.overflow import ContextPolicy
 from agentrt.conversation.repeats import CallLimits
+from agentrt.engine.like import EngineLike
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 from agentrt.tools import Tool, Toolset
@@ -32,8 +33,8 @@ class AgentSpec:
     instructions: str = ""  # the system prompt
     tools: tuple[Tool, ...] = ()
     _: KW_ONLY
-    engine: Any = None  # None: the Runtime's engine
-    settings: SamplingParams | None = None  # the agent's generation settings
+    engine: EngineLike | None = None  # None: the Runtime's engine
+    settings: SamplingParams = field(default_factory=SamplingParams)  # its generation settings (None: these)
     max_tool_rounds: int = 8  # model -> tools rounds per turn; the last allowed round has tool_choice "none"
     tool_choice: Any = "auto"  # for a turn's first round; later rounds are "auto"
     constrained: bool = True  # calls written under the tool grammar
@@ -75,8 +76,8 @@ class AgentSpec:
         if isinstance(tools, (str, bytes, Tool)) or callable(tools) or not isinstance(tools, Iterable):
             raise ConfigError(f"Agent {name!r}: tools must be a list of tools or functions, got "
                               f"{type(tools).__name__}; wrap a single one: tools=[f]")
-        # a public input: an Engine, or a Ray RemoteEngine (integrations/), which agentrt cannot name
-        if self.engine is not None and not callable(getattr(self.engine, "open_session", None)):
+        # an Engine or a Ray RemoteEngine (integrations/): both are EngineLike (every member present)
+        if self.engine is not None and not isinstance(self.engine, EngineLike):
             raise ConfigError(f"Agent {name!r}: engine must be an Engine (or None: the Runtime's), "
                               f"got {type(self.engine).__name__}")
         check_adapter_name(f"Agent {name!r}: adapter", self.adapter)

@@ -38,7 +38,7 @@ from agentrt.runtime.agent import Agent
 from agentrt.runtime.runtime import Runtime
 
 from .placement import AgentInfo, Policy, ReplicaView, make_policy, prefix_key
-from .remote import RemoteEngine
+from .remote import RemoteEngine, RemoteSession
 from .replica import EngineReplica, ModelSpec
 
 
@@ -78,7 +78,8 @@ class ClusterRuntime(Runtime):
             ray.init(**{"include_dashboard": False, "log_to_driver": False, **self._ray_init})
             self._owns_ray = True
         actor = ray.remote(EngineReplica)
-        handles = [actor.options(num_cpus=self.cpus, max_concurrency=1000).remote(
+        # (Ray actor handles: their methods gain `.remote` at run time, which ray's typing does not model)
+        handles: list[Any] = [actor.options(num_cpus=self.cpus, max_concurrency=1000).remote(
             self.spec, self.engine_config, self.threads, f"replica-{i}") for i in range(self.n_replicas)]
         infos = await asyncio.gather(*(h.start.remote() for h in handles))
         tokenizer = await handles[0].tokenizer.remote()
@@ -182,6 +183,13 @@ class ClusterRuntime(Runtime):
         ref = self.actors.get(name)
         return ref.behavior if ref is not None and isinstance(ref.behavior, Agent) else None
 
+    def _agent(self, name: str) -> Agent:
+        """The agent `name` runs (ActorStopped when it no longer does)."""
+        behavior = self._behavior(name)
+        if behavior is None:
+            raise ActorStopped(f"agent {name!r} is not running on this cluster (stopped); spawn it again")
+        return behavior
+
     # ---- turns -----------------------------------------------------------------------------
     async def ask(self, agent: Any, message: Any, *, timeout: float | None = None) -> Any:
         """The agent's answer; ReplicaLost if its replica died meanwhile (asking again continues)."""
@@ -227,7 +235,7 @@ class ClusterRuntime(Runtime):
         return moved
 
     async def _checkpoint(self, name: str, behavior: Agent) -> None:
-        if self.checkpoint_turns and behavior.session is not None:
+        if self.checkpoint_turns and isinstance(behavior.session, RemoteSession):
             self._snapshots[name] = await behavior.session.snapshot_bytes()
 
     # ---- moves -----------------------------------------------------------------------------
@@ -239,20 +247,22 @@ class ClusterRuntime(Runtime):
             return await self._move(name, to, why)
 
     async def _move(self, name: str, to: int | None, why: str) -> int:
-        behavior, src = self._behavior(name), self.where[name]
+        behavior, src = self._agent(name), self.where[name]
         dst = self._check_replica(to) if to is not None else await self._place(name, frozenset({src}))
         if dst == src:
             return src
-        data = await behavior.session.snapshot_bytes()
-        session = await self.replicas[dst].restore_bytes(data, tag=name)
         old = behavior.session
+        if not isinstance(old, RemoteSession):  # passivated: its next turn opens a session there
+            self._rebind(name, behavior, dst, None, why)
+            return dst
+        session = await self.replicas[dst].restore_bytes(await old.snapshot_bytes(), tag=name)
         self._rebind(name, behavior, dst, session, why)
         await old.close()
         return dst
 
     async def _recover(self, name: str, why: str) -> int:
         """Place an agent whose replica died on a live one: its last snapshot, or its history."""
-        behavior, src = self._behavior(name), self.where[name]
+        behavior, src = self._agent(name), self.where[name]
         if self.replicas[src].alive:
             return src
         dst = await self._place(name, frozenset({src}))
@@ -262,11 +272,13 @@ class ClusterRuntime(Runtime):
         self._rebind(name, behavior, dst, session, why)
         return dst
 
-    def _rebind(self, name: str, behavior: Agent, dst: int, session: Any, why: str = "migrate") -> None:
+    def _rebind(self, name: str, behavior: Agent, dst: int, session: RemoteSession | None,
+                why: str = "migrate") -> None:
         self.moves.append((name, self.where[name], dst, why))
         behavior.engine = self.replicas[dst]
         behavior.session = session
-        behavior.conversation.engine, behavior.conversation.session = self.replicas[dst], session
+        if behavior.conversation is not None:
+            behavior.conversation.engine, behavior.conversation.session = self.replicas[dst], session
         self.where[name] = dst
 
     async def drain(self, replica: int) -> list[str]:
