@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import ModelProfile
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
@@ -30,7 +31,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 from agentrt import tracing
 from agentrt.conversation.engine_text import chat_format_of
 from agentrt.conversation.repeats import CallLimits
-from agentrt.engine.shared import EngineShared
+from agentrt.engine.like import EngineLike
 from agentrt.errors import ConfigError
 from agentrt.sampling import SamplingParams
 
@@ -40,7 +41,7 @@ from .remote import RemoteServer
 from .sessions import SessionPolicy, SessionRouter, session_key
 from .stream import CallSpec, aggregate, run_call
 from .structured import check_strict, response_schema, structured_output
-from .workflow import GraphTasks, node_name
+from .tasks import GraphTasks, node_name
 
 _CALL_KWARGS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens", "temperature",
                 "top_p", "top_k", "seed", "stream", "ls_structured_output_format", "session", "strict"}
@@ -98,7 +99,7 @@ class ChatAgentrt(BaseChatModel):
     _shared: _Shared | None = PrivateAttr(default=None)
     _remote: RemoteServer | None = PrivateAttr(default=None)
 
-    def __init__(self, engine=None, *, host: EngineHost | None = None, **kwargs: Any):
+    def __init__(self, engine: EngineLike | None = None, *, host: EngineHost | None = None, **kwargs: Any):
         try:
             super().__init__(**kwargs)
         except ValidationError as e:
@@ -106,8 +107,8 @@ class ChatAgentrt(BaseChatModel):
         if (engine is None) + (host is None) + (self.base_url is None) != 2:
             raise ConfigError("pass engine= (an Engine), base_url= (a remote agentrt serve), or use "
                               "ChatAgentrt.from_model(source)")
-        # a public input: an Engine or a Ray RemoteEngine, both hold `shared` (no common base)
-        if engine is not None and not isinstance(getattr(engine, "shared", None), EngineShared):
+        # an Engine or a Ray RemoteEngine: both are EngineLike (every member present)
+        if engine is not None and not isinstance(engine, EngineLike):
             raise ConfigError(f"engine must be an agentrt Engine, got {type(engine).__name__}")
         SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k, seed=self.seed)  # validates (ConfigError)
@@ -115,7 +116,11 @@ class ChatAgentrt(BaseChatModel):
             key = self.api_key.get_secret_value() if self.api_key is not None else None
             self._remote = RemoteServer(self.base_url, key)
             return
-        self._shared = _Shared(host or EngineHost(engine), self.session_policy)
+        if host is None:
+            if engine is None:  # (the count above leaves engine= when there is no host=)
+                raise ConfigError("pass engine= (an Engine) or base_url= (a remote agentrt serve)")
+            host = EngineHost(engine)
+        self._shared = _Shared(host, self.session_policy)
         if self.profile is None:
             self.profile = _profile(self._shared.host.engine, self.max_tokens)
 
@@ -131,7 +136,7 @@ class ChatAgentrt(BaseChatModel):
         return cls(host=host, model_name=kwargs.pop("model_name", str(source)), **kwargs)
 
     @property
-    def engine(self):
+    def engine(self) -> EngineLike | None:
         """The in-process engine (None for a remote ChatAgentrt)."""
         return None if self._shared is None else self._shared.host.engine
 
@@ -166,7 +171,7 @@ class ChatAgentrt(BaseChatModel):
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         spec, sh = self._call(messages, stop, kwargs)
-        chunks = self._remote.astream(spec) if sh is None else \
+        chunks = self._server().astream(spec) if sh is None else \
             sh.host.astream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router))
         async for chunk in chunks:
             if run_manager is not None:
@@ -181,7 +186,7 @@ class ChatAgentrt(BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         spec, sh = self._call(messages, stop, kwargs)
-        chunks = self._remote.stream(spec) if sh is None else \
+        chunks = self._server().stream(spec) if sh is None else \
             sh.host.stream(lambda: run_call(spec, sh.host.engine, sh.fmt, sh.router))
         for chunk in chunks:
             if run_manager is not None:
@@ -263,9 +268,9 @@ class ChatAgentrt(BaseChatModel):
     # ---- sessions ------------------------------------------------------------------------
     async def arelease(self, thread_id: str | None = None) -> int:
         """Release the KV sessions of one thread (all threads when None); returns how many."""
-        self._local("arelease")
+        sh = self._local("arelease")
         prefix = "" if thread_id is None else f"{thread_id}/"
-        out = [n async for n in self._shared.host.astream(lambda: _one(self._shared.router.release_prefix(prefix)))]
+        out = [n async for n in sh.host.astream(lambda: _one(sh.router.release_prefix(prefix)))]
         return out[0]
 
     async def afork(self, src_thread_id: str, dst_thread_id: str) -> int:
@@ -278,24 +283,32 @@ class ChatAgentrt(BaseChatModel):
                 raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
         if src_thread_id == dst_thread_id:
             raise ConfigError("src_thread_id and dst_thread_id must differ")
-        self._local("afork")
-        router = self._shared.router
-        out = [n async for n in self._shared.host.astream(lambda: _one(router.fork(src_thread_id, dst_thread_id)))]
+        sh = self._local("afork")
+        router = sh.router
+        out = [n async for n in sh.host.astream(lambda: _one(router.fork(src_thread_id, dst_thread_id)))]
         return out[0]
 
-    def _local(self, what: str) -> None:
+    def _local(self, what: str) -> _Shared:
+        """The in-process engine's shared state (ConfigError for a remote ChatAgentrt)."""
         if self._shared is None:
             raise ConfigError(f"{what} needs an in-process engine; a remote agentrt serve releases idle sessions "
                               "by its --session-ttl")
+        return self._shared
+
+    def _server(self) -> RemoteServer:
+        """The remote agentrt serve (a ChatAgentrt without an in-process engine has one)."""
+        if self._remote is None:
+            raise ConfigError("this ChatAgentrt has neither an engine nor a base_url")
+        return self._remote
 
     def close(self) -> None:
         """Release every session; stop the engine if from_model started it."""
-        if self._shared is None:
+        sh = self._shared
+        if sh is None:
             return
-        host = self._shared.host
-        if host.owns_engine:
-            list(host.stream(lambda: _one(self._shared.router.release_prefix(""))))
-            host.close()
+        if sh.host.owns_engine:
+            list(sh.host.stream(lambda: _one(sh.router.release_prefix(""))))
+            sh.host.close()
 
     @property
     def sessions(self) -> dict[str, Any]:
@@ -304,14 +317,14 @@ class ChatAgentrt(BaseChatModel):
         return {} if self._shared is None else dict(self._shared.router.sessions)
 
 
-def _profile(engine, max_tokens: int) -> dict[str, Any]:
+def _profile(engine: EngineLike, max_tokens: int) -> ModelProfile:
     """The LangChain model profile (what create_agent and its middleware read: context size for
     SummarizationMiddleware's fractional triggers; structured output is left to ToolStrategy,
     which keeps tools callable, instead of a JSON-only grammar)."""
     context = min(engine.model.cfg.max_position_embeddings, engine.config.kv_cache_tokens)
-    return {"max_input_tokens": context, "max_output_tokens": max_tokens, "text_inputs": True,
-            "image_inputs": False, "audio_inputs": False, "video_inputs": False, "tool_calling": True,
-            "tool_choice": True, "structured_output": False}
+    return ModelProfile(max_input_tokens=context, max_output_tokens=max_tokens, text_inputs=True,
+                        image_inputs=False, audio_inputs=False, video_inputs=False, tool_calling=True,
+                        tool_choice=True, structured_output=False)
 
 
 def _key(session: Any, config) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
+from agentrt.engine.like import EngineLike
 from agentrt.errors import ConfigError
 
 _END, _ITEM, _ERROR = "end", "item", "error"
@@ -27,14 +28,14 @@ _END, _ITEM, _ERROR = "end", "item", "error"
 class EngineHost:
     """Owns or borrows an `Engine` and the portal into its loop."""
 
-    def __init__(self, engine, portal_cm=None, *, outer=None, served=None, stop=None):
+    def __init__(self, engine: EngineLike, portal_cm=None, *, outer=None, served=None, stop=None):
         self.engine = engine
         self._portal_cm = portal_cm  # set when this host started the loop (from_model)
         # (start() only: the private loop's portal, the engine task's future, its stop event)
         self._outer, self._served, self._stop = outer, served, stop
 
     @classmethod
-    def start(cls, make_engine: Callable[[], Any]) -> "EngineHost":
+    def start(cls, make_engine: Callable[[], EngineLike]) -> "EngineHost":
         """Start a private event loop in a thread and run a new engine there (until close())."""
         cm = anyio.from_thread.start_blocking_portal()
         portal = cm.__enter__()

@@ -140,11 +140,13 @@ def normalize_tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) 
 
 def structured_schema(schema: Any) -> tuple[dict, Any]:
     """A with_structured_output schema -> (JSON schema, pydantic class or None)."""
-    from langchain_core.utils.pydantic import is_basemodel_subclass
+    from pydantic import BaseModel
+    from pydantic.v1 import BaseModel as BaseModelV1
 
-    if isinstance(schema, type) and is_basemodel_subclass(schema):  # pydantic 2, or pydantic.v1
-        # third-party pydantic class: a v2 model, or a v1 one (schema())
-        return (schema.model_json_schema() if hasattr(schema, "model_json_schema") else schema.schema()), schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema(), schema
+    if isinstance(schema, type) and issubclass(schema, BaseModelV1):  # (a pydantic.v1 model)
+        return schema.schema(), schema
     if isinstance(schema, Mapping) and "type" in schema and "function" not in schema and "title" not in schema:
         return dict(schema), None  # already a JSON schema
     try:

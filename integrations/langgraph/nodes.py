@@ -19,10 +19,10 @@ the node after the agent (`add_node(agent_node(...))` does) for a declared workf
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
@@ -32,7 +32,7 @@ from agentrt.tools import Tool
 from agentrt.workflow import task_scope
 
 from .messages import content_text
-from .workflow import GraphTasks
+from .tasks import GraphTasks
 
 HANDOFF_PREFIX = "transfer_to_"
 
@@ -45,6 +45,24 @@ def handoff_tool(target: str, description: str | None = None) -> Tool:
     return Tool.from_function(transfer, name=f"{HANDOFF_PREFIX}{target}",
                               description=description or f"Hand the task to the {target} agent. "
                                                           "task: what it should do, in one sentence.")
+
+
+class AgentNode(Protocol):
+    """What `agent_node` returns: a node function named after its agent, carrying its binding
+    (workflow.py reads it: the node's stage is the agent's name)."""
+
+    __name__: str
+    binding: AgentBinding
+
+    def __call__(self, state: dict[str, Any], config: Any) -> Awaitable[Any]: ...
+
+
+class AgentTask(Protocol):
+    """What `agent_task` returns: LangGraph's task of the agent's turn, carrying its binding."""
+
+    binding: AgentBinding
+
+    def __call__(self, messages: list[BaseMessage]) -> Any: ...  # (LangGraph's future of the messages)
 
 
 class AgentBinding:
@@ -62,7 +80,7 @@ class AgentBinding:
             spec, engine=agent.engine, tools=spec.tools + tuple(handoff_tool(t, d) for t, d in handoffs.items()),
             stop_at_tools=spec.stop_at_tools + tuple(f"{HANDOFF_PREFIX}{t}" for t in handoffs)))
         self.runtime, self.output = runtime, output
-        self.name = agent.name
+        self.name: str = agent.spec.name
         self._read: dict[str, list[str]] = {}  # thread -> ids of the graph messages read so far
         self.last_result: dict[str, Any] = {}  # thread -> the agent's last TurnResult (usage etc.)
         self.tasks = GraphTasks()
@@ -86,7 +104,7 @@ class AgentBinding:
         out = to_langchain(result.messages, self.name)
         if self.output == "last_message":
             out = out[-1:]
-        self._read[thread] = ids + [m.id for m in out]
+        self._read[thread] = ids + [m.id for m in out if m.id is not None]  # (to_langchain gives each an id)
         target = result.stopped_by_tool
         return out, target[len(HANDOFF_PREFIX):] if target and target.startswith(HANDOFF_PREFIX) else None
 
@@ -125,7 +143,7 @@ def _message_id(name: str, m: BaseMessage, i: int) -> str:
 
 
 def agent_node(agent: Agent, runtime, *, handoffs: Sequence[str] | Mapping[str, str | None] = (),
-               output: str = "full_history"):
+               output: str = "full_history") -> AgentNode:
     """A LangGraph node (for a state with a `messages` list) backed by `agent`'s actor per thread.
     `handoffs`: target node names (or name -> tool description) the agent may hand over to."""
     from langgraph.types import Command
@@ -137,11 +155,12 @@ def agent_node(agent: Agent, runtime, *, handoffs: Sequence[str] | Mapping[str, 
         update = {"messages": msgs}
         return Command(goto=target, update=update) if target else update
 
-    node.__name__, node.binding = agent.name, binding
-    return node
+    named = cast(AgentNode, node)  # (a function object takes attributes; mypy types it by its signature)
+    named.__name__, named.binding = binding.name, binding
+    return named
 
 
-def agent_task(agent: Agent, runtime, *, output: str = "full_history"):
+def agent_task(agent: Agent, runtime, *, output: str = "full_history") -> AgentTask:
     """The same as a Functional-API task: `await task(messages)` -> the new messages."""
     from langgraph.config import get_config
     from langgraph.func import task
@@ -152,8 +171,9 @@ def agent_task(agent: Agent, runtime, *, output: str = "full_history"):
         msgs, _ = await binding.run(messages, get_config())
         return msgs
 
-    run_agent.__name__ = agent.name
-    wrapped = task(name=agent.name)(run_agent)
+    run_agent.__name__ = binding.name
+    # (langgraph's task(name=) leaves its decorator's ParamSpec unsolved: its typing, not ours)
+    wrapped = cast(AgentTask, task(name=binding.name)(run_agent))  # type: ignore[arg-type]
     wrapped.binding = binding
     return wrapped
 

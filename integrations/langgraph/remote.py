@@ -25,7 +25,7 @@ from langchain_core.outputs import ChatGenerationChunk
 
 from agentrt.errors import AgentrtError, ConfigError, EngineClosed, GenerationTimeout, PoolExhausted
 
-from .stream import _REJECTED, CallSpec
+from .stream import _REJECTED, CallSpec, usage_metadata
 
 
 class RemoteServer:
@@ -180,9 +180,7 @@ class Chunks:
 
     def _last(self, u: dict) -> ChatGenerationChunk:
         cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        usage_md = {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                    "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
-                    "input_token_details": {"cache_read": cached}}
+        usage_md = usage_metadata(u["prompt_tokens"], u["completion_tokens"], cached)
         if (computed := (u.get("agentrt") or {}).get("computed_prompt_tokens")) is not None:
             self.meta["computed_prompt_tokens"] = computed
         meta = {**self.meta, "finish_reason": self.finish or "stop"}

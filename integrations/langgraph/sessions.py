@@ -11,7 +11,7 @@ shares prefixes). The routing itself (ledger, idle TTL, LRU release) is the core
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrt.conversation.router import RoutedSession, SessionPolicy, SessionRouter, routed_conversation
@@ -31,6 +31,6 @@ def session_key(config: Mapping[str, Any] | None) -> str | None:
     meta = config.get("metadata") or {}
     ns = conf.get("checkpoint_ns") or meta.get("langgraph_checkpoint_ns") or ""
     node = "|".join(part.split(":", 1)[0] for part in ns.split("|")) if ns else ""
-    path = meta.get("langgraph_path") or ()
+    path: Sequence[Any] = meta.get("langgraph_path") or ()  # (LangGraph's task path: a tuple)
     push = f"#{path[1]}" if len(path) > 1 and path[0] == "__pregel_push" else ""
     return f"{thread}/{node}{push}"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, InputTokenDetails, UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
@@ -111,6 +111,8 @@ async def _generate(spec: CallSpec, conv: Conversation) -> AsyncIterator[ChatGen
                 end = ev
             elif (chunk := chunker(ev)) is not None:
                 yield chunk
+    if end is None:  # (a round's stream ends with its RoundEnd)
+        raise AgentrtError("the round ended without its RoundEnd")
     yield _last_chunk(spec, end)
 
 
@@ -148,9 +150,7 @@ def _last_chunk(spec: CallSpec, end: RoundEnd) -> ChatGenerationChunk:
     usage_md = None
     if usage is not None:
         meta["computed_prompt_tokens"] = usage.computed_prompt_tokens
-        usage_md = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-                    "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-                    "input_token_details": {"cache_read": usage.cached_tokens}}
+        usage_md = usage_metadata(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
     msg = AIMessageChunk(content="", usage_metadata=usage_md, response_metadata=meta, chunk_position="last")
     return ChatGenerationChunk(message=msg, generation_info={"finish_reason": meta["finish_reason"]})
 
@@ -163,6 +163,12 @@ def split_rejected(args: str) -> tuple[str, str | None]:
     return args[end + 2:], reason
 
 
+def usage_metadata(prompt: int, completion: int, cached: int) -> UsageMetadata:
+    """A call's token counts as LangChain's usage metadata."""
+    return UsageMetadata(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion,
+                         input_token_details=InputTokenDetails(cache_read=cached))
+
+
 def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
     """One call's chunks as its ChatResult; a rejected call's chunk args back to its raw text and
     the validator's reason (the `error` of its invalid_tool_calls entry)."""
@@ -170,10 +176,12 @@ def aggregate(chunks: list[ChatGenerationChunk]) -> ChatResult:
     for c in chunks[1:]:
         total = total + c
     m = total.message
+    if not isinstance(m, AIMessageChunk):  # (every chunk of a call is an AIMessageChunk)
+        raise AgentrtError(f"a call's chunks add up to a {type(m).__name__}, not an AIMessageChunk")
     invalid = []
-    for c in m.invalid_tool_calls:
-        args, reason = split_rejected(c.get("args") or "")
-        invalid.append({**c, "args": args, "error": reason or c.get("error")})
+    for bad in m.invalid_tool_calls:
+        args, reason = split_rejected(bad.get("args") or "")
+        invalid.append({**bad, "args": args, "error": reason or bad.get("error")})
     msg = AIMessage(content=m.content, tool_calls=m.tool_calls, invalid_tool_calls=invalid,
                     usage_metadata=m.usage_metadata, response_metadata=m.response_metadata, id=m.id)
     return ChatResult(generations=[ChatGeneration(message=msg, generation_info=total.generation_info)])

@@ -50,6 +50,7 @@ def structured_output(model: Any, schema: Any, method: str, include_raw: bool, s
         raise ConfigError(f"method {method!r} needs a schema (only 'json_mode' takes schema=None)")
     fmt = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
     pydantic_class = schema if isinstance(schema, type) and is_basemodel_subclass(schema) else None
+    parser: Runnable  # (an output parser of the reply)
     if method == "function_calling":
         llm = model.bind_tools([schema], tool_choice="any", strict=strict, parallel_tool_calls=False,
                                ls_structured_output_format=fmt)
