@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ class _Write:
     tokens: list[int]
     pages: list[int]  # the pages of tokens [first * page_size, len(tokens)), referenced
     first: int  # the page index the held pages start at
-    done: object  # f(n): the sequence's first n tokens are on disk (the session's disk_until)
+    done: Callable[[int], None]  # f(n): the sequence's first n tokens are on disk (the session's disk_until)
     tag: str | None
     key: str | None  # the session's registry key (None: not registered)
     tenant: str | None
@@ -87,7 +88,8 @@ class DiskKV:
         self._queued: dict[int, _Write] = {}  # job id -> its write, until the writer takes it
         self._owner: dict[int, int] = {}  # a sequence (id) -> its queued job's id
         self._lock = threading.Lock()  # (between the step thread's replace and the writer's take)
-        self._dirty: dict[int, object] = {}  # a sequence (id) -> retry() of its write deferred for room
+        # a sequence (id) -> retry(force) of its write deferred for room
+        self._dirty: dict[int, Callable[[bool], None]] = {}
         self._ids = iter(range(1, 1 << 62))
         self.counters = {"records_written": 0, "bytes_written": 0, "records_read": 0, "tokens_restored": 0,
                          "corrupt_records": 0, "records_evicted": 0, "write_errors": 0, "writes_deferred": 0}
@@ -162,8 +164,8 @@ class DiskKV:
         return DiskHit(list(tokens[:n]), k, v, tuple(used))
 
     # ---- writes ----------------------------------------------------------------------
-    def turn_ended(self, alloc, seq, space: str, on_disk: int, done, retry=None, force: bool = False,
-                   **info) -> bool:
+    def turn_ended(self, alloc, seq, space: str, on_disk: int, done: Callable[[int], None],
+                   retry: Callable[[bool], None] | None = None, force: bool = False, **info) -> bool:
         """A turn ended: write what of its sequence's KV past `on_disk` tokens the disk lacks
         (in the writer thread; those pages stay referenced until then; `done(n)` after). A queued
         write of the same sequence not started yet is replaced (this one covers it). When the

@@ -131,7 +131,7 @@ def _check_payload(path: Path, obj: dict, fingerprint: dict) -> dict:
     tokens, k, v = obj.get("tokens"), obj.get("k"), obj.get("v")
     n = len(tokens) if isinstance(tokens, list) else -1
     shape = (cfg["num_layers"], n, cfg["num_kv_heads"], cfg["head_dim"])
-    ok = n >= 0 and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < cfg["vocab_size"]
+    ok = isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < cfg["vocab_size"]
                         for t in tokens)
     ok = ok and n <= cfg["max_position_embeddings"]
     ok = ok and all(isinstance(x, torch.Tensor) and tuple(x.shape) == shape and x.dtype == dtype for x in (k, v))

@@ -40,6 +40,10 @@ class SchedulingView:
     decode_per_seq_s: float = 0.0  # ... of which each sequence's share: step(n) = decode_step_s + per_seq * (n - 1)
     explain: bool = False  # fill Decision.terms (the decision trace is on: scheduling/trace.py)
 
+    def prefix(self, stage: str | None) -> int:
+        """Tokens of `stage`'s static prefix (0: none learned, or a request of no stage)."""
+        return 0 if stage is None else self.prefix_len.get(stage, 0)
+
 
 @dataclass(frozen=True)
 class Decision:

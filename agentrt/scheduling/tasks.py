@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentrt.errors import ConfigError
@@ -80,7 +81,7 @@ class TaskTracker:
             self.stage_cost.setdefault(s, c)
 
     def observe(self, task_id: str | None, workflow: str | None, stage: str | None, now: float,
-                prompt: list[int] = (), salt: str | None = None) -> None:
+                prompt: Sequence[int] = (), salt: str | None = None) -> None:
         """A request of `task_id` at `stage` with `prompt` arrived."""
         if stage is not None and prompt:
             self._learn_prefix(stage, prompt, salt)
@@ -99,7 +100,7 @@ class TaskTracker:
         t.requests += 1
         t.live += 1
 
-    def _learn_prefix(self, stage: str, prompt, salt) -> None:
+    def _learn_prefix(self, stage: str, prompt: Sequence[int], salt: str | None) -> None:
         old = self.prefixes.get(stage)
         if old is None or old[1] != salt:
             self.prefixes[stage] = (list(prompt[:MAX_PREFIX]), salt)
@@ -108,7 +109,7 @@ class TaskTracker:
 
     def prefix_of(self, stage: str | None) -> tuple[list[int], str | None]:
         """The stage's static prefix (tokens every request of it began with) and cache salt."""
-        return self.prefixes.get(stage, ([], None))
+        return ([], None) if stage is None else self.prefixes.get(stage, ([], None))
 
     def prefix_len(self, stage: str | None) -> int:
         return len(self.prefixes[stage][0]) if stage in self.prefixes else 0

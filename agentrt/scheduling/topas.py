@@ -114,7 +114,7 @@ class Topas:
             best = ctx.evaluate(frozenset({ctx.ready[0].stage}), force=True)
         admitted, agents = ctx.free_riders(best)
         keep = agents | ctx.next_resident
-        terms = ()
+        terms: tuple[dict, ...] = ()
         if view.explain:  # (every state weighed; the idle engine's forced one too)
             weighed = states if any(st is best for st in states) else [*states, best]
             terms = tuple(st.explain(st is best) for st in weighed)
@@ -144,13 +144,13 @@ class _Context:
         # locality: requests on one resident prefix batch together), weight breaking ties; with
         # "age", the requests on a resident prefix oldest task first
         if admission == "age":
-            self.by_locality = sorted(view.ready, key=lambda r: (-min(r.resident, view.prefix_len.get(r.stage, 0)),
+            self.by_locality = sorted(view.ready, key=lambda r: (-min(r.resident, view.prefix(r.stage)),
                                                                  r.task_arrival))
         else:
             self.by_locality = sorted(view.ready, key=lambda r: (-r.resident, -self.weight(r)))
         self.dynamic = sum(r.cells for r in view.running)
         self.mean_cells = max(1.0, sum(r.cells for r in view.ready) / max(1, len(view.ready)))
-        self.resident = {a for a, n in view.resident.items() if n > 0 and n >= RESIDENT * view.prefix_len.get(a, 0)}
+        self.resident = {a for a, n in view.resident.items() if n > 0 and n >= RESIDENT * view.prefix(a)}
         self.has_work = {r.stage for r in view.ready} | {r.stage for r in view.running}
         nxt = dict(view.upcoming)  # work expected soon: tasks between requests, and what the
         for r in view.running:  # running requests' tasks do next (one-step lookahead)
@@ -171,10 +171,11 @@ class _Context:
             return None
         batch = sorted((r for r in v.ready if r.stage == oldest.stage), key=lambda r: r.task_arrival)
         mean = sum(max(1, r.cells) for r in batch) / len(batch)
-        if len(batch) < full_batches * max(1.0, (v.budget - v.prefix_len.get(oldest.stage, 0)) / mean):
+        if len(batch) < full_batches * max(1.0, (v.budget - v.prefix(oldest.stage)) / mean):
             return None
         terms = ({"switch_to": oldest.stage, "ready": len(batch)},) if v.explain else ()
-        return Decision([r.req for r in batch], frozenset({oldest.stage}) - {None}, terms)
+        keep = frozenset() if oldest.stage is None else frozenset({oldest.stage})
+        return Decision([r.req for r in batch], keep, terms)
 
     def weight(self, r: Ready) -> float:
         age = max(0.0, self.view.now - r.task_arrival)
@@ -183,7 +184,7 @@ class _Context:
     def reload(self, agent, full: bool = False) -> float:
         """Seconds to recompute `agent`'s missing prefix tokens (all of them with `full`)."""
         v = self.view
-        n = v.prefix_len.get(agent, 0)
+        n = v.prefix(agent)
         missing = n if full else max(0, n - v.resident.get(agent, 0))
         return missing * v.reload_s_per_token
 
@@ -191,15 +192,15 @@ class _Context:
         """Seconds charged for bringing `agent`'s prefix in for `admitted`: its reload, times
         full / k where fewer than the `full` batch that fits beside the prefix are its own."""
         v = self.view
-        full = (v.budget - v.prefix_len.get(agent, 0)) / self.mean_cells
+        full = (v.budget - v.prefix(agent)) / self.mean_cells
         k = sum(1 for r in admitted if r.stage == agent)
         return self.reload(agent) * max(1.0, full / max(k, 1))
 
     def evaluate(self, agents: frozenset, force: bool = False) -> _State:
         v = self.view
-        prefixes = sum(v.prefix_len.get(a, 0) for a in agents)
+        prefixes = sum(v.prefix(a) for a in agents)
         room = v.budget - prefixes - self.dynamic
-        admitted = []
+        admitted: list[Ready] = []
         for r in self.by_locality:
             if r.stage in agents and (r.cells <= room or (force and not admitted)):
                 admitted.append(r)
@@ -245,7 +246,7 @@ class _Context:
         """`best`'s admissions plus ready requests of other resident agents that fit beside the
         prefixes likely needed soon, evicting none of them."""
         v, agents = self.view, set(best.agents)
-        used = sum(v.prefix_len.get(a, 0) for a in agents) + self.dynamic + sum(r.cells for r in best.admitted)
+        used = sum(v.prefix(a) for a in agents) + self.dynamic + sum(r.cells for r in best.admitted)
         # (resident prefixes nothing is expected to need soon may go: the memory manager takes them first)
         used += sum(v.resident[a] for a in self.resident if a not in agents and self._need(a) >= KEEP_P)
         admitted, chosen = list(best.admitted), {id(r) for r in best.admitted}
