@@ -37,7 +37,7 @@ class QuantMatrix:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
+        return self.q.shape[0], self.q.shape[1]
 
     @property
     def bits(self) -> int:
@@ -60,7 +60,7 @@ class QuantMatrix:
         """Stack along N (fusing q/k/v or gate/up); the parts must be compatible."""
         first = parts[0]
         return QuantMatrix(torch.cat([p.q for p in parts]), torch.cat([p.s for p in parts]),
-                           None if first.m is None else torch.cat([p.m for p in parts]),
+                           None if first.m is None else torch.cat([p.m for p in parts if p.m is not None]),
                            first.z, first.group, first.fmt)
 
 
@@ -108,8 +108,9 @@ def pack(qm: QuantMatrix) -> PackedWeight:
     half = all(a is None or torch.equal(a.half().float(), a) for a in (s, m))
     two = None if half or g != 32 or k % 256 else [two_level(a) for a in (s, m) if a is not None]
     if two and all(x is not None for x in two):  # (Q4_K / Q5_K: d x 6-bit scale, as the file has them)
-        lay2 = lambda dc: _lay_two_level(*dc, tiles)  # noqa: E731
-        return PackedWeight(q, lay2(two[0]), None if m is None else lay2(two[1]), qm.z, bits, g, n, k, qm.fmt)
+        d_c = [x for x in two if x is not None]  # [(d, c)] of s, then of m
+        lay2 = [_lay_two_level(d, c, tiles) for d, c in d_c]
+        return PackedWeight(q, lay2[0], None if m is None else lay2[1], qm.z, bits, g, n, k, qm.fmt)
     dt = torch.float16 if half else torch.float32
     lay = lambda a: a.reshape(tiles, 16, k // g).permute(0, 2, 1).contiguous().to(dt)  # noqa: E731
     return PackedWeight(q, lay(s), None if m is None else lay(m), qm.z, bits, g, n, k, qm.fmt)

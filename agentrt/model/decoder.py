@@ -9,6 +9,7 @@ Hugging Face names on load; q/k/v and gate/up are fused into one matmul each.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from agentrt.kv.store import KVStore
 from agentrt.model import device_quant, fused
 from agentrt.model.config import ModelConfig
 from agentrt.model.dense import Dense
-from agentrt.model.loaders.lazy import LazyQuant, materialize
+from agentrt.model.loaders.lazy import LazyQuant, Weight, materialize
 from agentrt.model.moe import MoE
 from agentrt.model.quant import HEAD_REFINE, QEmbedding, QLinear, linear_from
 from agentrt.model.rope import RopeTable
@@ -128,12 +129,13 @@ class DecoderModel(nn.Module):
         self.kv_dtype = dtype  # the KV store's element type (load_model may choose float16)
         self.ops = kernels or get_backend("auto", "cpu")
         # (no random init: the weights are loaded next; native quantization replaces it unwritten)
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
+        # nn.Embedding until a quantized table replaces it (QEmbedding, DeviceQEmbedding)
+        self.embed: nn.Module = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
             cfg.vocab_size, cfg.hidden_size, dtype=dtype), _freeze=True)
         self.blocks = nn.ModuleList(Block(cfg, dtype, i) for i in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         # tied embeddings: the head keeps its own [in, out] copy (faster layout, see Dense)
-        self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)
+        self.lm_head: nn.Module = Dense(cfg.hidden_size, cfg.vocab_size, False, dtype)  # (or QLinear, DeviceQLinear)
         self.rope = RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_freq_factors,
                               cfg.rope_attention_factor, cfg.rotary_dim)
         # the sliding-window layers' own table (Gemma 3: base 10,000, unscaled), or the same one
@@ -153,6 +155,10 @@ class DecoderModel(nn.Module):
         """build_batch's short_limit for this model: every row token by token when its kernels
         run batch-invariant (a fixed attention split), else SHORT_QUERIES."""
         return None if self.ops.invariant_chunk else SHORT_QUERIES
+
+    def layers(self) -> list[Block]:
+        """The decoder blocks, typed (nn.ModuleList holds plain Modules)."""
+        return [b for b in self.blocks if isinstance(b, Block)]
 
     @property
     def device(self) -> torch.device:
@@ -182,7 +188,7 @@ class DecoderModel(nn.Module):
         x = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
         return fused.softcap_logits(self.lm_head(x).float(), self.cfg.final_softcap)  # [L, V]
 
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_hf_weights(self, weights: Mapping[str, Weight]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
         w = {k: v if isinstance(v, (QuantMatrix, LazyQuant)) else v.to(self.dtype) for k, v in weights.items()}
         try:
@@ -198,7 +204,7 @@ class DecoderModel(nn.Module):
         else:
             self._copy_embedding(w, materialize(emb))
         self.norm.copy_(w["model.norm.weight"])
-        for i, blk in enumerate(self.blocks):
+        for i, blk in enumerate(self.layers()):
             self._copy_block(blk, w, f"model.layers.{i}.")
 
     def _copy_device_embedding(self, w: dict, emb: LazyQuant) -> None:
@@ -213,10 +219,12 @@ class DecoderModel(nn.Module):
     def _copy_embedding(self, w: dict, emb) -> None:
         if isinstance(emb, QuantMatrix):
             self.embed = QEmbedding(pack(emb))
-        else:
+        elif isinstance(self.embed, nn.Embedding):
             self.embed.weight.copy_(emb)
+        else:
+            raise ModelLoadError("a float embedding table for a model whose table is already quantized")
         tied = self.cfg.tie_word_embeddings or "lm_head.weight" not in w
-        if tied and isinstance(emb, QuantMatrix):  # the head reads the same packed table
+        if tied and isinstance(self.embed, QEmbedding):  # the head reads the same packed table
             self.lm_head = QLinear([self.embed.packed], refine=HEAD_REFINE)
         else:
             self._set_linear(self, "lm_head", [emb if tied else w["lm_head.weight"]], refine=HEAD_REFINE)
@@ -224,13 +232,14 @@ class DecoderModel(nn.Module):
     def _copy_block(self, blk: Block, w: dict, p: str) -> None:
         att = p + "self_attn."
         blk.attn_norm.copy_(w[p + "input_layernorm.weight"])
-        if self.cfg.sandwich_norms:  # (Gemma's post_attention_layernorm follows the attention)
+        if blk.attn_post_norm is not None and blk.mlp_post_norm is not None:  # (sandwich_norms: Gemma's
+            # post_attention_layernorm follows the attention)
             blk.attn_post_norm.copy_(w[p + "post_attention_layernorm.weight"])
             blk.mlp_norm.copy_(w[p + "pre_feedforward_layernorm.weight"])
             blk.mlp_post_norm.copy_(w[p + "post_feedforward_layernorm.weight"])
         else:
             blk.mlp_norm.copy_(w[p + "post_attention_layernorm.weight"])
-        if self.cfg.qk_norm:
+        if blk.attn.q_norm is not None and blk.attn.k_norm is not None:  # (cfg.qk_norm)
             blk.attn.q_norm.copy_(w[att + "q_norm.weight"])
             blk.attn.k_norm.copy_(w[att + "k_norm.weight"])
         bias = torch.cat([w[att + f"{n}_proj.bias"] for n in "qkv"]) if self.cfg.attention_bias else None
@@ -246,7 +255,7 @@ class DecoderModel(nn.Module):
         router = materialize(w[p + "gate.weight"])
         moe.router.copy_(router.dequantize() if isinstance(router, QuantMatrix) else router)
         experts = [(f"{p}experts.{j}.", x) for j, x in enumerate(moe.experts)]
-        if moe.shared is not None:
+        if moe.shared is not None and moe.shared_gate is not None:
             experts.append((p + "shared_expert.", moe.shared))
             gate = materialize(w[p + "shared_expert_gate.weight"])
             moe.shared_gate.copy_((gate.dequantize() if isinstance(gate, QuantMatrix) else gate).reshape(1, -1))

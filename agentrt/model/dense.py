@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from agentrt.errors import ModelLoadError
+
 
 class Dense(nn.Module):
     """y = x @ W (+ b) with W stored [in, out]: on CPU, torch's GEMV/GEMM streams this layout
@@ -23,6 +25,8 @@ class Dense(nn.Module):
     def load(self, w: torch.Tensor, b: torch.Tensor | None = None) -> None:
         self.weight_t.copy_(w.t())
         if b is not None:
+            if self.bias is None:
+                raise ModelLoadError(f"a bias of {tuple(b.shape)} for a layer built without one")
             self.bias.copy_(b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,8 @@ in torch from `DeviceWeight.dequantize()`, an implementation independent of the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
@@ -23,6 +25,9 @@ from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.dense import Dense
 from agentrt.model.loaders import gguf_quant
 from agentrt.model.loaders.lazy import LazyQuant, check_finite
+
+if TYPE_CHECKING:  # (the decoder imports this module)
+    from agentrt.model.decoder import DecoderModel
 
 # format -> (bits of q, group, z, scales two-level?, min kind: 0 none, 1 flat, 2 two-level)
 FORMATS = {T.Q8_0: (8, 32, 128, False, 0), T.Q4_0: (4, 32, 8, False, 0), T.Q4_1: (4, 32, 0, False, 1),
@@ -66,6 +71,13 @@ def _bit_planes(q: torch.Tensor, bits: int) -> dict[str, torch.Tensor]:
 
 class DeviceWeight(nn.Module):
     """One packed matrix W [N, K] (its planes are buffers: `.to(device)` moves them)."""
+
+    lo: torch.Tensor  # the values' low nibbles (uint8, two a byte), the 8-bit values, or a dense matrix
+    hi: torch.Tensor | None  # the bits above 4 (5- and 6-bit formats)
+    sd: torch.Tensor | None  # K-quants: the scale of each 256 values
+    sc: torch.Tensor | None  # the scale of each group (None: a dense matrix)
+    md: torch.Tensor | None  # K-quants: the min of each 256 values
+    mc: torch.Tensor | None  # the min of each group (formats with mins)
 
     def __init__(self, planes: dict[str, torch.Tensor], fmt: str, qbits: int, group: int, z: int, n: int, k: int):
         super().__init__()
@@ -112,7 +124,7 @@ class DeviceWeight(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """W [N, K] fp32 in torch (the reference the kernel is tested against)."""
-        if self.qbits == 16:
+        if self.qbits == 16 or self.sc is None:  # (a dense matrix: no scales)
             return self.lo.float()
         n, k, g = self.n, self.k, self.group
         if self.qbits == 8:
@@ -135,7 +147,7 @@ class DeviceWeight(nn.Module):
         return w
 
 
-def _use_triton(layer: nn.Module, x: torch.Tensor) -> bool:
+def _use_triton(layer: DeviceQLinear | DeviceQEmbedding, x: torch.Tensor) -> bool:
     return layer.impl == "triton" or (layer.impl == "auto" and x.is_cuda)
 
 
@@ -144,6 +156,8 @@ class DeviceQLinear(nn.Module):
     differ stay separate parts). `invariant`: the kernel's tiles never depend on the rows
     (model.batch_invariant). `impl`: "auto" (the kernel on CUDA, torch elsewhere), "triton"
     (also in triton's interpreter: tests), "torch"."""
+
+    bias: torch.Tensor | None  # [N] (a buffer)
 
     def __init__(self, parts: list[DeviceWeight], bias: torch.Tensor | None = None):
         super().__init__()
@@ -162,16 +176,20 @@ class DeviceQLinear(nn.Module):
                 groups.append([w])
         return cls([DeviceWeight.cat(g) if len(g) > 1 else g[0] for g in groups], bias)
 
+    def weights(self) -> list[DeviceWeight]:
+        """The parts, typed (nn.ModuleList holds plain Modules)."""
+        return [p for p in self.parts if isinstance(p, DeviceWeight)]
+
     @property
     def weight_bytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
+        return sum(p.nbytes for p in self.weights())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.k)
         out = torch.empty(x2.shape[0], self.n_out, dtype=x.dtype, device=x.device)
         a = 0
-        for p in self.parts:
+        for p in self.weights():
             b = None if self.bias is None else self.bias[a:a + p.n]
             if _use_triton(self, x):
                 from agentrt.kernels import triton_quant
@@ -218,7 +236,7 @@ def device_weight(part, dtype: torch.dtype) -> DeviceWeight:
     return DeviceWeight.dense((part.dequantize() if isinstance(part, QuantMatrix) else part).to(dtype))
 
 
-def place(model: nn.Module, invariant: bool) -> None:
+def place(model: DecoderModel, invariant: bool) -> None:
     """After the model moved to its device. On the triton backend (CUDA; triton's interpreter
     in tests) every packed layer runs the kernel; with `invariant`, dense (bf16) linear layers
     become dense DeviceQLinear layers too, so every GEMM of the step reduces each row the same
@@ -243,11 +261,11 @@ def place(model: nn.Module, invariant: bool) -> None:
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's weights: parameters (dense layers, norms) and packed planes, each
     tensor counted once (a tied head shares its embedding's); RoPE tables are not weights."""
-    tensors = [*model.parameters()]
+    tensors: list[torch.Tensor] = [*model.parameters()]
     for m in model.modules():
         if isinstance(m, (DeviceWeight, DeviceQLinear)):
             tensors += list(m.buffers(recurse=False))
-    seen = {}
+    seen: dict[int, int] = {}  # data_ptr -> bytes
     for t in tensors:
         seen.setdefault(t.data_ptr(), t.numel() * t.element_size())
     return sum(seen.values())

@@ -63,7 +63,10 @@ class _Step:
 
     def __init__(self, model, positions: torch.Tensor, meta: AttentionMeta, t: int):
         cfg = model.cfg
-        self.lib, self.cfg = native.load(), cfg
+        lib = native.load()
+        if lib is None:  # (use_fused checked it; AGENTRT_NATIVE=0 set since)
+            raise ConfigError("the fused forward needs the compiled CPU kernels (AGENTRT_NATIVE=0 or not built)")
+        self.lib, self.cfg = lib, cfg
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.positions = positions.to(torch.int64).contiguous()
         self.slots = meta.slot_mapping.contiguous()
@@ -83,6 +86,16 @@ class _Step:
         self.lslots = None if loc is None else loc.slot_mapping.contiguous()
         self.t = t
 
+    def tables(self, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots [T], page table [B, W]) a layer reads: a sliding-window layer's own when the
+        store keeps them apart."""
+        if not local:
+            return self.slots, self.table
+        if self.lslots is None or self.ltable is None:
+            raise ConfigError("a sliding-window layer with pages of its own needs the batch's local table "
+                              "(build_batch(..., local_of=store.local_host))")
+        return self.lslots, self.ltable
+
     def buffers(self) -> None:
         """Activations of the layer-by-layer path (the all-layers call keeps its own)."""
         t, cfg = self.t, self.cfg
@@ -99,7 +112,7 @@ class _Step:
     def attention(self, layer: int, kv, attn, qkv: torch.Tensor) -> torch.Tensor:
         k, v, t, scale = kv.k[layer], kv.v[layer], self.q.shape[0], attn.scale
         lib, loc = self.lib, kv.is_local(layer)
-        slots, table = (self.lslots, self.ltable) if loc else (self.slots, self.table)
+        slots, table = self.tables(loc)
         cos, sin = (self.local.cos, self.local.sin) if attn.local_rope else (self.cos, self.sin)
         lib.agrt_rope_store(qkv.data_ptr(), t, self.h, self.hkv, self.d,
                             self.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),

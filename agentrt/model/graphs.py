@@ -81,8 +81,8 @@ class GraphInputs:
         returns the number of logits rows."""
         h = self.staging.host(self.size(b)).numpy()
         vec, table = h[: FIELDS * b].reshape(FIELDS, b), h[FIELDS * b:].reshape(b, self.width)
-        # (vec's rows are TokenFields' first six fields, in order)
-        n, rows = write_tokens(chunks, self.page_size, TokenFields(*vec, table=table))
+        ids, pos, slots, seq, lens, logits_rows = vec  # (the layout's [b] fields, in order)
+        n, rows = write_tokens(chunks, self.page_size, TokenFields(ids, pos, slots, seq, lens, logits_rows, table))
         pad = len(chunks)  # (the padding tokens' sequence: a row whose table is the scratch page)
         vec[:, n:] = ((0,), (0,), (self.scratch * self.page_size,), (pad,), (1,), (0,))
         vec[5, rows:] = 0

@@ -24,6 +24,7 @@ import ctypes
 import torch
 from torch import nn
 
+from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.model.config import ModelConfig
 from agentrt.model.dense import Dense
@@ -79,6 +80,8 @@ class MoE(nn.Module):
 
     def shared_part(self, h: torch.Tensor) -> torch.Tensor:
         """The shared expert's output, weighted by its sigmoid gate (Qwen2-MoE)."""
+        if self.shared is None or self.shared_gate is None:
+            raise ConfigError("shared_part of a mixture of experts without a shared expert")
         return torch.sigmoid(h @ self.shared_gate.t()) * self.shared(h)
 
     def quantized(self) -> bool:

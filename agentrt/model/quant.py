@@ -15,12 +15,18 @@ and group to int8, as llama.cpp does: fast from decode (M=1) to prefill, and bat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.packing import PackedWeight, QuantMatrix, pack, qgemm, qrefine, qrows, quantize_int8
+from agentrt.model.dense import Dense
+
+if TYPE_CHECKING:  # (the decoder imports this module)
+    from agentrt.model.decoder import DecoderModel
 
 QUANT_MODES = ("none", "native", "int8", "auto")
 HEAD_REFINE = 8  # the output head's top logits per row recomputed from fp32 activations (QLinear)
@@ -116,11 +122,11 @@ def linear_from(parts: list[torch.Tensor | QuantMatrix], bias: torch.Tensor | No
     return QLinear.from_matrices(mats, bias, precise, refine)
 
 
-def linear_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
+def linear_slots(model: DecoderModel) -> list[tuple[nn.Module, str]]:
     """(owner, attribute) of every linear layer of the decoder blocks (a mixture-of-experts
     MLP's experts included; its router stays float32)."""
-    slots = []
-    for block in model.blocks:
+    slots: list[tuple[nn.Module, str]] = []
+    for block in model.layers():
         slots += [(block.attn, "qkv"), (block.attn, "o")]
         experts = block.mlp.experts  # (None: a dense MLP)
         mlps = [*experts, *([block.mlp.shared] if block.mlp.shared is not None else [])] \
@@ -129,7 +135,7 @@ def linear_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
     return slots
 
 
-def quantize(model: nn.Module, mode: str) -> nn.Module:
+def quantize(model: DecoderModel, mode: str) -> DecoderModel:
     """mode "int8": replace the decoder's dense linear layers (and the output head) by int8
     QLinear layers; "none": leave the model as it is."""
     if mode not in ("none", "int8"):
@@ -141,6 +147,7 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
         layer = getattr(owner, name)
         if not isinstance(layer, QLinear):
             setattr(owner, name, linear_from([layer.weight], layer.bias))
-    if not isinstance(model.lm_head, QLinear):
-        model.lm_head = linear_from([model.lm_head.weight], None, refine=HEAD_REFINE)
+    head = model.lm_head
+    if isinstance(head, Dense):
+        model.lm_head = linear_from([head.weight], None, refine=HEAD_REFINE)
     return model

@@ -64,6 +64,8 @@ class RopeTable(nn.Module):
         still = torch.zeros(max_pos, head_dim // 2 - rotary // 2)
         cos = torch.cat((freqs.cos() * attention_factor, still + 1), dim=-1)
         sin = torch.cat((freqs.sin() * attention_factor, still), dim=-1)
+        self.cos: torch.Tensor  # [max_pos, D] (buffers: .to(device) moves them)
+        self.sin: torch.Tensor
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat((sin, sin), dim=-1), persistent=False)
 

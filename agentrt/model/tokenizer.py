@@ -236,7 +236,7 @@ def _bpe_backend(tokens: list[str], types: list[int], merges: Sequence[str], pre
         return "".join(spell[b] for b in tok.encode("utf-8"))
 
     vocab = {respell(tok, kind): i for i, (tok, kind) in enumerate(zip(tokens, types))}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
     backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
     backend.pre_tokenizer = _pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()

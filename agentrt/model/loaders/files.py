@@ -11,6 +11,8 @@ checked against the config by `check_weights`); the GGUF and Hugging Face loader
 from __future__ import annotations
 
 import importlib.util
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -20,6 +22,7 @@ import torch
 from agentrt.errors import ConfigError, CorruptModelFile, ModelNotFound, UnsupportedModel
 from agentrt.model.config import ModelConfig
 from agentrt.model.loaders.checksums import verify_file
+from agentrt.model.loaders.lazy import Weight
 from agentrt.model.tokenizer import Tokenizer
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -30,7 +33,7 @@ class ModelFiles:
     """Everything read from disk: hyperparameters, weights under HF names, tokenizer, and origin."""
 
     config: ModelConfig
-    weights: dict[str, torch.Tensor]  # HF names (QuantMatrix values for native GGUF quantization); no "lm_head.weight" when config.tie_word_embeddings
+    weights: Mapping[str, Weight]  # HF names (quantized values for native GGUF quantization); no "lm_head.weight" when config.tie_word_embeddings
     tokenizer: Tokenizer | None  # None for a weights-only directory
     source: str  # resolved path the files were read from
 
@@ -79,7 +82,7 @@ def embedded_path(model: EmbeddedModel) -> Path:
     return path
 
 
-def resolve_source(name_or_path: str | Path) -> Path:
+def resolve_source(name_or_path: str | os.PathLike[str]) -> Path:
     """The file or directory to load for an embedded name, a hub name (`hf://...`, loaders/hub.py),
     a .gguf path or a Hugging Face directory."""
     if isinstance(name_or_path, str) and name_or_path in EMBEDDED_MODELS:
@@ -134,7 +137,8 @@ def _mlp_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     if not config.is_moe:
         i = config.intermediate_size
         return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
-    i, shapes = config.expert_intermediate_size, {p + "gate.weight": (config.num_experts, h)}
+    i = config.expert_intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {p + "gate.weight": (config.num_experts, h)}
     if config.shared_expert_intermediate_size:
         s = config.shared_expert_intermediate_size
         shapes |= {p + "shared_expert_gate.weight": (1, h), p + "shared_expert.gate_proj.weight": (s, h),
@@ -145,7 +149,7 @@ def _mlp_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
+def check_weights(config: ModelConfig, weights: Mapping[str, Weight], source: str) -> None:
     """CorruptModelFile unless `weights` has exactly the tensors and shapes `config` needs."""
     expected = expected_weight_shapes(config)
     missing = sorted(set(expected) - set(weights))

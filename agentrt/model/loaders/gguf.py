@@ -30,7 +30,7 @@ from agentrt.model.loaders.files import ModelFiles, check_dtype, check_weights
 from agentrt.model.loaders.gguf_reader import GGUFFile, GGUFFormatError
 from agentrt.model.loaders.layouts import rows as layout_rows
 from agentrt.model.loaders.layouts import to_model_layout
-from agentrt.model.loaders.lazy import LazyQuant, check_finite
+from agentrt.model.loaders.lazy import LazyQuant, Weight, check_finite
 from agentrt.model.rope import rope_from_gguf
 from agentrt.model.tokenizer import Tokenizer, tokenizer_from_gguf
 
@@ -111,6 +111,8 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     """ModelConfig from `{arch}.*` keys; `shapes` (GGUF name -> torch shape) fills gaps and
     tying; `rope_freqs`: the values of rope_freqs.weight, if the file has it."""
     arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise CorruptModelFile("GGUF metadata lacks general.architecture; the file was not written by a llama.cpp converter")
     ours = _ARCH_NAMES.get(arch, arch)
     if ours == "llama" and int(meta.get("llama.expert_count") or 0):
         ours = "mixtral"  # (llama.cpp's converter writes Mixtral as llama with experts)
@@ -133,7 +135,8 @@ def config_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]
     factors, attention = rope_from_gguf(meta, arch, rotary, theta, rope_freqs, longrope or {})
     experts = _experts(meta, arch, ours, need)
     n_layers = int(need("block_count"))
-    family, windows = {"qk_norm": ours in ("qwen3", "qwen3_moe", "olmoe")}, None
+    family: dict[str, Any] = {"qk_norm": ours in ("qwen3", "qwen3_moe", "olmoe")}
+    windows: tuple[bool, ...] | None = None
     if ours in gemma.PATTERN:
         family = gemma.gguf_fields(meta, arch)
         windows = gemma.sliding_layers(ours, n_layers, pattern=meta.get(f"{arch}.attention.sliding_window_pattern"))
@@ -202,7 +205,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     return f"model.layers.{layer}.{names[part]}.{kind}"  # (experts: "{}" where the expert's index goes)
 
 
-def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+def unpermute_rope_rows(w: Weight, n_heads: int) -> Weight:
     """Undo llama.cpp's Q/K row permutation: per head, rows (2 halves x d/2) were interleaved.
 
     w: [n_heads * head_dim, ...] (weight or bias). The converter did
@@ -220,11 +223,11 @@ def _torch_shape(tensor: Any) -> tuple[int, ...]:
 
 
 def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
-                  native: bool) -> dict[str, torch.Tensor | QuantMatrix]:
+                  native: bool) -> dict[str, Weight]:
     tensors = [t for t in reader.tensors if t.name != _ROPE_FREQS and t.name not in _LONGROPE]
     names = [hf_name(t.name, config.arch) for t in tensors]  # validate names before the slow part
     # (threads do not help: gguf's numpy dequantization holds the GIL most of the time)
-    weights = {}
+    weights: dict[str, Weight] = {}
     for name, t in zip(names, tensors):
         value = LazyQuant(t, source=str(reader.path), release=reader.release) if native and _keeps_quant(t) else _dequantize(t, dtype)
         if "{}" in name:  # [experts, out, in]: one matrix per expert
@@ -232,7 +235,7 @@ def _load_weights(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype,
             for j in range(config.num_experts):
                 weights[name.format(j)] = layout_rows(value, slice(j * rows, (j + 1) * rows))
         elif name.endswith("shared_expert_gate.weight"):  # ([hidden] in the file)
-            weights[name] = value.reshape(1, -1)
+            weights[name] = value.reshape(1, -1) if isinstance(value, torch.Tensor) else value
         else:
             weights[name] = value
     if config.arch in PERMUTED_ARCHS:

@@ -73,7 +73,7 @@ class _Cursor:
         if count > len(self.buf) - self.pos:  # every element takes at least one byte
             raise GGUFFormatError(f"an array of {count} elements cannot fit in the file")
         if kind in _NP:
-            arr = np.frombuffer(self.buf, dtype=_NP[kind], count=count, offset=self.pos)
+            arr: np.ndarray = np.frombuffer(self.buf, dtype=_NP[kind], count=count, offset=self.pos)
             self.pos += arr.nbytes
             return arr.tolist()
         if kind == _STRING:

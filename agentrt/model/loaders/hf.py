@@ -123,6 +123,8 @@ def _experts(raw: dict[str, Any], model_type: str) -> dict[str, Any]:
     count = raw.get("num_local_experts") or raw.get("num_experts")  # (v5 writes num_local_experts)
     inter = raw.get("moe_intermediate_size") if model_type in ("qwen3_moe", "qwen2_moe") else raw.get("intermediate_size")
     norm = True if model_type == "mixtral" else bool(raw.get("norm_topk_prob", False))
+    if count is None or inter is None:
+        raise CorruptModelFile(f"a {model_type} config.json lacks its number of experts or their intermediate size")
     return {"num_experts": int(count), "experts_per_token": int(raw["num_experts_per_tok"]),
             "expert_intermediate_size": int(inter), "norm_topk_prob": norm,
             "shared_expert_intermediate_size": int(raw.get("shared_expert_intermediate_size") or 0)}

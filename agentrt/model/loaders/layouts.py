@@ -14,13 +14,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from agentrt.kernels.packing import QuantMatrix
 from agentrt.model.config import ModelConfig
-from agentrt.model.loaders.lazy import LazyQuant
+from agentrt.model.loaders.lazy import LazyQuant, Weight
 from agentrt.model.rope import partial_rotary_order
 
 
@@ -63,7 +63,10 @@ def _expert_names(weights: dict[str, Any]) -> None:
             weights[f"{base}{j}.down_proj.weight"] = down
 
 
-def to_model_layout(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+W = TypeVar("W", bound=Weight)  # (float tensors only from a Hugging Face directory)
+
+
+def to_model_layout(weights: dict[str, W], cfg: ModelConfig) -> dict[str, W]:
     """`weights` with fused projections split, expert names unified and partial-rotary heads
     reordered (in place)."""
     if cfg.is_moe:
@@ -78,12 +81,12 @@ def to_model_layout(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[
         weights[base + "gate_proj.weight"], weights[base + "up_proj.weight"] = \
             _split(weights.pop(name), [cfg.intermediate_size] * 2)
     if cfg.rotary_dim is not None and cfg.rotary_dim != cfg.head_dim:
-        _reorder_heads(weights, cfg)
+        _reorder_heads(weights, cfg, cfg.rotary_dim)
     return weights
 
 
-def _reorder_heads(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
-    order = torch.tensor(partial_rotary_order(cfg.head_dim, cfg.rotary_dim))
+def _reorder_heads(weights: dict[str, W], cfg: ModelConfig, rotary_dim: int) -> None:
+    order = torch.tensor(partial_rotary_order(cfg.head_dim, rotary_dim))
     for name in list(weights):
         heads = cfg.num_heads if ".q_" in name else cfg.num_kv_heads if ".k_" in name else 0
         if not heads or not name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias",
@@ -91,7 +94,7 @@ def _reorder_heads(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
             continue
         t = weights[name]
         if name.endswith("norm.weight"):  # one [head_dim] vector shared by the heads
-            weights[name] = t[order]
+            weights[name] = rows(t, order)
             continue
         every = (torch.arange(heads)[:, None] * cfg.head_dim + order[None, :]).flatten()
         weights[name] = rows(t, every)

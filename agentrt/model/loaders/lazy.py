@@ -75,6 +75,10 @@ class LazyQuant:
         return qm
 
 
+# a weight as read: a float tensor, a quantized matrix, or a GGUF tensor kept quantized until
+# the layer it fills takes it (native quantization)
+Weight = torch.Tensor | QuantMatrix | LazyQuant
+
 def materialize(w: Any) -> Any:
     """A LazyQuant unpacked (QuantMatrix); anything else as it is."""
     return w.load() if isinstance(w, LazyQuant) else w

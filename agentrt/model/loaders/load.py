@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -30,7 +29,7 @@ DEFAULT_MODEL = "smollm2-135m"
 KV_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "int8": torch.int8}
 
 
-def load_files(name_or_path: str | Path, dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
+def load_files(name_or_path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, native: bool = False) -> ModelFiles:
     """Load config, weights (as `dtype`; a GGUF's quantized matrices kept quantized with
     `native=True`) and tokenizer from any supported source (model/loaders/files.py::resolve_source)."""
     path = resolve_source(name_or_path)
@@ -58,8 +57,9 @@ def resolve_kv_dtype(kv_dtype: str, model: DecoderModel, quantized: bool) -> tor
     """The KV store's element type: "auto" = float16 for quantized weights on the CPU kernels
     (half the bytes a decode step reads per cached token, and twice the tokens per GiB, as
     llama.cpp's default f16 cache), else the model's dtype (fp32 stays the accuracy reference)."""
-    if kv_dtype != "auto":
-        return KV_DTYPES[kv_dtype]
+    chosen = KV_DTYPES[kv_dtype]  # (None: "auto")
+    if chosen is not None:
+        return chosen
     cpu = model.norm.device.type == "cpu"
     return torch.float16 if quantized and cpu and model.dtype == torch.float32 and native.available() else model.dtype
 
