@@ -12,7 +12,8 @@ in torch from `DeviceWeight.dequantize()`, an implementation independent of the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,13 +22,12 @@ from gguf.quants import Q4_K
 from torch import nn
 
 from agentrt.errors import ConfigError
+from agentrt.kernels.base import KernelBackend
 from agentrt.kernels.packing import QuantMatrix
+from agentrt.model.config import ModelConfig
 from agentrt.model.dense import Dense
 from agentrt.model.loaders import gguf_quant
 from agentrt.model.loaders.lazy import LazyQuant, check_finite
-
-if TYPE_CHECKING:  # (the decoder imports this module)
-    from agentrt.model.decoder import DecoderModel
 
 # format -> (bits of q, group, z, scales two-level?, min kind: 0 none, 1 flat, 2 two-level)
 FORMATS = {T.Q8_0: (8, 32, 128, False, 0), T.Q4_0: (4, 32, 8, False, 0), T.Q4_1: (4, 32, 0, False, 1),
@@ -236,7 +236,16 @@ def device_weight(part, dtype: torch.dtype) -> DeviceWeight:
     return DeviceWeight.dense((part.dequantize() if isinstance(part, QuantMatrix) else part).to(dtype))
 
 
-def place(model: DecoderModel, invariant: bool) -> None:
+class Placed(Protocol):
+    """What `place` reads of a model (model/decoder.py::DecoderModel, which imports this module)."""
+
+    ops: KernelBackend
+    cfg: ModelConfig
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
+def place(model: Placed, invariant: bool) -> None:
     """After the model moved to its device. On the triton backend (CUDA; triton's interpreter
     in tests) every packed layer runs the kernel; with `invariant`, dense (bf16) linear layers
     become dense DeviceQLinear layers too, so every GEMM of the step reduces each row the same

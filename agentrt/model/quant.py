@@ -15,7 +15,8 @@ and group to int8, as llama.cpp does: fast from decode (M=1) to prefill, and bat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -24,9 +25,6 @@ from agentrt.errors import ConfigError
 from agentrt.kernels import native
 from agentrt.kernels.packing import PackedWeight, QuantMatrix, pack, qgemm, qrefine, qrows, quantize_int8
 from agentrt.model.dense import Dense
-
-if TYPE_CHECKING:  # (the decoder imports this module)
-    from agentrt.model.decoder import DecoderModel
 
 QUANT_MODES = ("none", "native", "int8", "auto")
 HEAD_REFINE = 8  # the output head's top logits per row recomputed from fp32 activations (QLinear)
@@ -122,7 +120,19 @@ def linear_from(parts: list[torch.Tensor | QuantMatrix], bias: torch.Tensor | No
     return QLinear.from_matrices(mats, bias, precise, refine)
 
 
-def linear_slots(model: DecoderModel) -> list[tuple[nn.Module, str]]:
+class Decoder(Protocol):
+    """What quantization reads of a model (model/decoder.py::DecoderModel, which imports this
+    module): its blocks and its output head."""
+
+    lm_head: nn.Module
+
+    def layers(self) -> Sequence[Any]: ...
+
+
+M = TypeVar("M", bound=Decoder)
+
+
+def linear_slots(model: Decoder) -> list[tuple[nn.Module, str]]:
     """(owner, attribute) of every linear layer of the decoder blocks (a mixture-of-experts
     MLP's experts included; its router stays float32)."""
     slots: list[tuple[nn.Module, str]] = []
@@ -135,7 +145,7 @@ def linear_slots(model: DecoderModel) -> list[tuple[nn.Module, str]]:
     return slots
 
 
-def quantize(model: DecoderModel, mode: str) -> DecoderModel:
+def quantize(model: M, mode: str) -> M:
     """mode "int8": replace the decoder's dense linear layers (and the output head) by int8
     QLinear layers; "none": leave the model as it is."""
     if mode not in ("none", "int8"):
