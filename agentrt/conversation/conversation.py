@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,21 +52,9 @@ from agentrt.engine.context_length import context_overflow
 from agentrt.engine.like import EngineLike, SessionLike
 from agentrt.errors import ConfigError, EngineClosed
 from agentrt.model.tokenizer import IncrementalDecoder
-from agentrt.records.request import TokenEvent
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete, CallInvalid, ToolCallParser
 from agentrt.toolcall.formats import keep_token_ids
-
-
-@contextlib.asynccontextmanager
-async def _closing(events: AsyncIterator[TokenEvent]) -> AsyncGenerator[AsyncIterator[TokenEvent], None]:
-    """aclosing() of an engine's stream (EngineLike types it an AsyncIterator; both engines' are
-    async generators): leaving it early cancels the request."""
-    try:
-        yield events
-    finally:
-        if isinstance(events, AsyncGenerator):
-            await events.aclose()
 
 
 @dataclass
@@ -228,7 +216,7 @@ class Conversation:
             engine = self.engine
             state, dec, constraint, prompt = self._plan(params, tool_choice, parallel_tool_calls, constrained,
                                                         json_schema, tuple(stop), reasoning, limits, schema_hint)
-            async with _closing(engine.generate(prompt or self.tokens, params, session=self.session,
+            async with contextlib.aclosing(engine.generate(prompt or self.tokens, params, session=self.session,
                                                 constraint=constraint, tag=tag, task=task, workflow=workflow,
                                                 cache_salt=self.cache_salt, adapter=adapter or self.adapter)) as events:
                 async for ev in events:

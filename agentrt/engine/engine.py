@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 
@@ -198,7 +198,7 @@ class Engine(EngineAdapters):
                        session: Session | None = None, cache_salt: str | None = None,
                        tag: str | None = None, constraint=None,
                        timeout: float | None = None, task: str | None = None,
-                       workflow: str | None = None, adapter: str | None = None) -> AsyncIterator[TokenEvent]:
+                       workflow: str | None = None, adapter: str | None = None) -> AsyncGenerator[TokenEvent, None]:
         """Stream token events; the last has finish_reason and usage. Leaving the iteration
         early (break, cancel, exception) cancels the request and frees what it holds at the
         engine's next step. Use `contextlib.aclosing` when breaking out of the loop.

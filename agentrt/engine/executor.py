@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 import torch
@@ -41,8 +41,10 @@ class Executor(Protocol):
     # True: run() leaves the logits rows on the model's device and the core decides there
     # (engine/device_tail.py); False: rows come back to the host
     device_tail: bool
-    # the Engine's step loop, make_steps(core) (None: its own StepThread, engine/loop.py)
-    make_steps: Callable[[object], object] | None
+
+    @property
+    def make_steps(self) -> Callable[[Any], Any] | None:
+        """The Engine's step loop, make_steps(core) (None: its own StepThread, engine/loop.py)."""
 
     def clock(self) -> Clock | None:
         """The clock every "now" of the core reads (None: the wall clock)."""

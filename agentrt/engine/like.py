@@ -13,7 +13,7 @@ raises ConfigError for another's, which a protocol parameter cannot say without 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class EngineLike(Protocol):
     def generate(self, prompt: list[int], params: SamplingParams | None = None, *, session: Any = None,
                  cache_salt: str | None = None, tag: str | None = None, constraint: Any = None,
                  timeout: float | None = None, task: str | None = None, workflow: str | None = None,
-                 adapter: str | None = None) -> AsyncIterator[TokenEvent]: ...
+                 adapter: str | None = None) -> AsyncGenerator[TokenEvent, None]: ...
 
     def stop(self, request_id: int) -> None: ...  # end a live request early (its stream still ends)
 

@@ -33,6 +33,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable
 
+from agentrt.config import EngineConfig
 from agentrt.errors import ConfigError
 from agentrt.kv.pages import OutOfPages
 from agentrt.kv.store import PageMap
@@ -149,7 +150,7 @@ def slide(seqs: Iterable, alloc, local: LocalPages, radix) -> None:
         seq.slid = max(seq.slid, cut)
 
 
-def split_pool(cfg, model_cfg) -> tuple[object, int | None]:
+def split_pool(cfg: EngineConfig, model_cfg) -> tuple[EngineConfig, int | None]:
     """(the engine config with the logical pool's size, local pages or None). The KV bytes
     stay those of `kv_cache_tokens` tokens of every layer; where the sliding-window layers
     need fewer (`window_kv_tokens`, or by default a batch's prefill plus 8 sequences'

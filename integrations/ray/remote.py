@@ -11,7 +11,7 @@ remote)` works too (`ClusterRuntime.engine_for`): a LangGraph thread's sessions 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,7 +125,7 @@ class RemoteEngine:
         return RemoteSession(self, await self.call("restore", data, tag), tag)
 
     async def generate(self, prompt: Sequence[int], params: Any = None, *, session: "RemoteSession | None" = None,
-                       constraint: ConstraintSpec | None = None, **request: Any) -> AsyncIterator[Any]:
+                       constraint: ConstraintSpec | None = None, **request: Any) -> AsyncGenerator[Any, None]:
         import ray
 
         if session is not None and session.engine is not self:
