@@ -20,10 +20,10 @@ from agentrt.engine.engine import Engine
 from agentrt.errors import ActorError, ConfigError, ToolDefinitionError
 from agentrt.model.generate import generate
 from agentrt.model.loaders.load import load_model
+from agentrt.records.params import MIN_TEMPERATURE
 from agentrt.runtime.agent import Agent, GenerationSettings
 from agentrt.runtime.runtime import Runtime
 from agentrt.sampling import SamplingParams, adjusted_probs, sample_batch
-from agentrt.records.params import MIN_TEMPERATURE
 from agentrt.tools import Tool
 from tests.conftest import tiny_model
 from tests.engine_util import assert_quiescent
