@@ -104,8 +104,8 @@ class EngineConfig:
         put = functools.partial(set_frozen, self)
 
         # types and ranges first, field by field (ints are ints, floats finite, bools bools)
-        for name, lo in _INTS.items():
-            put(name, check_int(f"EngineConfig.{name}", getattr(self, name), min=lo))
+        for name, least in _INTS.items():
+            put(name, check_int(f"EngineConfig.{name}", getattr(self, name), min=least))
         for name, (lo, hi, lo_open) in _FRACTIONS.items():
             put(name, check_float(f"EngineConfig.{name}", getattr(self, name), min=lo, max=hi, min_open=lo_open))
         put("acquire_timeout", check_float("EngineConfig.acquire_timeout (seconds)", self.acquire_timeout,

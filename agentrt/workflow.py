@@ -62,7 +62,7 @@ class Workflow:
         """stages[0] -> stages[1] -> ... (the seed's A -> B -> C)."""
         if not stages:
             raise ConfigError("Workflow.chain needs at least one stage")
-        edges = {a: (b,) for a, b in zip(stages, stages[1:])}
+        edges: dict[str, tuple[str, ...]] = {a: (b,) for a, b in zip(stages, stages[1:])}
         edges.setdefault(stages[-1], ())
         return cls(name, edges, cost or {})
 

@@ -22,18 +22,30 @@ from agentrt.adapters import native as lora_native
 from agentrt.adapters.lora import PROJECTIONS, LoraAdapter
 from agentrt.kernels import native
 
+Segment = tuple[int, int, LoraAdapter]  # rows [start, end) and the adapter they run
+
+
+@dataclass(frozen=True)
+class _JobTables:
+    """The triton kernel's job table of every (layer, projection), on one device."""
+
+    dtype: torch.dtype  # every adapter's weights' dtype
+    jobs: dict[tuple[int, str], tuple[torch.Tensor, int, int, int]]  # -> (jobs, max_rows, max_out, max_rank)
+
 
 @dataclass(frozen=True)
 class LoraStep:
     """Row segments [start, end) of the step and the adapter each runs."""
 
-    segments: tuple[tuple[int, int, LoraAdapter], ...]
+    segments: tuple[Segment, ...]
     _native: list = field(default_factory=list, repr=False, compare=False)  # [AgrtLoraStep | None], built once
-    _tables: dict = field(default_factory=dict, repr=False, compare=False)  # device -> triton job tables
+    # device -> the triton job tables (None: the kernel cannot run the step)
+    _tables: dict[torch.device, _JobTables | None] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def of(chunks) -> "LoraStep | None":
-        segs, row = [], 0
+        segs: list[Segment] = []
+        row = 0
         for c in chunks:
             n = len(c.tokens)
             adapter = c.adapter
@@ -56,8 +68,9 @@ class LoraStep:
     def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y[rows, cols] += LoRA(x[rows]) for every segment whose adapter targets `proj` of `layer`."""
         st = self.native() if x.dtype == y.dtype == torch.float32 and x.device.type == "cpu" else None
-        if st is not None and x.stride(1) == 1 and y.stride(1) == 1:
-            native.load().agrt_lora(ctypes.addressof(st), layer, PROJECTIONS.index(proj), x.data_ptr(), x.stride(0),
+        lib = native.load() if st is not None else None  # (loaded: native() checked it is available)
+        if st is not None and lib is not None and x.stride(1) == 1 and y.stride(1) == 1:
+            lib.agrt_lora(ctypes.addressof(st), layer, PROJECTIONS.index(proj), x.data_ptr(), x.stride(0),
                                     y.data_ptr(), y.stride(0))
             return
         if x.is_cuda and self.add_triton(layer, proj, x, y):
@@ -68,42 +81,42 @@ class LoraStep:
         """`add` by the triton kernel (kernels/triton_lora.py; the GPU path, and on the CPU in
         triton's interpreter); False (nothing done) where it cannot run: no triton, adapters in
         mixed dtypes, or rows that are not unit-stride."""
-        tables = self._tables.get(x.device)
-        if tables is None:
-            tables = self._tables[x.device] = self._build_tables(x.device)
-        if not tables or x.stride(1) != 1 or y.stride(1) != 1:
+        if x.device not in self._tables:
+            self._tables[x.device] = self._build_tables(x.device)
+        tables = self._tables[x.device]
+        if tables is None or x.stride(1) != 1 or y.stride(1) != 1:
             return False
-        entry = tables.get((layer, proj))
+        entry = tables.jobs.get((layer, proj))
         if entry is None:  # (a layer past every adapter's last: nothing to add)
             return True
         jobs, max_rows, max_out, max_rank = entry
         from agentrt.kernels import triton_lora
 
-        triton_lora.sgmv(x, y, jobs, max_rows, max_out, max_rank, tables["dtype"])
+        triton_lora.sgmv(x, y, jobs, max_rows, max_out, max_rank, tables.dtype)
         return True
 
-    def _build_tables(self, device) -> dict:
-        """Every (layer, projection)'s job table, copied to `device` in one transfer ({} when the
+    def _build_tables(self, device: torch.device) -> _JobTables | None:
+        """Every (layer, projection)'s job table, copied to `device` in one transfer (None when the
         kernel cannot run the step)."""
         try:
             from agentrt.kernels import triton_lora
         except ImportError:
-            return {}
+            return None
         dtype = triton_lora.weight_dtype(self.segments)
         if dtype is None:
-            return {}
+            return None
         layers = 1 + max((max(ad.layers, default=-1) for _, _, ad in self.segments), default=-1)
         keys = [(i, p) for i in range(layers) for p in PROJECTIONS]
         rows = {k: triton_lora.job_rows(self.segments, *k) for k in keys}
         flat = torch.tensor([r for k in keys for r in rows[k]] or [[0] * triton_lora.FIELDS], dtype=torch.int64)
         flat = flat.to(device)
-        out, at = {"dtype": dtype}, 0
+        jobs, at = {}, 0
         for k in keys:
             n = len(rows[k])
-            out[k] = (flat[at:at + n], max((r[1] for r in rows[k]), default=0),
-                      max((r[6] for r in rows[k]), default=0), max((r[4] for r in rows[k]), default=1))
+            jobs[k] = (flat[at:at + n], max((r[1] for r in rows[k]), default=0),
+                       max((r[6] for r in rows[k]), default=0), max((r[4] for r in rows[k]), default=1))
             at += n
-        return out
+        return _JobTables(dtype, jobs)
 
     def add_torch(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """`add` in torch's matmuls, segment by segment (the fallback, and the kernel's test)."""

@@ -87,7 +87,7 @@ class LoraAdapter:
                 return start
         return None
 
-    def to(self, device: torch.device | str, dtype: torch.dtype) -> "LoraAdapter":
+    def to(self, device: torch.device | str, dtype: torch.dtype | None) -> "LoraAdapter":
         """The adapter on `device` in `dtype` (None: its own); B keeps its transposed storage."""
         layers = {i: {p: tuple(replace(x, a=x.a.to(device, dtype).contiguous(), b=_transposed(x.b.to(device, dtype)))
                                for x in parts) for p, parts in projs.items()} for i, projs in self.layers.items()}

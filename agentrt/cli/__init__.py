@@ -18,6 +18,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from agentrt.errors import AgentrtError
 
@@ -101,24 +102,26 @@ def _load(args):
     return load_model(args.model, quantize=args.quantize)
 
 
-def _engine_config(args):
+def _engine_config(args: argparse.Namespace, durable: bool = False):
+    """The EngineConfig the options ask for (None: the engine's defaults); `durable`: the
+    command has serve's --state-dir, --state-url and --disk-kv-bytes."""
     from agentrt.config import EngineConfig
 
-    kw = {"kv_cache_tokens": args.kv_cache_tokens} if args.kv_cache_tokens else {}
-    for name in ("state_dir", "state_url"):
-        if getattr(args, name, None):
-            kw[name] = getattr(args, name)
-    if getattr(args, "disk_kv_bytes", None) is not None:
-        kw["disk_budget_bytes"] = args.disk_kv_bytes
+    kw: dict[str, Any] = {"kv_cache_tokens": args.kv_cache_tokens} if args.kv_cache_tokens else {}
+    if durable:
+        kw.update({name: value for name, value in (("state_dir", args.state_dir), ("state_url", args.state_url))
+                   if value})
+        if args.disk_kv_bytes is not None:
+            kw["disk_budget_bytes"] = args.disk_kv_bytes
     return EngineConfig(**kw) if kw else None
 
 
 def _adapter_args(values: list[str]) -> tuple[tuple[str, str], ...]:
-    pairs = tuple(tuple(v.split("=", 1)) for v in values)
+    pairs = [v.split("=", 1) for v in values]
     bad = [v for v, p in zip(values, pairs) if len(p) != 2 or not all(p)]
     if bad:
         raise SystemExit(f"agentrt serve: --adapter takes NAME=PATH (a PEFT adapter directory or a .gguf LoRA file), got {bad[0]!r}")
-    return pairs
+    return tuple((name, path) for name, path in pairs)
 
 
 def cmd_serve(args) -> None:
@@ -150,7 +153,7 @@ def cmd_serve(args) -> None:
     print(f"agentrt: serving {config.model_name}{where} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     if args.dashboard:
         print(f"agentrt: dashboard on http://{args.host}:{args.port}/dashboard/", file=sys.stderr)
-    serve(model, config, _engine_config(args), log_level=args.log_level)
+    serve(model, config, _engine_config(args, durable=True), log_level=args.log_level)
 
 
 def _script(kind: str, name: str) -> Path:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -57,7 +57,9 @@ from agentrt.model.tokenizer import Tokenizer
 from agentrt.records.constraint import LogitsConstraint
 from agentrt.toolcall.formats import HERMES, ToolFormat, keep_token_ids
 
-BACKENDS = MappingProxyType({"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend})
+# name -> its class, called (tokenizer, vocab_size, text_tokens)
+BACKENDS: Mapping[str, Callable[[Tokenizer, int, frozenset[int]], Backend]] = MappingProxyType(
+    {"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend})
 DEFAULT_BACKEND = "xgrammar"
 
 

@@ -222,6 +222,6 @@ def schema_json(value: Any) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return list(value)
-    if hasattr(value, "items"):  # a mapping by duck type (Mapping or not): json writes it as a dict
+    if hasattr(value, "items"):  # a user schema's mapping by duck type (Mapping or not): written as a dict
         return dict(value.items())
     raise TypeError(f"{type(value).__name__} is not JSON")

@@ -18,6 +18,8 @@ from agentrt.records.request import Request
 def mask_row(r: Request, logits, counters):
     """r's logits row [1, V] masked by its constraint, the time it took counted (stats():
     grammar_mask_us_per_row)."""
+    if r.constraint is None:  # (callers pass constrained rows only)
+        return logits
     t0 = time.perf_counter()
     row = r.constraint.mask_logits(logits[0]).unsqueeze(0)
     counters.mask_seconds += time.perf_counter() - t0

@@ -17,6 +17,7 @@ import contextlib
 import json
 import mmap
 import os
+import sys
 import tempfile
 import warnings
 import zlib
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux: fault the pages in with the map)
+_POPULATE = mmap.MAP_POPULATE if sys.platform == "linux" else 0  # (fault the pages in with the map)
 MAGIC = b"agentrt-kv-record/2\n"  # 2: CRC-32 checksums, the body's size in the header
 
 
@@ -134,7 +135,7 @@ def forget_session(store, root: Path | None, key: str) -> int:
 
 def _raw(t: torch.Tensor) -> memoryview:
     """A CPU tensor's bytes, without a copy where it is contiguous already."""
-    return memoryview(t.detach().cpu().contiguous().view(torch.uint8).numpy()).cast("B")
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy().data.cast("B")
 
 
 def _fsync_dir(d: Path) -> None:

@@ -263,7 +263,7 @@ class _Transaction:
         self.cur = self.store.conn.cursor()
         return self.cur
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind, exc, tb) -> None:
         try:
             if kind is None:
                 self.store.conn.commit()
@@ -275,7 +275,6 @@ class _Transaction:
         if exc is not None and not isinstance(exc, StateStoreError) and _driver_error(exc):
             raise StateStoreError(f"the state store at {self.store.where} failed ({type(exc).__name__}: "
                                   f"{str(exc)[:200]})") from exc
-        return False
 
 
 def _driver_error(exc: BaseException) -> bool:

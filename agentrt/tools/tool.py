@@ -100,8 +100,7 @@ class Tool:
         pydantic's type coercion ("3" is no longer accepted for an int)."""
         if isinstance(fn, Tool) or not callable(fn):
             raise ToolDefinitionError(f"a tool needs a plain callable, got {type(fn).__name__}")
-        # a user's callable: partials and callable objects have no __name__
-        name = name if name is not None else getattr(fn, "__name__", type(fn).__name__)
+        name = name if name is not None else _name_of(fn)
         _check_settings(name, timeout, retries)  # cheap checks first, before introspection
         doc_description, doc_params = parse_docstring(inspect.getdoc(_unwrap_partial(fn)))
         model, fields, context_param = _argument_model(fn, name, doc_params, strict)
@@ -266,11 +265,15 @@ def _is_context(hint: Any) -> bool:
 def _find_context_param(fn: Callable[..., Any]) -> str | None:
     """The ToolContext parameter of an untyped-or-typed `fn`, best effort (no hints -> None)."""
     try:
-        # a user's callable: partials and callable objects have no __name__
-        hints = _type_hints(fn, getattr(fn, "__name__", "tool"))
+        hints = _type_hints(fn, _name_of(fn))
     except ToolDefinitionError:
         return None
     return next((p for p, h in hints.items() if p != "return" and _is_context(h)), None)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    # a user's callable: partials and callable objects have no __name__ (their type's name then)
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
