@@ -9,6 +9,7 @@ import torch
 from agentrt.config import EngineConfig
 from agentrt.constrain.grammar import ToolCallConstraint
 from agentrt.engine.core import EngineCore
+from agentrt.engine.engine import Engine
 from agentrt.errors import ConfigError
 from agentrt.model.generate import generate
 from agentrt.records.constraint import LogitsConstraint
@@ -52,8 +53,14 @@ def test_a_default_constraint_decodes_as_unconstrained_greedy():
     assert r.output == generate(model, [1, 2, 3, 4], params)
 
 
-def test_a_constraint_without_the_interface_is_a_config_error_before_any_work():
-    core = EngineCore(tiny_model("llama"), EngineConfig(debug_invariants=True))
-    with pytest.raises(ConfigError, match="LogitsConstraint"):
-        submit(core, [1, 2, 3], SamplingParams(max_tokens=4), constraint=ThreeMethods())
-    assert not core.has_work()
+@pytest.mark.anyio
+async def test_a_constraint_without_the_interface_is_a_config_error_before_any_work():
+    """Checked once, at the public entry (engine/validate.py::check_generate_args): before a
+    sequence slot is taken or anything reaches the step thread."""
+    async with Engine(tiny_model("llama"), EngineConfig(debug_invariants=True)) as eng:
+        with pytest.raises(ConfigError, match="LogitsConstraint"):
+            await eng.complete([1, 2, 3], SamplingParams(max_tokens=4), constraint=ThreeMethods())
+        assert not eng.core.has_work()
+        assert eng.core.pool.num_free("transient") == eng.config.max_transient_seqs
+        done = await eng.complete([1, 2, 3], SamplingParams(max_tokens=4), constraint=AllowAll())
+        assert len(done.token_ids) == 4
