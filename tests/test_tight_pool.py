@@ -123,7 +123,7 @@ def test_a_request_preempted_again_and_again_waits_instead_of_failing():
     while r.preemptions < 40 and r.finish_reason is None:
         core.step()
         if r in core.running:
-            assert preempt(core.mem, r) is None, f"failed after {r.preemptions} preemptions"
+            assert preempt(core.mem, core.scheduler.queues, r) is None, f"failed after {r.preemptions} preemptions"
     drain(core)
     assert r.finish_reason == "length"
     assert r.output == generate(model, prompt, params)
