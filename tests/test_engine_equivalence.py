@@ -51,7 +51,7 @@ def test_tiny_pool_evicts_and_preempts_without_changing_output():
     for _ in range(6):  # admission by footprint avoids preemption; force some mid-run
         core.step()
         if core.running:
-            preempt(core.mem, max(core.running, key=lambda r: r.admitted_at))
+            preempt(core.mem, core.scheduler.queues, max(core.running, key=lambda r: r.admitted_at))
     drain(core)
     st = core.stats()
     assert st.preemptions > 0 and st.evicted_pages > 0

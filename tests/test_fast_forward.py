@@ -303,7 +303,7 @@ def test_a_request_preempted_with_forced_ids_pending_recomputes_them():
         core.step()
         pending = [r for r in core.running if r.forced > 0]
         if pending:
-            preempt(core.mem, pending[0])
+            preempt(core.mem, core.scheduler.queues, pending[0])
             preempted += 1
     drain(core)
     assert preempted > 0 and core.stats().preemptions >= preempted

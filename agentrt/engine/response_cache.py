@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, NamedTuple
 
-from agentrt.kv.identity import KVSpace
+from agentrt.kv.identity import RootKey
 
 
 class CachedResponse(NamedTuple):
@@ -27,10 +27,10 @@ class ResponseCache:
         self.hits = self.misses = 0
 
     @staticmethod
-    def key(model_id: str, params, prompt: list[int], salt: str | KVSpace | None) -> Hashable:
+    def key(model_id: str, params, prompt: list[int], salt: RootKey) -> Hashable:
         return (model_id, params, tuple(prompt), salt)
 
-    def lookup(self, params, prompt: list[int], salt: str | KVSpace | None, constraint=None) -> CachedResponse | None:
+    def lookup(self, params, prompt: list[int], salt: RootKey, constraint=None) -> CachedResponse | None:
         """The cached response of a request (never of a constrained one: its grammar is not in
         the key, and such requests are not cached)."""
         return None if constraint is not None else self.get(self.key("model", params, prompt, salt))

@@ -32,9 +32,11 @@ All of it runs in the engine's step thread, over the KV room's state (kv/room.py
 
 from __future__ import annotations
 
+from agentrt.kv.identity import RootKey
 from agentrt.kv.kv_io import scatter_kv
 from agentrt.kv.kv_manager import Sequence
 from agentrt.kv.memory import HELD, UNPINNED
+from agentrt.kv.radix import RadixCache
 from agentrt.kv.room import KVRoom
 from agentrt.prefixes import common_prefix
 
@@ -45,7 +47,7 @@ class Hierarchy:
     def __init__(self, kv: KVRoom):
         self.kv = kv
 
-    def promote_prefix(self, tokens: list[int], salt: str | None, pinned: bool = True,
+    def promote_prefix(self, tokens: list[int], salt: RootKey, pinned: bool = True,
                        max_pages: int | None = None) -> tuple[int, int]:
         """Promote the demoted continuation of `tokens`' resident match; returns the token range
         [start, end) now resident again ((0, 0): nothing promoted). With `pinned` (an admission)
@@ -65,7 +67,7 @@ class Hierarchy:
         n_pages = sum(len(x.key) for x in path) // self.kv.cfg.page_size
         if n_pages * radix.tier.copy_s_per_page >= self.kv.costs.recompute_s(end - start):
             return 0, 0
-        return start, self._promote_path(path, n_pages, allow=None, pinned=pinned) or start
+        return start, self._promote_path(radix, path, n_pages, allow=None, pinned=pinned) or start
 
     def adopt(self, r) -> int:
         """Copy the KV `r` brought from the disk tier (r.restored) into fresh pages, when it
@@ -92,13 +94,14 @@ class Hierarchy:
         kv.counters.prompt_restored += n
         return n
 
-    def _promote_path(self, path: list, n_pages: int, allow, pinned: bool = False, mark: bool = False) -> int:
-        """Promote `path` (top-down) as far as memory allows; returns the end of what is resident.
+    def _promote_path(self, radix: RadixCache, path: list, n_pages: int, allow, pinned: bool = False,
+                      mark: bool = False) -> int:
+        """Promote `path` (top-down, nodes of `radix`) as far as memory allows; returns the end of what is resident.
         Room comes from the candidates reclaim() may take (pinned, queued and, last, held ones
         too for a request being admitted: recomputing instead would take them anyway -- the
         admission does not wait for a hold, scheduling/admission.py), never from dropping whole
         sessions."""
-        radix, ps, end = self.kv.radix, self.kv.cfg.page_size, 0
+        ps, end = self.kv.cfg.page_size, 0
         radix.lock(path[-1])
         try:
             self.kv.mem.reclaim(n_pages, allow, level=HELD if pinned else UNPINNED, trim=False)
@@ -176,7 +179,7 @@ class Hierarchy:
                     continue
                 if n > self._spare_pages(reserve()) and n > sum(len(x.pages) for x in leaves if dist.get(x.tag, far) > d):
                     continue
-                end = self._promote_path(path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d, mark=True)
+                end = self._promote_path(radix, path, n, allow=lambda leaf: dist.get(leaf.tag, far) > d, mark=True)
                 got = sum(len(x.key) for x in path if x.resident and x.start < end) // ps
                 self.kv.counters.prefetched_pages += got
                 done += got

@@ -135,7 +135,7 @@ class MemoryManager:
             if not holders:
                 del self._index[p]
 
-    def _owners_of(self, level: int) -> dict:
+    def _owners_of(self, level: int) -> dict[int, list] | _Filtered:
         """page -> [(session, page index)] over the sessions of idle_sessions(level): one index
         over every idle session (HELD, the widest), kept across steps and updated by what
         changed, seen through the level's sessions (a walk of every idle session's pages on each
@@ -193,7 +193,8 @@ class MemoryManager:
         for leaf in self.radix.resident_leaves():
             if allow is not None and not allow(leaf):
                 continue
-            cuts, ok = {}, True
+            cuts: dict = {}  # session -> the page index it is cut at
+            ok = True
             for p in leaf.pages:
                 held = owners.get(p, ())
                 if self.alloc.refcount(p) - 1 != len(held):
@@ -231,7 +232,8 @@ class MemoryManager:
         keep = self.facts.kept_prefixes()
         if not keep:
             return order
-        first, kept = [], []
+        first: list = []
+        kept: list = []
         for x in order:
             (kept if x.tag in keep and x.start < keep[x.tag] else first).append(x)
         return first + kept

@@ -49,7 +49,7 @@ class KVRoom:
                                  self.sessions, clock)
 
     @property
-    def tier(self):
+    def tier(self) -> HostTier | None:
         """The second KV tier (None without one)."""
         return self.radix.tier if self.radix is not None else None
 

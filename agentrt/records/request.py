@@ -16,7 +16,7 @@ from agentrt.adapters.lora import LoraAdapter
 from agentrt.kv.disk import DiskHit
 from agentrt.kv.identity import BASE, Adapted, KVSpace, space
 from agentrt.kv.kv_manager import Sequence
-from agentrt.kv.radix import Node
+from agentrt.kv.radix_node import Node
 from agentrt.kv.sessions import EngineSession
 from agentrt.records.constraint import LogitsConstraint
 from agentrt.records.params import SamplingParams

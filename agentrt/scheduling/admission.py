@@ -54,7 +54,8 @@ class Footprint:
     preemption cannot loop (one that cannot fit alone fails at once: OutOfKVMemory)."""
 
     def __init__(self, running: list[Request], cfg: EngineConfig):
-        self.cfg, self.n, self.cells, self.held, self.new = cfg, 0, 0, set(), 0
+        self.cfg, self.n, self.cells, self.new = cfg, 0, 0, 0
+        self.held: set[int] = set()  # pages the admitted requests hold
         for r in running:
             self.add(r)
 

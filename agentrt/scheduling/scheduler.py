@@ -39,7 +39,7 @@ from agentrt.scheduling.preemption import drop_links, reserve, resolve_followers
 from agentrt.scheduling.prefix import attach_prefix, group_new_requests
 from agentrt.scheduling.queues import Queues
 from agentrt.scheduling.speculation import choose_draft
-from agentrt.scheduling.trace import DecisionTrace
+from agentrt.scheduling.trace import DecisionRecord, DecisionTrace
 
 REDECIDE_S = 0.2  # a decision is reused while the queues are unchanged, for at most this long
 UPCOMING_S = 2.0  # a task whose last request ended this recently is expected back (a tool call)
@@ -70,7 +70,7 @@ class Scheduler:
         self._last: tuple | None = None  # (queue signature, time, order)
         # the per-decision trace (EngineConfig.decision_trace; None: off), and this pass's record
         self.trace = DecisionTrace(cfg.decision_trace) if cfg.decision_trace else None
-        self._record = None
+        self._record: DecisionRecord | None = None
         # the static prefixes the policy keeps, evicted last: agent -> tokens (None: none kept)
         self.keep: dict[str, int] | None = None
         self.mem.consult(self)  # (what making room asks of the queues: the facts below)
@@ -153,7 +153,9 @@ class Scheduler:
             counters.prompt_cached += reused
             if promoted and (n := max(0, min(reused, promoted[1]) - promoted[0])):
                 counters.prompt_promoted += n
-                r.promoted, r.promote_s = n, -(-n // self.cfg.page_size) * self.radix.tier.copy_s_per_page
+                tier = self.kv.tier
+                assert tier is not None, "promoted pages come from the KV tier"
+                r.promoted, r.promote_s = n, -(-n // self.cfg.page_size) * tier.copy_s_per_page
             self.kv.policy.on_request(r.tag)
 
     def _decide(self) -> list[Request]:
@@ -233,9 +235,10 @@ class Scheduler:
         before = {r: r.preemptions for r in self.running} if events is not None else None
         with self.mem.planning():
             plan = self._plan()
-        for r, n in (before or {}).items():
-            if r.preemptions > n:
-                events.preempted(r)
+        if events is not None and before is not None:
+            for r, n in before.items():
+                if r.preemptions > n:
+                    events.preempted(r)
         return plan
 
     def _plan(self) -> Plan:
