@@ -9,16 +9,24 @@ use with `Runtime.actor(kind, thread, factory)`; agents of the same kind share t
 prefix (instructions, tool schemas, examples), which the engine's radix cache serves, and a
 follow-up in a thread prefills only its new tokens from the agent's session.
 
-How it is built so that a 135M model gets it right:
+How it is built so that a 135M model gets it right, on questions beyond the demo's own:
   * the router makes exactly one call, `route(topic, specialist)` (a named tool choice); the
-    specialist is an enum whose values are words of the questions ("weather", "calculator",
-    "train"), `topic` (a few words, at most 30 characters) lets the model copy what the question
-    is about just before it chooses, and three worked examples open each router conversation as
-    real chat turns. The program, not the model, then sends the question to that specialist;
+    specialist is an enum with one short line per specialist in its description ("weather
+    (weather in a city), calculator (arithmetic), train (trains between cities)"), `topic` (a
+    few words, at most 30 characters) lets the model copy what the question is about just before
+    it chooses, and three worked examples open each router conversation as real chat turns. The
+    program, not the model, then sends the question to that specialist;
   * each specialist has one tool and must call it (a named tool choice); arguments are small
-    (a city, two numbers and an operator from an enum, two cities);
+    (a city, two numbers and an operation, two cities). The calculator's operation is an enum
+    it can read: "add", "subtract", "multiply", "divide", each described by its signs and words
+    ("divide (/, divided by)"), and five worked examples open its conversation. (With the
+    question's own words as the enum, "divided by" and "/" came out as "times".);
   * a turn ends when its tool has run (`stop_at_tools`): the final answer is the tool's result,
-    printed as is. A model this small cannot reliably phrase an answer from a tool result.
+    printed as is. A model this small cannot reliably phrase an answer from a tool result;
+  * before the result is an answer, the call is checked against the question (`unfounded`): its
+    numbers, its operation (a sign or word of it) and its cities must be in the question, and a
+    train goes from the city after "from" to another one. A call that fails is a question beyond
+    the 135M model (or its specialists), and the demo says so instead of answering.
 Tool calls are constrained by a grammar, so every call is well formed.
 
 For each question it prints the route, the tool call with its arguments, the answer, and where
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -63,20 +72,22 @@ def get_weather(city: str) -> str:
     return f"{city}: {temp} °C, {sky}"
 
 
+SIGNS = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
+
+
 @tool
-def calculate(a: float, op: Literal["plus", "minus", "times", "divided by"], b: float) -> str:
-    """Compute `a op b`.
+def calculate(a: float, op: Literal["add", "subtract", "multiply", "divide"], b: float) -> str:
+    """Compute a op b.
 
     Args:
         a: the first number
-        op: the operation, in the question's own word
+        op: add (+, plus), subtract (-, minus), multiply (*, x, times), divide (/, divided by)
         b: the second number
     """
-    symbol = {"plus": "+", "minus": "-", "times": "*", "divided by": "/"}[op]
-    if symbol == "/" and b == 0:
+    if op == "divide" and b == 0:
         return f"{a:g} / 0: division by zero"
-    value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[symbol]
-    return f"{a:g} {symbol} {b:g} = {value:g}"
+    value = {"add": a + b, "subtract": a - b, "multiply": a * b, "divide": a / b if b else 0.0}[op]
+    return f"{a:g} {SIGNS[op]} {b:g} = {value:g}"
 
 
 @tool
@@ -109,20 +120,31 @@ def route(topic: Annotated[str, Field(max_length=30)], specialist: Specialist) -
 
 
 ROUTER_INSTRUCTIONS = "You route each question to the right specialist."
-# worked examples, as real chat turns at the start of each router conversation
-ROUTER_EXAMPLES = [("Is it sunny in Rome?", "sun in Rome", "weather"),
-                   ("What is 3 plus 4?", "3 plus 4", "calculator"),
-                   ("How long is the train from Oslo to Bergen?", "train Oslo to Bergen", "train")]
+
+# worked examples, as real chat turns at the start of each agent's conversation (a 135M model
+# copies a worked example far better than it follows a description): (question, tool, arguments)
+EXAMPLES = {
+    "router": [("Is it sunny in Rome?", route, {"topic": "sun in Rome", "specialist": "weather"}),
+               ("What is 3 plus 4?", route, {"topic": "3 plus 4", "specialist": "calculator"}),
+               ("How long is the train from Oslo to Bergen?", route,
+                {"topic": "train Oslo to Bergen", "specialist": "train"})],
+    "calculator": [("What is 8 / 2?", calculate, {"a": 8, "op": "divide", "b": 2}),
+                   ("What is 30 minus 4?", calculate, {"a": 30, "op": "subtract", "b": 4}),
+                   ("What is 5 times 6?", calculate, {"a": 5, "op": "multiply", "b": 6}),
+                   ("What is 2.5 minus 1?", calculate, {"a": 2.5, "op": "subtract", "b": 1}),
+                   ("What is 1 + 2?", calculate, {"a": 1, "op": "add", "b": 2})],
+}
 
 
-def router_examples() -> list[dict]:
+def worked_examples(kind: str) -> list[dict]:
+    """EXAMPLES[kind] as chat turns: the question, the assistant's call, the tool's result."""
     msgs: list[dict] = []
-    for i, (question, topic, specialist) in enumerate(ROUTER_EXAMPLES):
-        call = {"id": f"example_{i}", "type": "function", "function": {
-            "name": "route", "arguments": json.dumps({"topic": topic, "specialist": specialist})}}
+    for i, (question, fn, args) in enumerate(EXAMPLES.get(kind, [])):
+        call = {"id": f"example_{i}", "type": "function",
+                "function": {"name": fn.name, "arguments": json.dumps(args)}}
         msgs += [{"role": "user", "content": question},
                  {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": call["id"], "name": "route", "content": specialist}]
+                 {"role": "tool", "tool_call_id": call["id"], "name": fn.name, "content": str(fn(**args))}]
     return msgs
 
 
@@ -148,15 +170,18 @@ THREADS = {
     "bob": ["How long is the train from Paris to Lyon?"],
     "carol": ["What is 12 times 7?", "What is 345 plus 678?"],
     "dave": ["Will it rain in London today?"],
+    "erin": ["What is 1000 minus 1?", "What is 100 divided by 8?"],
 }
 # what each question should produce: (specialist, tool, arguments)
 EXPECTED = {
     "What is the weather in Tokyo?": ("weather", "get_weather", {"city": "Tokyo"}),
     "And in Oslo?": ("weather", "get_weather", {"city": "Oslo"}),
     "How long is the train from Paris to Lyon?": ("train", "train_time", {"origin": "Paris", "destination": "Lyon"}),
-    "What is 12 times 7?": ("calculator", "calculate", {"a": 12, "op": "times", "b": 7}),
-    "What is 345 plus 678?": ("calculator", "calculate", {"a": 345, "op": "plus", "b": 678}),
+    "What is 12 times 7?": ("calculator", "calculate", {"a": 12, "op": "multiply", "b": 7}),
+    "What is 345 plus 678?": ("calculator", "calculate", {"a": 345, "op": "add", "b": 678}),
     "Will it rain in London today?": ("weather", "get_weather", {"city": "London"}),
+    "What is 1000 minus 1?": ("calculator", "calculate", {"a": 1000, "op": "subtract", "b": 1}),
+    "What is 100 divided by 8?": ("calculator", "calculate", {"a": 100, "op": "divide", "b": 8}),
 }
 
 
@@ -186,6 +211,40 @@ class Step:
                 f"{self.decoded} decoded, tool {self.tool_s * 1e3:.2f} ms, {self.wall_s:.2f} s")
 
 
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+OP_WORDS = {"add": ("+", "plus", "add", "sum"), "subtract": ("-", "minus", "subtract", "take", "less"),
+            "multiply": ("*", "x", "×", "times", "multiplied", "multiply", "product"),
+            "divide": ("/", "÷", "divided", "divide", "over")}
+
+
+def unfounded(question: str, args: dict) -> list[str]:
+    """What a call says that `question` does not (empty: nothing): each number must be one of the
+    question's, the operation must have a sign or word of it there, a city must be named there,
+    and a trip goes from the city after "from" (if the question says one) to another city. A 135M
+    model sometimes makes one of them up."""
+    q = question.lower()
+    words = re.findall(r"[a-z]+|[^\sa-z0-9.?!,']", q)  # words, and signs such as + - * /
+    numbers = [float(n) for n in NUMBER.findall(q)]  # (each one may be used once)
+    bad = []
+    for k, v in args.items():
+        if isinstance(v, (int, float)):
+            ok = abs(v) in numbers
+            if ok:
+                numbers.remove(abs(v))
+        elif k == "op":
+            ok = any(w in words for w in OP_WORDS.get(v, ()))
+        else:
+            ok = bool(re.search(r"[a-z]", str(v).lower()) and re.search(rf"\b{re.escape(str(v).lower())}\b", q))
+        if not ok:
+            bad.append(f"{k}={v!r}")
+    start = re.search(r"\bfrom ([a-z]+)", q)  # a trip goes from the city after "from"
+    if "origin" in args and start and str(args["origin"]).lower() != start.group(1) and not bad:
+        bad.append(f"origin={args['origin']!r} (not the city after 'from')")
+    if "origin" in args and str(args["origin"]).lower() == str(args.get("destination")).lower():
+        bad.append("origin = destination")
+    return bad
+
+
 @dataclass
 class Answer:
     question: str
@@ -198,6 +257,10 @@ class Answer:
         s = self.specialist
         if s is None or s.error or s.result is None:
             return "(no answer: the tool call failed)"
+        bad = unfounded(self.question, s.arguments)
+        if bad:
+            return (f"(no answer: the question does not say {', '.join(bad)}; it is beyond the 135M model or "
+                    "its specialists: --model path/to/model.gguf for a bigger model)")
         return str(s.result)
 
 
@@ -221,15 +284,19 @@ async def ask(agent, message) -> Step:
     return step
 
 
-async def answer(rt, thread: str, question: str, first: bool) -> Answer:
+async def ask_agent(rt, kind: str, thread: str, question: str) -> Step:
+    """`question` to the thread's agent of `kind` (activated on first use); a new agent's
+    conversation opens with its worked examples."""
+    held = rt.actors.get(f"{kind}/{thread}")  # (Runtime.actor names an actor kind/key)
+    agent = await rt.actor(kind, thread, lambda _: AGENTS[kind]())
+    opening = worked_examples(kind) if held is None or held.stopped else []
+    return await ask(agent, opening + [{"role": "user", "content": question}])
+
+
+async def answer(rt, thread: str, question: str) -> Answer:
     t0 = time.perf_counter()
-    router = await rt.actor("router", thread, lambda _: AGENTS["router"]())
-    message = router_examples() + [{"role": "user", "content": question}] if first else question
-    r = await ask(router, message)
-    spec = None
-    if r.result in AGENTS:
-        agent = await rt.actor(r.result, thread, lambda _: AGENTS[r.result]())
-        spec = await ask(agent, question)
+    r = await ask_agent(rt, "router", thread, question)
+    spec = await ask_agent(rt, r.result, thread, question) if r.result in AGENTS else None
     return Answer(question, r, spec, time.perf_counter() - t0)
 
 
@@ -254,8 +321,8 @@ async def run_demo(lm, threads: dict[str, list[str]] = THREADS, verbose: bool = 
     async with Engine(lm, EngineConfig(kv_cache_tokens=32768)) as engine, Runtime(engine) as rt:
         # conversations interleave: each thread's first question, then the follow-ups
         order = [(t, i, q) for t, qs in threads.items() for i, q in enumerate(qs)]
-        for thread, i, q in sorted(order, key=lambda x: x[1]):
-            answers.append(await answer(rt, thread, q, first=i == 0))
+        for thread, _, q in sorted(order, key=lambda x: x[1]):
+            answers.append(await answer(rt, thread, q))
             if verbose:
                 show(thread, answers[-1])
         if verbose:

@@ -26,11 +26,11 @@ MARKUP = re.compile(r"<\|im_(start|end)\|>|<\|(start|end)_header_id\|>|<\|eot_id
 RIGHT = {
     "demo": ["Paris", "Rome", "Italian"],
     "agents_with_adapters": ["9/9 adapter answers in their agent's format"],
-    "multi_agent_tools": ["6/6 questions took the expected route, tool and arguments"],
+    "multi_agent_tools": ["8/8 questions took the expected route, tool and arguments"],
     "langchain_agent": ["3/3 answers state the sum"],
     "langgraph_react": ["answer 'In Tokyo it is 24 °C", "answer 'In Oslo it is -3 °C", "answer 'It is 14:05 in Paris"],
     "langgraph_supervisor": ["answer: Oslo: -3 °C", "answer: 12 * 7 = 84", "answer: Paris -> Rome",
-                             "answer: London: 12 °C"],
+                             "answer: London: 12 °C", "answer: 100 / 8 = 12.5", "answer: 45 - 17 = 28"],
     "mcp_tools": ["answer In Paris it is 18 °C", "answer It is 21:05 in Tokyo", "answer In Oslo it is -3 °C"],
     "langgraph_mcp": ["answer 'In Tokyo it is 24 °C", "answer 'It is 14:05 in Paris"],
     # a model-checking tool: on the 135M model its right output is the note that the model is too small
