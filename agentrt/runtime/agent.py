@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import fields, replace
@@ -36,13 +35,13 @@ from agentrt.conversation.conversation import Conversation, RoundEnd
 from agentrt.engine.like import EngineLike, SessionLike
 from agentrt.errors import ActorError, ConfigError, PoolExhausted
 from agentrt.runtime import persist
+from agentrt.runtime.agent_text import as_messages, clean_text
 from agentrt.runtime.failed_calls import FailedCalls
 from agentrt.runtime.leases import SessionLeases
 from agentrt.runtime.spec import AgentSpec
 from agentrt.runtime.turn_events import RoundStarted, ToolResultEvent, TurnResult
 from agentrt.sampling import SamplingParams
 from agentrt.toolcall import CallComplete
-from agentrt.toolcall.tags import CLOSE_TAG, OPEN_TAG, RESPONSE_CLOSE, RESPONSE_OPEN
 from agentrt.tools import Tool, ToolContext, ToolResult, run_tool_call
 from agentrt.tools.dispatch import unknown_tool_result
 from agentrt.workflow import current_task
@@ -64,28 +63,6 @@ async def _call_group():
 # An agent's generation settings are the engine's SamplingParams (one validated definition).
 GenerationSettings = SamplingParams
 _SPEC_FIELDS = frozenset(f.name for f in fields(AgentSpec))
-
-
-def as_messages(message: Any) -> list[dict]:
-    """str -> one user message; a dict -> [it]; a list of dicts -> as is."""
-    if isinstance(message, str):
-        return [{"role": "user", "content": message}]
-    if isinstance(message, dict):
-        return [message]
-    if isinstance(message, (list, tuple)) and all(isinstance(m, dict) for m in message):
-        return list(message)
-    raise ConfigError("an agent takes a str, a message dict or a list of message dicts")
-
-
-# the Hermes tags a small model may echo into its answer, and a tag cut off at a line's end
-_ECHO_MARKUP = re.compile("|".join(map(re.escape, (OPEN_TAG, CLOSE_TAG, RESPONSE_OPEN, RESPONSE_CLOSE)))
-                          + r"|<tool\s*$")
-
-
-def clean_text(text: str) -> str:
-    """Final text without tool-format markup a small model may echo (e.g. `<tool_response>`)."""
-    lines = [ln for ln in (_ECHO_MARKUP.sub("", x).strip() for x in text.splitlines()) if ln]
-    return "\n".join(dict.fromkeys(lines))  # echoed duplicate lines collapse to one
 
 
 class Agent:

@@ -15,7 +15,7 @@ the model's `name` if set, else the LangGraph node's name. Every path is built o
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -38,7 +38,7 @@ from agentrt.sampling import SamplingParams
 from .host import EngineHost
 from .messages import normalize_tool_choice, to_openai, tools_to_openai
 from .remote import RemoteServer
-from .sessions import SessionPolicy, SessionRouter, session_key
+from .sessions import SessionPolicy, SessionRouter, call_session, routed_kwargs
 from .stream import CallSpec, aggregate, run_call
 from .structured import check_strict, response_schema, structured_output
 from .tasks import GraphTasks, node_name
@@ -153,17 +153,17 @@ class ChatAgentrt(BaseChatModel):
     # the node's config is the context's, `invoke(msgs, {"configurable": {"thread_id": ...}})`
     # would otherwise be a transient call)
     def invoke(self, input: Any, config: Any = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return super().invoke(input, config, stop=stop, **_routed(config, kwargs))
+        return super().invoke(input, config, stop=stop, **routed_kwargs(config, kwargs))
 
     async def ainvoke(self, input: Any, config: Any = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return await super().ainvoke(input, config, stop=stop, **_routed(config, kwargs))
+        return await super().ainvoke(input, config, stop=stop, **routed_kwargs(config, kwargs))
 
     def stream(self, input: Any, config: Any = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        yield from super().stream(input, config, stop=stop, **_routed(config, kwargs))
+        yield from super().stream(input, config, stop=stop, **routed_kwargs(config, kwargs))
 
     async def astream(self, input: Any, config: Any = None, *, stop: list[str] | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
-        async for chunk in super().astream(input, config, stop=stop, **_routed(config, kwargs)):
+        async for chunk in super().astream(input, config, stop=stop, **routed_kwargs(config, kwargs)):
             yield chunk
 
     # ---- the one generation path --------------------------------------------------------
@@ -228,7 +228,7 @@ class ChatAgentrt(BaseChatModel):
             parallel_tool_calls=kwargs.get("parallel_tool_calls", self.parallel_tool_calls),
             constrained=self.constrained if strict is None else strict,
             json_schema=response_schema(kwargs.get("response_format")), params=params,
-            stop=tuple(stop or ()), key=_key(kwargs.get("session"), config), model_name=self.model_name,
+            stop=tuple(stop or ()), key=call_session(kwargs.get("session"), config), model_name=self.model_name,
             tag=self.name or node_name(config), timeout=self.timeout, retries=self.max_retries,
             limits=CallLimits(self.stop_on_repeated_call, self.max_parallel_calls),
             model_named="model_name" in self.model_fields_set, adapter=self.adapter)
@@ -325,22 +325,6 @@ def _profile(engine: EngineLike, max_tokens: int) -> ModelProfile:
     return ModelProfile(max_input_tokens=context, max_output_tokens=max_tokens, text_inputs=True,
                         image_inputs=False, audio_inputs=False, video_inputs=False, tool_calling=True,
                         tool_choice=True, structured_output=False)
-
-
-def _key(session: Any, config) -> str | None:
-    """An explicit `session=` call argument, else the LangGraph run config's routing key."""
-    if session is not None:
-        if not isinstance(session, str) or not session:
-            raise ConfigError(f"session must be a non-empty str, got {session!r}")
-        return session
-    return session_key(config)
-
-
-def _routed(config: Any, kwargs: dict) -> dict:
-    """kwargs with `session=` the key of `config`'s thread, unless a session is named already."""
-    if kwargs.get("session") is None and isinstance(config, Mapping) and (key := session_key(config)) is not None:
-        return {**kwargs, "session": key}
-    return kwargs
 
 
 async def _one(coro) -> AsyncIterator[Any]:

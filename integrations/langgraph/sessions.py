@@ -15,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrt.conversation.router import RoutedSession, SessionPolicy, SessionRouter, routed_conversation
+from agentrt.errors import ConfigError
 
-__all__ = ["RoutedSession", "SessionPolicy", "SessionRouter", "routed_conversation", "session_key"]
+__all__ = ["RoutedSession", "SessionPolicy", "SessionRouter", "call_session", "routed_conversation",
+           "routed_kwargs", "session_key"]
 
 
 def session_key(config: Mapping[str, Any] | None) -> str | None:
@@ -34,3 +36,19 @@ def session_key(config: Mapping[str, Any] | None) -> str | None:
     path: Sequence[Any] = meta.get("langgraph_path") or ()  # (LangGraph's task path: a tuple)
     push = f"#{path[1]}" if len(path) > 1 and path[0] == "__pregel_push" else ""
     return f"{thread}/{node}{push}"
+
+
+def call_session(session: Any, config: Mapping[str, Any] | None) -> str | None:
+    """A model call's key: an explicit `session=` call argument, else its run config's."""
+    if session is not None:
+        if not isinstance(session, str) or not session:
+            raise ConfigError(f"session must be a non-empty str, got {session!r}")
+        return session
+    return session_key(config)
+
+
+def routed_kwargs(config: Any, kwargs: dict) -> dict:
+    """kwargs with `session=` the key of `config`'s thread, unless a session is named already."""
+    if kwargs.get("session") is None and isinstance(config, Mapping) and (key := session_key(config)) is not None:
+        return {**kwargs, "session": key}
+    return kwargs
